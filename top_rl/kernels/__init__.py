@@ -1,0 +1,122 @@
+"""The kernel seam: every op that touches a log-prob goes through these functions.
+
+A backend implements the ops; one is active per process (`set_backend`, chosen once at start by the
+config). `reference` is torch made batch-invariant by fixed-shape tiling (CPU, any device), `plain` is
+stock torch (the non-TOP baseline), `sglang` (GPU) wraps SGLang's own Triton kernels. Callers never
+import a backend directly, so a new backend plugs in without touching the model or the trainer.
+
+Op semantics (shapes use T tokens, H hidden, heads Hq / Hkv of size d):
+  linear(x[..., K], w[N, K]) -> [..., N] in x.dtype      column-parallel or replicated GEMM
+  row_linear(x, w, group)    -> same, K split over `group` ranks, TP-invariant reduction
+  rms_norm(x, w, eps, residual=None, out_dtype=None) -> out  (or (out, new_residual) with a residual)
+  rope(x[T, h, d], positions[T], cos_sin[P, d]) -> [T, h, d]    NeoX, in x.dtype
+  silu_and_mul(g[..., 2I]) -> [..., I]
+  attention(q[T, Hq, d], k[T, Hkv, d], v, cu_seqlens[S+1], scale) -> [T, Hq, d]   causal, per sequence
+  decode_attention(q[B, Hq, d], k_cache[B, L, Hkv, d], v_cache, lengths[B], scale) -> [B, Hq, d]
+      (the query of row b sits at position lengths[b]-1 and attends keys [0, lengths[b]))
+  prefill_logprobs(logits[T, V], ids[T]) -> fp32: log_softmax(f32(logits))[ids]
+  sample_logprobs(logits[T, V], ids[T], temperature) -> compute dtype: log_softmax(c(f32(c(L))/T))[ids]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from typing import Any
+
+_BACKEND_MODULES = {
+    "reference": "top_rl.kernels.reference",
+    "plain": "top_rl.kernels.plain",
+    "sglang": "top_rl.kernels.sglang",
+}
+_active: Any = None
+_active_name: str | None = None
+
+
+def available_backends() -> list[str]:
+    return sorted(_BACKEND_MODULES)
+
+
+def register_backend(name: str, module_path: str) -> None:
+    _BACKEND_MODULES[name] = module_path
+
+
+def set_backend(name: str) -> None:
+    global _active, _active_name
+    if name not in _BACKEND_MODULES:
+        raise ValueError(f"unknown kernel backend {name!r}; choose one of {available_backends()}")
+    _active = importlib.import_module(_BACKEND_MODULES[name]).BACKEND
+    _active_name = name
+
+
+def backend_name() -> str:
+    if _active is None:
+        set_backend("reference")
+    return _active_name  # type: ignore[return-value]
+
+
+def _b():
+    if _active is None:
+        set_backend("reference")
+    return _active
+
+
+@contextlib.contextmanager
+def use_backend(name: str):
+    """Temporarily switch backend (tests, the baseline comparison)."""
+    prev = _active_name
+    set_backend(name)
+    try:
+        yield
+    finally:
+        if prev is None:
+            globals().update(_active=None, _active_name=None)
+        else:
+            set_backend(prev)
+
+
+def linear(x, w):
+    return _b().linear(x, w)
+
+
+def row_linear(x, w, group=None):
+    return _b().row_linear(x, w, group)
+
+
+def rms_norm(x, w, eps, residual=None, out_dtype=None):
+    return _b().rms_norm(x, w, eps, residual, out_dtype)
+
+
+def rope(x, positions, cos_sin):
+    return _b().rope(x, positions, cos_sin)
+
+
+def silu_and_mul(g):
+    return _b().silu_and_mul(g)
+
+
+def attention(q, k, v, cu_seqlens, scale):
+    return _b().attention(q, k, v, cu_seqlens, scale)
+
+
+def decode_attention(q, k_cache, v_cache, lengths, scale):
+    return _b().decode_attention(q, k_cache, v_cache, lengths, scale)
+
+
+def prefill_logprobs(logits, ids):
+    return _b().prefill_logprobs(logits, ids)
+
+
+def sample_logprobs(logits, ids, temperature):
+    return _b().sample_logprobs(logits, ids, temperature)
+
+
+def rope_cache(head_dim: int, base: float, max_positions: int, device=None):
+    """SGLang rl-mode cos/sin cache (§4.5): inv_freq on CPU with the HF formula, fp32 throughout."""
+    import torch
+
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    t = torch.arange(max_positions, dtype=torch.float)
+    freqs = torch.einsum("i,j -> ij", t, inv_freq)
+    cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+    return cache if device is None else cache.to(device)
