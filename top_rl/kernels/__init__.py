@@ -16,6 +16,7 @@ Op semantics (shapes use T tokens, H hidden, heads Hq / Hkv of size d):
       (the query of row b sits at position lengths[b]-1 and attends keys [0, lengths[b]))
   prefill_logprobs(logits[T, V], ids[T]) -> fp32: log_softmax(f32(logits))[ids]
   sample_logprobs(logits[T, V], ids[T], temperature) -> compute dtype: log_softmax(c(f32(c(L))/T))[ids]
+  sampler_log_softmax(logits, temperature) -> [T, V], the distribution sample_logprobs gathers from
 """
 
 from __future__ import annotations
@@ -109,6 +110,11 @@ def prefill_logprobs(logits, ids):
 
 def sample_logprobs(logits, ids, temperature):
     return _b().sample_logprobs(logits, ids, temperature)
+
+
+def sampler_log_softmax(logits, temperature):
+    """Full-vocab [T, V] version of sample_logprobs, for the engine's sampler (no autograd)."""
+    return _b().sampler_log_softmax(logits, temperature)
 
 
 def rope_cache(head_dim: int, base: float, max_positions: int, device=None):

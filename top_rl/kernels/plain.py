@@ -74,9 +74,13 @@ def prefill_logprobs(logits, ids):
     return torch.log_softmax(logits.float(), -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
 
 
-def sample_logprobs(logits, ids, temperature):
+def sampler_log_softmax(logits, temperature):
     t = temperature.reshape(-1, 1) if torch.is_tensor(temperature) else temperature
-    return torch.log_softmax(logits.float() / t, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1).to(logits.dtype)
+    return torch.log_softmax(logits.float() / t, -1).to(logits.dtype)
+
+
+def sample_logprobs(logits, ids, temperature):
+    return sampler_log_softmax(logits, temperature).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
 
 
 class _Backend:
@@ -90,6 +94,7 @@ class _Backend:
     decode_attention = staticmethod(decode_attention)
     prefill_logprobs = staticmethod(prefill_logprobs)
     sample_logprobs = staticmethod(sample_logprobs)
+    sampler_log_softmax = staticmethod(sampler_log_softmax)
 
 
 BACKEND = _Backend()

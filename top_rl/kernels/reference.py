@@ -131,19 +131,35 @@ def silu_and_mul(g):
     return _SiluAndMul.apply(g)
 
 
+def _log_softmax(logits, temperature):
+    """(fp32 log-softmax over the vocab, dtype the engine returns it in) for the prefill path
+    (temperature None) or the sampler path: log_softmax(c(f32(c(L)) / T)), stored in c = logits dtype."""
+    acc = acc_dtype(logits.dtype)
+    if temperature is None:
+        return torch.log_softmax(logits.to(acc), dim=-1), acc
+    z = (logits.to(acc) / temperature.to(acc).reshape(-1, 1)).to(logits.dtype).to(acc)
+    return torch.log_softmax(z, dim=-1), logits.dtype
+
+
+def sampler_log_softmax(logits, temperature):
+    """The full-vocab distribution the engine samples from (§6.2), in the dtype it reports."""
+    lp, out_dtype = _log_softmax(logits, _as_temperature(temperature, logits))
+    return lp.to(out_dtype)
+
+
+def _as_temperature(temperature, logits):
+    if torch.is_tensor(temperature):
+        return temperature.to(torch.float32)
+    return torch.full((logits.shape[0],), float(temperature), dtype=torch.float32, device=logits.device)
+
+
 class _TokenLogprobs(torch.autograd.Function):
     """log_softmax over the vocab gathered at `ids`; `temperature` None is the prefill path (§6.1),
     a tensor is the sampler path (§6.2) whose input and output are rounded to the logits' dtype."""
 
     @staticmethod
     def forward(ctx, logits, ids, temperature):
-        acc = acc_dtype(logits.dtype)
-        if temperature is None:
-            z, out_dtype = logits.to(acc), acc
-        else:
-            t = temperature.to(acc).reshape(-1, 1)
-            z, out_dtype = (logits.to(acc) / t).to(logits.dtype).to(acc), logits.dtype
-        lp = torch.log_softmax(z, dim=-1)
+        lp, out_dtype = _log_softmax(logits, temperature)
         ctx.save_for_backward(lp, ids, temperature if temperature is not None else lp.new_ones(()))
         ctx.dtype = logits.dtype
         return lp.gather(-1, ids.unsqueeze(-1)).squeeze(-1).to(out_dtype)
@@ -162,9 +178,7 @@ def prefill_logprobs(logits, ids):
 
 
 def sample_logprobs(logits, ids, temperature):
-    if not torch.is_tensor(temperature):
-        temperature = torch.full((logits.shape[0],), float(temperature), dtype=torch.float32, device=logits.device)
-    return _TokenLogprobs.apply(logits, ids, temperature.to(torch.float32))
+    return _TokenLogprobs.apply(logits, ids, _as_temperature(temperature, logits))
 
 
 class _Backend:
@@ -178,6 +192,7 @@ class _Backend:
     decode_attention = staticmethod(decode_attention)
     prefill_logprobs = staticmethod(prefill_logprobs)
     sample_logprobs = staticmethod(sample_logprobs)
+    sampler_log_softmax = staticmethod(sampler_log_softmax)
 
 
 BACKEND = _Backend()

@@ -1,0 +1,109 @@
+"""Dense Qwen3 configuration, read from and written to a Hugging Face `config.json`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class NotDenseQwen3(ValueError):
+    """A checkpoint or config this project cannot serve: TOP covers dense Qwen3 only."""
+
+
+@dataclass(frozen=True)
+class Qwen3Config:
+    vocab_size: int = 64
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 512
+    tie_word_embeddings: bool = True
+    torch_dtype: str = "bfloat16"
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+
+    def __post_init__(self):
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise NotDenseQwen3(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if self.head_dim % 2:
+            raise NotDenseQwen3(f"head_dim={self.head_dim} must be even for NeoX RoPE")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    def replace(self, **kw) -> "Qwen3Config":
+        return dataclasses.replace(self, **kw)
+
+    def to_hf_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.update(
+            architectures=["Qwen3ForCausalLM"],
+            model_type="qwen3",
+            hidden_act="silu",
+            attention_bias=False,
+            attention_dropout=0.0,
+            rope_scaling=None,
+            use_sliding_window=False,
+            dtype=self.torch_dtype,
+        )
+        return {k: v for k, v in d.items() if v is not None or k == "rope_scaling"}
+
+    @classmethod
+    def from_hf_dict(cls, d: dict, source: str = "config") -> "Qwen3Config":
+        model_type = d.get("model_type")
+        archs = d.get("architectures") or ["Qwen3ForCausalLM"]
+        if model_type != "qwen3" or "Qwen3ForCausalLM" not in archs:
+            raise NotDenseQwen3(
+                f"{source} is not a dense Qwen3 checkpoint (model_type={model_type!r}, architectures={archs}); "
+                "TOP-RL's contract qwen3_dense_top_v1 covers Qwen3ForCausalLM only"
+            )
+        for key, ok in (("attention_bias", False), ("use_sliding_window", False)):
+            if d.get(key, ok) != ok:
+                raise NotDenseQwen3(f"{source}: {key}={d[key]!r} is outside the TOP contract (needs {ok})")
+        scaling = d.get("rope_scaling") or d.get("rope_parameters")
+        if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
+            raise NotDenseQwen3(f"{source}: rope scaling {scaling} is outside the TOP contract (default RoPE only)")
+        theta = d.get("rope_theta") or (scaling or {}).get("rope_theta", 1_000_000.0)
+        heads = d["num_attention_heads"]
+        dtype = d.get("torch_dtype") or d.get("dtype") or "bfloat16"
+        eos = d.get("eos_token_id")
+        return cls(
+            vocab_size=d["vocab_size"],
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_hidden_layers=d["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=d.get("num_key_value_heads", heads),
+            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            max_position_embeddings=d.get("max_position_embeddings", 40960),
+            tie_word_embeddings=d.get("tie_word_embeddings", False),
+            torch_dtype=str(dtype).replace("torch.", ""),
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_id=eos[0] if isinstance(eos, list) else eos,
+            pad_token_id=d.get("pad_token_id"),
+        )
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> "Qwen3Config":
+        cfg = Path(path) / "config.json"
+        if not cfg.is_file():
+            raise NotDenseQwen3(f"{path} has no config.json: not a Hugging Face model directory")
+        return cls.from_hf_dict(json.loads(cfg.read_text()), source=str(cfg))

@@ -1,0 +1,160 @@
+"""Dense Qwen3 over the kernel seam, in SGLang rl-mode numerics (contract qwen3_dense_top_v1, §4).
+
+The residual stream, norm weights and embedding are fp32; every GEMM input is rounded to the compute
+dtype; q/k leave their norms in fp32, get RoPE in fp32 and are rounded before attention. One forward
+serves packed prefill (many sequences, cu_seqlens) and, with a KV cache, single-token decode.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from top_rl import contract, kernels
+from top_rl.model.config import Qwen3Config
+
+
+class KVCache:
+    """Per-layer K/V of `slots` sequences, [slots, max_len, Hkv, d] in the compute dtype."""
+
+    def __init__(self, cfg: Qwen3Config, slots: int, max_len: int, dtype: torch.dtype, device=None):
+        shape = (cfg.num_hidden_layers, slots, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
+        self.max_len = max_len
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: Qwen3Config, policy: contract.DtypePolicy):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.cfg, self.policy = cfg, policy
+        self.input_layernorm = nn.Parameter(torch.ones(h, dtype=policy.norm_weight))
+        self.qkv_proj = nn.Parameter(torch.empty(cfg.q_size + 2 * cfg.kv_size, h, dtype=policy.compute))
+        self.q_norm = nn.Parameter(torch.ones(d, dtype=policy.norm_weight))
+        self.k_norm = nn.Parameter(torch.ones(d, dtype=policy.norm_weight))
+        self.o_proj = nn.Parameter(torch.empty(h, cfg.q_size, dtype=policy.compute))
+        self.post_attention_layernorm = nn.Parameter(torch.ones(h, dtype=policy.norm_weight))
+        self.gate_up_proj = nn.Parameter(torch.empty(2 * cfg.intermediate_size, h, dtype=policy.compute))
+        self.down_proj = nn.Parameter(torch.empty(h, cfg.intermediate_size, dtype=policy.compute))
+
+    def attention(self, u, positions, cos_sin, cu_seqlens, cache, layer, slots):
+        cfg, c = self.cfg, self.policy.compute
+        t = u.shape[0]
+        qkv = kernels.linear(u.to(c), self.qkv_proj)
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = kernels.rms_norm(q.reshape(t, -1, cfg.head_dim), self.q_norm, cfg.rms_norm_eps)
+        k = kernels.rms_norm(k.reshape(t, -1, cfg.head_dim), self.k_norm, cfg.rms_norm_eps)
+        q = kernels.rope(q, positions, cos_sin).to(c)
+        k = kernels.rope(k, positions, cos_sin).to(c)
+        v = v.reshape(t, -1, cfg.head_dim)
+        scale = cfg.head_dim**-0.5
+        if cache is None:
+            out = kernels.attention(q, k, v, cu_seqlens, scale)
+        elif cu_seqlens is not None:  # prefill into the cache: write each sequence's K/V at its slot
+            bounds = cu_seqlens.tolist()
+            for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+                cache.k[layer, slots[i], : e - s] = k[s:e]
+                cache.v[layer, slots[i], : e - s] = v[s:e]
+            out = kernels.attention(q, k, v, cu_seqlens, scale)
+        else:  # decode: one token per slot at position lengths[slot]
+            cache.k[layer, slots, positions] = k
+            cache.v[layer, slots, positions] = v
+            out = kernels.decode_attention(q, cache.k[layer, slots], cache.v[layer, slots], positions + 1, scale)
+        return kernels.row_linear(out.reshape(t, -1), self.o_proj)
+
+    def forward(self, h, residual, positions, cos_sin, cu_seqlens, cache, layer, slots):
+        eps, fp32 = self.cfg.rms_norm_eps, self.policy.norm_output
+        if residual is None:  # layer 0: the embedding is both the norm input and the residual
+            u, residual = kernels.rms_norm(h, self.input_layernorm, eps, out_dtype=fp32), h
+        else:
+            u, residual = kernels.rms_norm(h, self.input_layernorm, eps, residual, out_dtype=fp32)
+        a = self.attention(u, positions, cos_sin, cu_seqlens, cache, layer, slots)
+        u, residual = kernels.rms_norm(a, self.post_attention_layernorm, eps, residual, out_dtype=fp32)
+        g = kernels.linear(u.to(self.policy.compute), self.gate_up_proj)
+        d = kernels.row_linear(kernels.silu_and_mul(g), self.down_proj)
+        return d, residual
+
+
+class Qwen3(nn.Module):
+    def __init__(self, cfg: Qwen3Config, dtype: torch.dtype | str | None = None, top: contract.TopContract = None):
+        super().__init__()
+        self.cfg = cfg
+        self.contract = top or contract.DEFAULT
+        self.policy = self.contract.policy(dtype or cfg.torch_dtype)
+        p = self.policy
+        self.embed_tokens = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=p.embedding))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, p) for _ in range(cfg.num_hidden_layers))
+        self.norm = nn.Parameter(torch.ones(cfg.hidden_size, dtype=p.norm_weight))
+        self.lm_head = (
+            None
+            if cfg.tie_word_embeddings
+            else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=p.compute))
+        )
+        self.register_buffer(
+            "cos_sin", kernels.rope_cache(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings), persistent=False
+        )
+
+    @torch.no_grad()
+    def init_random(self, seed: int, std: float = 0.02) -> "Qwen3":
+        g = torch.Generator().manual_seed(seed)
+        for name, prm in self.named_parameters():
+            if prm.dim() == 2:
+                prm.copy_(torch.randn(prm.shape, generator=g, dtype=torch.float32) * std)
+            else:  # norm weights near 1, not exactly 1, so a wrong weight path cannot hide
+                prm.copy_(1.0 + 0.1 * torch.randn(prm.shape, generator=g, dtype=torch.float32))
+        return self
+
+    def lm_head_weight(self) -> torch.Tensor:
+        # §4.11: a tied head multiplies by bf(W) of the fp32 embedding table.
+        w = self.embed_tokens if self.lm_head is None else self.lm_head
+        return w.to(self.policy.compute)
+
+    def forward(self, input_ids, positions, cu_seqlens=None, cache: KVCache | None = None, slots=None):
+        """Logits [T, V] in the compute dtype. Packed prefill: cu_seqlens given (with a cache, each
+        sequence i is written to slot slots[i]). Decode: cache and slots given, cu_seqlens None."""
+        if int(positions.max()) >= self.cos_sin.shape[0]:
+            raise ValueError(
+                f"position {int(positions.max())} exceeds max_position_embeddings={self.cfg.max_position_embeddings}"
+            )
+        h = self.embed_tokens[input_ids]  # fp32 gather (§4.1)
+        residual = None
+        for i, layer in enumerate(self.layers):
+            h, residual = layer(h, residual, positions, self.cos_sin, cu_seqlens, cache, i, slots)
+        u, _ = kernels.rms_norm(h, self.norm, self.cfg.rms_norm_eps, residual, out_dtype=self.policy.norm_output)
+        return kernels.linear(u.to(self.policy.compute), self.lm_head_weight())
+
+
+def packed_positions(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Positions restarting at 0 for each packed sequence."""
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    starts = torch.repeat_interleave(cu_seqlens[:-1], lengths)
+    return torch.arange(int(cu_seqlens[-1]), device=cu_seqlens.device) - starts
+
+
+def pack(sequences: list[list[int]], device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, positions, cu_seqlens) for a list of token lists."""
+    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long)
+    cu = torch.zeros(len(sequences) + 1, dtype=torch.long)
+    cu[1:] = torch.cumsum(lengths, 0)
+    ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long)
+    return ids.to(device), packed_positions(cu).to(device), cu.to(device)
+
+
+def sequence_logprobs(model: Qwen3, sequences: list[list[int]], starts: list[int], temperature=None):
+    """Per sequence, log p(tok[j] | tok[:j]) for j in [starts[i], len): the prefill path (fp32, §6.1)
+    when temperature is None, else the sampler path (§6.2) at that temperature."""
+    ids, pos, cu = pack(sequences, model.cos_sin.device)
+    logits = model(ids, pos, cu)
+    rows, targets, temps = [], [], []
+    bounds = cu.tolist()
+    for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+        rows.append(torch.arange(s + starts[i] - 1, e - 1))
+        targets.append(ids[s + starts[i] : e])
+    rows_t, targets_t = torch.cat(rows), torch.cat(targets)
+    if temperature is None:
+        lp = kernels.prefill_logprobs(logits[rows_t], targets_t)
+    else:
+        lp = kernels.sample_logprobs(logits[rows_t], targets_t, temperature)
+    return list(lp.split([len(r) for r in rows]))

@@ -1,0 +1,58 @@
+"""The rollout engine interface: the native engine and SGLang servers both implement it."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Literal
+
+LogprobSource = Literal["prefill", "decode"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.temperature <= 1e-6:
+            # §6.3: SGLang rewrites T < 1e-6 to greedy with fp32 unscaled log-probs: another contract.
+            raise ValueError(f"temperature={self.temperature}: TOP sampling needs temperature > 1e-6")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+
+
+@dataclass
+class RolloutSample:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    # The numbers the parity gate compares, from the engine's configured log-prob source.
+    logprobs: list[float]
+    # The sampler's log-probs (§6.2: tempered, compute dtype): the distribution tokens were drawn from.
+    sample_logprobs: list[float]
+    finish_reason: Literal["stop", "length"]
+    seed: int
+    meta: dict = field(default_factory=dict)
+
+
+class RolloutEngine(abc.ABC):
+    logprob_source: LogprobSource
+
+    @abc.abstractmethod
+    def generate(self, prompts: list[list[int]], seeds: list[int], params: SamplingParams) -> list[RolloutSample]:
+        """One sample per (prompt, seed); a sample depends only on its prompt, seed and the weights."""
+
+    @abc.abstractmethod
+    def score(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
+        """Prefill re-scoring: log p(response[j] | prompt + response[:j]), fp32, no temperature (§6.1)."""
+
+    @abc.abstractmethod
+    def update_weights(self, hf_state_dict: dict) -> None:
+        """Take new weights (Hugging Face names); the next generate uses them."""
+
+    def health(self) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        return None
