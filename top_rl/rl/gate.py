@@ -1,0 +1,113 @@
+"""The TOP parity gate: refuse to train on a step whose trainer log-probs are not bitwise the
+rollout's. On violation the offending batch is dumped (torch.save) so the parity probe can replay it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import torch
+
+from top_rl.rl.metrics import ParityMetrics, parity_metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GateConfig:
+    enabled: bool = True  # False = the non-TOP baseline: metrics only, no verdict, no dump
+    on_violation: str = "halt"  # "halt" raises ParityViolation; "warn" logs and lets the step train
+
+
+class ParityViolation(RuntimeError):
+    def __init__(self, message: str, step: int, metrics: ParityMetrics | None, dump_path: str):
+        super().__init__(message)
+        self.step, self.metrics, self.dump_path = step, metrics, dump_path
+
+
+def _describe(step: int, m: ParityMetrics | None, error: str | None,
+              sample_ids: Sequence[Any] | None, dump_path: str) -> str:
+    head = f"TOP parity violation at step {step}"
+    if error is not None:
+        return f"{head}: {error}; dump: {dump_path}"
+    assert m is not None
+    fd = m.first_diff
+    if fd is not None:
+        sid = f" (id {sample_ids[fd.sample]})" if sample_ids is not None else ""
+        # repr() of a python float round-trips exactly, so the printed values are the real ones.
+        where = (f"first differing sample {fd.sample}{sid}, token position {fd.position}: "
+                 f"trainer={fd.trainer!r} rollout={fd.rollout!r}")
+    else:
+        where = "all tokens equal, but the update forward disagrees with the scoring forward"
+    return (f"{head}: {where}; abs_diff={m.abs_diff!r} (max {m.abs_diff_max!r}), "
+            f"ess_ratio={m.ess_ratio!r}, ess_ratio_update={m.ess_ratio_update!r}, "
+            f"train_rollout_kl={m.kl!r}, non-finite tokens={m.n_nonfinite}; dump: {dump_path}")
+
+
+def _dump(dump_dir: str, step: int, payload: dict[str, Any]) -> str:
+    os.makedirs(dump_dir, exist_ok=True)
+    path = os.path.join(dump_dir, f"parity_violation_step{step:06d}.pt")
+    tmp = path + ".tmp"
+    torch.save(payload, tmp)
+    os.replace(tmp, path)  # a reader never sees a half-written dump
+    return path
+
+
+def check(
+    trainer: Sequence[torch.Tensor],
+    rollout: Sequence[torch.Tensor],
+    step: int,
+    cfg: GateConfig = GateConfig(),
+    dump_dir: str = ".",
+    sample_ids: Sequence[Any] | None = None,
+    tokens: Sequence[Sequence[int] | torch.Tensor] | None = None,
+    metadata: dict[str, Any] | None = None,
+    update_logprobs: Sequence[torch.Tensor] | None = None,
+) -> ParityMetrics | None:
+    """Compute the parity metrics of one step and enforce TOP.
+
+    ``trainer`` / ``rollout``: one 1-D tensor of response log-probs per sample (same lengths).
+    ``update_logprobs``: optional first-update forward, checked against ``trainer`` as well.
+    ``tokens`` / ``sample_ids`` / ``metadata`` only go into the dump (and the message).
+
+    Violation: abs_diff != 0, ess_ratio != 1, any non-finite value, any unequal token, or a length
+    mismatch between the two sides. Returns the metrics (None only when a length mismatch made them
+    uncomputable and on_violation is "warn"); raises ParityViolation under "halt".
+    """
+    if cfg.on_violation not in ("halt", "warn"):
+        raise ValueError(f"on_violation must be 'halt' or 'warn', got {cfg.on_violation!r}")
+    error = None
+    try:
+        m = parity_metrics(trainer, rollout, update_logprobs)
+    except ValueError as e:  # misaligned batch: an alignment bug, still a parity failure
+        if not cfg.enabled:
+            raise
+        m, error = None, str(e)
+    if not cfg.enabled or (m is not None and not m.violation):
+        return m
+
+    def _cpu(ts):
+        return None if ts is None else [torch.as_tensor(t).detach().cpu() for t in ts]
+
+    path = _dump(dump_dir, step, {
+        "step": step,
+        "sample_ids": list(sample_ids) if sample_ids is not None else None,
+        "tokens": _cpu(tokens),
+        "trainer_logprobs": _cpu(trainer),
+        "rollout_logprobs": _cpu(rollout),
+        "update_logprobs": _cpu(update_logprobs),
+        "metrics": None if m is None else {**m.to_dict(), "first_diff": (
+            asdict(m.first_diff) if m.first_diff else None)},
+        "error": error,
+        "metadata": metadata or {},
+    })
+    msg = _describe(step, m, error, sample_ids, path)
+    if cfg.on_violation == "halt":
+        raise ParityViolation(msg, step, m, path)
+    log.warning(msg)
+    warnings.warn(msg, RuntimeWarning, stacklevel=2)
+    return m
