@@ -1,0 +1,85 @@
+"""Import the pinned SGLang wheel on CPU and give its layers the global state they read.
+
+SGLang's layers read a process-global `ServerArgs` (`get_global_server_args()`); in rl mode
+(`rl_on_policy_target="fsdp"`) `RotaryEmbedding` / `SiluAndMul` dispatch to `forward_native` and RoPE
+wraps `apply_rotary_emb` in `torch.compile(dynamic=True)`. A real `ServerArgs(...)` cannot be built here:
+its `__post_init__` loads the model's HF config (network) and probes the GPU. So `server_args()` fills
+every dataclass field with its declared default, sets the rl-mode fields, and skips `__post_init__`.
+
+CPU specifics (none of them changes the math of the ops compared):
+- `SGLANG_USE_CPU_ENGINE=1` must be set before sglang is imported: `rotary_embedding/base.py` decides at
+  import whether it is on CPU; otherwise a non-CUDA host takes the `vllm._custom_ops` fallback branch.
+- rl mode computes RoPE's inv_freq on CPU and then calls `inv_freq.cuda()` (base.py `_compute_inv_freq`).
+  With no GPU, `rl_mode()` makes `Tensor.cuda` return the tensor unchanged while SGLang layers are built;
+  the whole cache is therefore computed on CPU (on a GPU SGLang computes t, the einsum and cos/sin on CUDA).
+- off CUDA, `RotaryEmbedding.__init__` casts the cache to its `dtype` argument: pass fp32 to keep the
+  fp32 cache SGLang keeps on CUDA.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+
+os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+
+SGLANG_VERSION = "0.5.10.post1"
+
+
+def import_error() -> str | None:
+    """None when the pinned sglang and the layers the tests use import; else why not."""
+    try:
+        import sglang
+        import sglang.srt.layers.activation  # noqa: F401
+        import sglang.srt.layers.layernorm  # noqa: F401
+        import sglang.srt.layers.rotary_embedding  # noqa: F401
+        import sglang.srt.server_args  # noqa: F401
+    except Exception as e:  # ImportError, or an import-time failure of a missing light dependency
+        return f"sglang not importable ({type(e).__name__}: {e}); run scripts/install_sglang_cpu.sh"
+    if sglang.__version__ != SGLANG_VERSION:
+        return f"sglang {sglang.__version__} installed, tests are pinned to {SGLANG_VERSION}"
+    return None
+
+
+def server_args(**overrides):
+    """A ServerArgs holding every field's default plus `overrides`, without running __post_init__."""
+    from sglang.srt.server_args import ServerArgs
+
+    sa = object.__new__(ServerArgs)
+    for f in dataclasses.fields(ServerArgs):
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            value = None
+        object.__setattr__(sa, f.name, value)
+    for k, v in overrides.items():
+        if not hasattr(sa, k):
+            raise AttributeError(f"ServerArgs has no field {k!r}")
+        object.__setattr__(sa, k, v)
+    return sa
+
+
+RL_MODE = dict(model_path="x", rl_on_policy_target="fsdp", enable_deterministic_inference=True,
+               disable_radix_cache=True, dtype="bfloat16", device="cpu")
+
+
+@contextlib.contextmanager
+def rl_mode(**overrides):
+    """Install rl-mode global ServerArgs (restoring the previous ones after) and, while no GPU is
+    present, let `Tensor.cuda()` be the identity so rl-mode RoPE can be built on CPU."""
+    import torch
+    from sglang.srt import server_args as sa_mod
+
+    prev = sa_mod._global_server_args
+    sa_mod.set_global_server_args_for_scheduler(server_args(**{**RL_MODE, **overrides}))
+    orig_cuda = torch.Tensor.cuda
+    if not torch.cuda.is_available():
+        torch.Tensor.cuda = lambda self, *a, **k: self
+    try:
+        yield sa_mod.get_global_server_args()
+    finally:
+        torch.Tensor.cuda = orig_cuda
+        sa_mod._global_server_args = prev
