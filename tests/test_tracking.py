@@ -1,0 +1,74 @@
+import json
+import math
+
+import pytest
+import torch
+
+from top_rl.tracking import Tracker, TrackingConfig, resolve_wandb_mode
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch, tmp_path):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb_config"))
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb_cache"))
+
+
+def _row(step):
+    return {"train/train_rollout_logprob_abs_diff": 0.0, "train/ess_ratio": 1.0,
+            "train/train_rollout_kl": torch.tensor(0.0), "rollout/reward_mean": step / 10,
+            "perf/step_time": 1.5, "perf/rollout_time": 0.25}
+
+
+def _steps(run_dir):
+    return [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_jsonl_wandb_offline_console_and_resume(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    t = Tracker(str(run_dir), TrackingConfig(), config={"lr": 1e-3, "task": {"name": "arith"}})
+    rid = t.run_id
+    assert t.mode == "offline" and rid
+    for s in range(4):
+        t.log(s, _row(s))
+    with pytest.raises(ValueError, match="already logged"):
+        t.log(3, _row(3))
+    t.close()
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert rows[2] == {"step": 2, **_row(2), "train/train_rollout_kl": 0.0}
+    out = capsys.readouterr().out
+    assert "step 2 | reward 0.2 | abs_diff 0.0 | ess 1.0 | kl 0.0 | step 1.50s | rollout 0.25s" in out
+    runs = list((run_dir / "wandb").glob(f"offline-run-*-{rid}"))
+    assert len(runs) == 1 and (runs[0] / f"run-{rid}.wandb").stat().st_size > 0
+
+    # crash after step 3 was logged but the checkpoint is at step 1: resume drops steps 2, 3
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "torn')  # a half-written line from the crash
+    t2 = Tracker(str(run_dir), TrackingConfig(console=False), run_id=rid, resume_from_step=1)
+    assert t2.run_id == rid and t2.last_step == 1
+    t2.log(2, {**_row(2), "train/train_rollout_logprob_abs_diff": float("nan")})
+    t2.close()
+    assert _steps(run_dir) == [0, 1, 2]
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert math.isnan(last["train/train_rollout_logprob_abs_diff"])  # NaN stays NaN, never 0
+    assert len(list((run_dir / "wandb").glob(f"offline-run-*-{rid}"))) == 2
+
+
+def test_fresh_run_replaces_and_modes(tmp_path, monkeypatch):
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"step": 9}\n')
+    with Tracker(str(run_dir), TrackingConfig(wandb_mode="disabled", console=False)) as t:
+        assert t.run is None
+        t.log(0, _row(0))
+    assert _steps(run_dir) == [0] and not (run_dir / "wandb").exists()
+    assert resolve_wandb_mode("auto") == "offline"
+    monkeypatch.delenv("WANDB_MODE")
+    assert resolve_wandb_mode("auto") == "offline"
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert resolve_wandb_mode("auto") == "online" and resolve_wandb_mode("offline") == "offline"
+    with pytest.raises(ValueError):
+        resolve_wandb_mode("sometimes")

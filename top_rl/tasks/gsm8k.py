@@ -1,0 +1,180 @@
+"""GSM8K: grade-school math word problems; the gold answer is the number after ``####``.
+
+Rows come from a JSONL file (``question``, ``answer`` fields) or, only when no path is given, from
+the Hugging Face dataset ``openai/gsm8k`` (needs network). The reward is 1.0 when the response's
+final answer equals the gold number (compared exactly as fractions, so "18.00" == "18"), else 0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from top_rl.tasks.base import PromptItem, Task
+
+_NUM = r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+"
+
+
+@dataclass
+class Gsm8kConfig:
+    name: str = "gsm8k"
+    path: str | None = None  # JSONL file; None -> datasets.load_dataset("openai/gsm8k", "main")
+    split: str = "train"  # only for the Hugging Face dataset
+    tokenizer: str | None = None  # HF model name/dir for AutoTokenizer, unless a tokenizer is passed
+    on_bad_row: str = "error"  # "error": raise naming file and line; "skip": drop and count
+    use_chat_template: bool = True  # when the tokenizer has one; else the plain template
+    instruction: str = "Let's think step by step and output the final answer within \\boxed{}."
+    plain_template: str = "Question: {question}\nAnswer:"
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. enable_thinking
+
+
+def to_number(s: str) -> Fraction | None:
+    s = s.strip().replace(",", "").replace("$", "").rstrip(".")
+    try:
+        return Fraction(s)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def _last_boxed(text: str) -> str | None:
+    i = text.rfind("\\boxed{")
+    if i < 0:
+        return None
+    depth, j = 0, i + len("\\boxed")
+    for k in range(j, len(text)):  # balanced braces: \boxed{\frac{1}{2}} stays whole
+        depth += {"{": 1, "}": -1}.get(text[k], 0)
+        if depth == 0:
+            return text[j + 1:k]
+    return None
+
+
+def extract_answer(text: str) -> Fraction | None:
+    """The response's final answer: the last ``\\boxed{...}``, else the last ``#### x`` or
+    ``Answer: x``, else the last number anywhere. Commas and $ are ignored."""
+    candidates = []
+    boxed = _last_boxed(text)
+    if boxed is not None:
+        candidates.append(boxed)
+    for pat in (r"####\s*([^\n]*)", r"[Aa]nswer\s*(?:is)?\s*[:：]?\s*([^\n]*)"):
+        hits = re.findall(pat, text)
+        if hits:
+            candidates.append(hits[-1])
+    for c in candidates:
+        nums = re.findall(_NUM, c.replace("$", ""))
+        if nums:
+            return to_number(nums[0])
+    nums = re.findall(_NUM, text)
+    return to_number(nums[-1]) if nums else None
+
+
+def gold_answer(solution: str) -> str | None:
+    if "####" not in solution:
+        return None
+    g = solution.rsplit("####", 1)[1].strip().replace(",", "").replace("$", "")
+    return g if to_number(g) is not None else None
+
+
+class Gsm8kTask(Task):
+    name = "gsm8k"
+
+    def __init__(self, cfg: Gsm8kConfig | None = None, tokenizer: Any = None):
+        self.cfg = cfg = cfg or Gsm8kConfig()
+        if cfg.on_bad_row not in ("error", "skip"):
+            raise ValueError(f"on_bad_row must be 'error' or 'skip', got {cfg.on_bad_row!r}")
+        if tokenizer is None:
+            if cfg.tokenizer is None:
+                raise ValueError("gsm8k needs a tokenizer: pass one or set task.tokenizer=<HF name or dir>")
+            from transformers import AutoTokenizer
+            tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
+        self._tok = tokenizer
+        self.skipped = 0  # rows dropped under on_bad_row="skip"
+        self.rows: list[tuple[str, str, str]] = []  # (question, full solution, gold)
+        self._load()
+
+    def _bad(self, where: str, why: str) -> None:
+        if self.cfg.on_bad_row == "error":
+            raise ValueError(f"{where}: {why} (set on_bad_row=skip to drop such rows)")
+        self.skipped += 1
+
+    def _add(self, where: str, row: Any) -> None:
+        if not isinstance(row, dict):
+            return self._bad(where, "row is not a JSON object")
+        q, a = row.get("question"), row.get("answer")
+        if not isinstance(q, str) or not q.strip() or not isinstance(a, str) or not a.strip():
+            return self._bad(where, "missing or empty 'question'/'answer'")
+        gold = gold_answer(a)
+        if gold is None:
+            return self._bad(where, "'answer' has no numeric gold value after '####'")
+        self.rows.append((q.strip(), a, gold))
+
+    def _load(self) -> None:
+        if self.cfg.path is None:
+            import datasets  # network: never reached in tests, which always pass a path
+            ds = datasets.load_dataset("openai/gsm8k", "main", split=self.cfg.split)
+            for i, row in enumerate(ds):
+                self._add(f"openai/gsm8k[{self.cfg.split}] row {i}", row)
+            return
+        with open(self.cfg.path, encoding="utf-8") as f:
+            for ln, line in enumerate(f, 1):
+                where = f"{self.cfg.path}:{ln}"
+                if not line.strip():
+                    self._bad(where, "empty line")
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    self._bad(where, f"invalid JSON ({e.msg})")
+                    continue
+                self._add(where, row)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def format_prompt(self, question: str) -> tuple[str, list[int]]:
+        tok = self._tok
+        if self.cfg.use_chat_template and getattr(tok, "chat_template", None):
+            content = f"{question} {self.cfg.instruction}".strip()
+            text = tok.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                           add_generation_prompt=True, **self.cfg.chat_template_kwargs)
+            # the template already wrote every special token; adding bos again would double it
+            return text, tok(text, add_special_tokens=False)["input_ids"]
+        text = self.cfg.plain_template.format(question=question)
+        return text, tok(text)["input_ids"]
+
+    def item(self, uid: int) -> PromptItem:
+        q, _, gold = self.rows[uid]
+        text, ids = self.format_prompt(q)
+        return PromptItem(uid, text, list(ids), gold)
+
+    def solution(self, uid: int) -> str:
+        return self.rows[uid][1]
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tok
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tok)
+
+    @property
+    def eos_token_id(self) -> int:
+        return self._tok.eos_token_id
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = self._tok.pad_token_id
+        return self._tok.eos_token_id if pad is None else pad
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def save_tokenizer(self, directory: str) -> None:
+        self._tok.save_pretrained(directory)
+
+    def reward(self, item: PromptItem, response_text: str) -> float:
+        pred = extract_answer(response_text)
+        return 1.0 if pred is not None and pred == Fraction(item.answer) else 0.0

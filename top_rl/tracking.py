@@ -1,0 +1,147 @@
+"""Metrics out of the run: ``run_dir/metrics.jsonl`` (the record tests and users read), wandb
+(offline unless an API key or the config says online) and one console line per step."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# The keys DESIGN.md promises in every row (the loop must provide them).
+REQUIRED_KEYS = ("step", "train/train_rollout_logprob_abs_diff", "train/ess_ratio",
+                 "train/train_rollout_kl", "rollout/reward_mean", "perf/step_time")
+
+
+@dataclass
+class TrackingConfig:
+    wandb_mode: str = "auto"  # auto | online | offline | disabled
+    project: str = "top-rl"
+    console: bool = True
+    entity: str | None = None
+    run_name: str | None = None
+
+
+def resolve_wandb_mode(mode: str) -> str:
+    """"auto": $WANDB_MODE if set, else online with $WANDB_API_KEY, else offline (never fail a run
+    for lack of credentials)."""
+    if mode not in ("auto", "online", "offline", "disabled"):
+        raise ValueError(f"wandb_mode must be auto|online|offline|disabled, got {mode!r}")
+    if mode != "auto":
+        return mode
+    return os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+
+
+def _plain(v: Any) -> Any:
+    # tensors / numpy scalars -> python numbers; NaN stays NaN (json writes NaN, never 0)
+    if hasattr(v, "item") and getattr(v, "ndim", 0) == 0:
+        return v.item()
+    return v
+
+
+def _config_dict(config: Any) -> dict:
+    if config is None:
+        return {}
+    if dataclasses.is_dataclass(config):
+        return dataclasses.asdict(config)
+    if isinstance(config, dict):
+        return config
+    from omegaconf import OmegaConf  # a Hydra DictConfig
+    return OmegaConf.to_container(config, resolve=True)
+
+
+def _fmt(v: Any, exact: bool = False) -> str:
+    if isinstance(v, float):
+        # parity numbers print exactly: "1.0" must not hide 0.99999994 behind rounding
+        if exact or v == 0.0 or not math.isfinite(v):
+            return repr(v)
+        return f"{v:.4g}"
+    return str(v)
+
+
+class Tracker:
+    """``log(step, metrics)`` once per step. Resume: pass the checkpoint's ``resume_from_step``
+    and wandb ``run_id``; rows after that step (from the crashed attempt) are dropped so the
+    JSONL never holds a step twice. Without ``resume_from_step`` an existing JSONL is replaced."""
+
+    def __init__(self, run_dir: str, cfg: TrackingConfig = TrackingConfig(), config: Any = None,
+                 run_id: str | None = None, resume_from_step: int | None = None):
+        self.cfg, self.run_dir = cfg, run_dir
+        os.makedirs(run_dir, exist_ok=True)
+        self.path = os.path.join(run_dir, "metrics.jsonl")
+        self.last_step = self._prepare_jsonl(resume_from_step)
+        self._f = open(self.path, "a", encoding="utf-8")
+        self.mode = resolve_wandb_mode(cfg.wandb_mode)
+        self.run = None
+        self.run_id = run_id
+        if self.mode != "disabled":
+            import wandb
+            self.run = wandb.init(project=cfg.project, entity=cfg.entity, name=cfg.run_name,
+                                  dir=run_dir, id=run_id, resume="allow", mode=self.mode,
+                                  config=_config_dict(config))
+            self.run_id = self.run.id  # the checkpoint stores it so a resume continues this run
+            # every key is plotted against our step, also after a resume
+            self.run.define_metric("step")
+            self.run.define_metric("*", step_metric="step")
+
+    def _prepare_jsonl(self, resume_from_step: int | None) -> int | None:
+        rows = []
+        if resume_from_step is not None and os.path.exists(self.path):
+            with open(self.path, encoding="utf-8") as f:
+                for line in f:
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue  # a line torn by the crash we are resuming from
+                    if row.get("step", math.inf) <= resume_from_step:
+                        rows.append(line if line.endswith("\n") else line + "\n")
+        elif os.path.exists(self.path):
+            log.warning("fresh run: replacing %s", self.path)
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(rows)
+        os.replace(tmp, self.path)
+        return json.loads(rows[-1])["step"] if rows else None
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        if self.last_step is not None and step <= self.last_step:
+            raise ValueError(f"step {step} already logged (last {self.last_step})")
+        row = {"step": int(step), **{k: _plain(v) for k, v in metrics.items() if k != "step"}}
+        self._f.write(json.dumps(row) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())  # the JSONL is the run's record: survive a crash right after
+        self.last_step = int(step)
+        if self.run is not None:
+            self.run.log(row, step=int(step))
+        if self.cfg.console:
+            print(self.console_line(row), flush=True)
+
+    @staticmethod
+    def console_line(row: dict[str, Any]) -> str:
+        parts = [f"step {row['step']}"]
+        for key, label, exact in (("rollout/reward_mean", "reward", False),
+                                  ("train/train_rollout_logprob_abs_diff", "abs_diff", True),
+                                  ("train/ess_ratio", "ess", True), ("train/train_rollout_kl", "kl", False)):
+            if key in row:
+                parts.append(f"{label} {_fmt(row[key], exact)}")
+        times = [f"{k[5:-5]} {row[k]:.2f}s" for k in row
+                 if k.startswith("perf/") and k.endswith("_time") and isinstance(row[k], (int, float))]
+        return " | ".join(parts + times)
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
+
+    def __enter__(self) -> "Tracker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
