@@ -1,0 +1,34 @@
+"""Small shared builders for tests: tiny random Qwen3 checkpoints and token batches."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from top_rl.model import Qwen3, Qwen3Config
+
+TINY = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, head_dim=16,
+            max_position_embeddings=256, eos_token_id=2)
+
+
+def tiny_config(gqa: int = 2, tied: bool = True, **kw) -> Qwen3Config:
+    heads = 4
+    return Qwen3Config(**{**TINY, **kw}, num_attention_heads=heads, num_key_value_heads=heads // gqa,
+                       tie_word_embeddings=tied)
+
+
+def tiny_model(dtype="float32", seed=0, **kw) -> Qwen3:
+    # std 0.2 makes the random model's distributions peaked enough that sampling differences show up.
+    return Qwen3(tiny_config(**kw), dtype).init_random(seed, std=0.2)
+
+
+def random_sequences(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+def set_threads(n: int):
+    prev = torch.get_num_threads()
+    torch.set_num_threads(n)
+    return prev
