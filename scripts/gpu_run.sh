@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The one entry point on the lent GPU machine (device `run` tool, carry=[".gpu_bundle"]):
+#   bash scripts/gpu_run.sh [all|tests|bench]
+# installs the wheels of .gpu_bundle/ (made here by scripts/gpu_bundle.sh) into a private target dir,
+# runs `pytest tests/gpu` and bench/*.py, and writes logs plus summary.md to $OUT (at most 8 files come
+# back). Each stage has its own timeout so the summary is written even when one stage hangs; the whole
+# script stays under the tool's 10-minute limit. Extra pytest args: PYTEST_ARGS="-k invariance".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+WHAT="${1:-all}"
+OUT="${OUT:-/tmp/top_rl_gpu_out}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+export TOP_RL_ATTENTION_BACKEND="${TOP_RL_ATTENTION_BACKEND:-triton}"
+PY=python3
+T0=$(date +%s)
+
+SITE=/tmp/top_rl_site
+if compgen -G ".gpu_bundle/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+    .gpu_bundle/*.whl >"$OUT/install.log" 2>&1 || echo "gpu_run: wheel install failed (see install.log)"
+  export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+else
+  echo "gpu_run: no .gpu_bundle/*.whl (run scripts/gpu_bundle.sh here and carry .gpu_bundle)" | tee "$OUT/install.log"
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+
+{
+  echo "# TOP-RL GPU run ($(date -u +%FT%TZ), attention backend $TOP_RL_ATTENTION_BACKEND)"
+  echo
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
+  "$PY" -W ignore - <<'PYEOF' 2>/dev/null
+import importlib
+for m in ("torch", "triton", "sglang", "megatron.core"):
+    try:
+        mod = importlib.import_module(m)
+        print(f"{m}: {getattr(mod, '__version__', '?')}")
+    except Exception as e:  # report, don't stop: the tests say what is missing
+        print(f"{m}: NOT IMPORTABLE ({type(e).__name__}: {e})")
+PYEOF
+} >"$OUT/summary.md"
+
+if [[ "$WHAT" == all || "$WHAT" == tests ]]; then
+  # shellcheck disable=SC2086
+  timeout "${PYTEST_TIMEOUT:-330}" "$PY" -m pytest tests/gpu -q -rfEsxX -p no:cacheprovider \
+    --junitxml="$OUT/junit.xml" ${PYTEST_ARGS:-} >"$OUT/pytest.log" 2>&1
+  echo "pytest exit code: $? ($(( $(date +%s) - T0 )) s since start): $(tail -n 1 "$OUT/pytest.log")" >>"$OUT/summary.md"
+fi
+
+if [[ "$WHAT" == all || "$WHAT" == bench ]]; then
+  for b in gemm attn_memory step_time; do
+    timeout "${BENCH_TIMEOUT:-75}" "$PY" "bench/$b.py" >"$OUT/bench_$b.log" 2>&1
+    echo "bench $b exit code: $? ($(( $(date +%s) - T0 )) s since start)" >>"$OUT/summary.md"
+  done
+fi
+
+"$PY" - "$OUT" <<'PYEOF' >>"$OUT/summary.md" 2>&1
+import collections, pathlib, sys, xml.etree.ElementTree as ET
+out = pathlib.Path(sys.argv[1])
+junit = out / "junit.xml"
+if junit.exists():
+    counts, failures = collections.defaultdict(collections.Counter), []
+    for case in ET.parse(junit).iter("testcase"):
+        mod = case.get("classname", "?").rsplit(".", 1)[-1]
+        kids = {c.tag: c for c in case}
+        if "failure" in kids or "error" in kids:
+            state = "failed"
+            node = kids.get("failure", kids.get("error"))
+            failures.append(f"- {mod}::{case.get('name')}: {(node.get('message') or '').splitlines()[0][:300] if node.get('message') else ''}")
+        elif "skipped" in kids:
+            state = "xfailed" if "xfail" in (kids["skipped"].get("type", "") + kids["skipped"].get("message", "")) else "skipped"
+        else:
+            state = "passed"
+        counts[mod][state] += 1
+    print("\n## tests/gpu\n\n| module | passed | failed | xfailed | skipped |\n|---|---|---|---|---|")
+    total = collections.Counter()
+    for mod, c in sorted(counts.items()):
+        total.update(c)
+        print(f"| {mod} | {c['passed']} | {c['failed']} | {c['xfailed']} | {c['skipped']} |")
+    print(f"| **total** | {total['passed']} | {total['failed']} | {total['xfailed']} | {total['skipped']} |")
+    if failures:
+        print("\nfailures:\n" + "\n".join(failures))
+for b in ("gemm", "attn_memory", "step_time"):
+    log = out / f"bench_{b}.log"
+    if log.exists():
+        text = log.read_text()
+        start = text.find("### ")
+        print("\n" + (text[start:] if start >= 0 else f"bench {b}: no table; last lines:\n" + "\n".join(text.splitlines()[-15:])))
+PYEOF
+cat "$OUT/summary.md"

@@ -1,0 +1,35 @@
+"""Shared builders for the GPU tests and benchmarks (bench/ imports these too)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from top_rl.model import Qwen3, Qwen3Config
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (tests/gpu)")
+
+# Qwen3-0.6B's shape with a reduced vocabulary (32000: not a multiple of lsm_BI's 1024 block).
+QWEN3_06B = dict(vocab_size=32000, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+                 rope_theta=1_000_000.0, max_position_embeddings=8192, tie_word_embeddings=True,
+                 torch_dtype="bfloat16", eos_token_id=None)
+
+
+@torch.no_grad()
+def device_model(seed: int = 0, std: float = 0.02, **overrides) -> Qwen3:
+    """A random Qwen3 built and initialised on the GPU (a CPU init of 0.5B parameters is slow)."""
+    cfg = Qwen3Config(**{**QWEN3_06B, **overrides})
+    model = Qwen3(cfg, "bfloat16").to("cuda")  # built on CPU: the RoPE cache is made as the model makes it
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    for p in model.parameters():
+        if p.dim() == 2:
+            p.copy_(torch.randn(p.shape, generator=g, device="cuda") * std)
+        else:  # norm weights near 1, not exactly 1
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g, device="cuda"))
+    return model
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))

@@ -1,0 +1,157 @@
+"""CPU checks of the GPU attention module's selection and flashinfer plumbing (flashinfer absent or mocked).
+
+What runs the real kernels is tests/gpu; here: the backend must be chosen explicitly and be one the TOP
+contract allows, the flashinfer path shares one 1 GiB fa2 workspace, plans once per batch with the
+engine's deterministic-mode arguments, and fails with a clear message when flashinfer is missing.
+"""
+
+import sys
+import types
+
+import pytest
+import torch
+
+from top_rl.kernels import sglang_attention as attn
+
+
+@pytest.fixture(autouse=True)
+def clean(monkeypatch):
+    monkeypatch.delenv(attn.ENV_VAR, raising=False)
+    attn.set_attention_backend(None)
+    attn.FlashinferState.reset()
+    yield
+    attn.set_attention_backend(None)
+    attn.FlashinferState.reset()
+
+
+def test_backend_must_be_chosen(monkeypatch):
+    with pytest.raises(RuntimeError, match="--attention-backend"):
+        attn.attention_backend()
+    monkeypatch.setenv(attn.ENV_VAR, "triton")
+    assert attn.attention_backend() == "triton"
+    attn.set_attention_backend("flashinfer")  # explicit setting wins over the env var
+    assert attn.attention_backend() == "flashinfer"
+
+
+def test_backend_outside_contract_refused(monkeypatch):
+    with pytest.raises(ValueError, match="contract"):
+        attn.set_attention_backend("torch_native")
+    monkeypatch.setenv(attn.ENV_VAR, "trtllm_mha")
+    with pytest.raises(ValueError, match="contract"):
+        attn.attention_backend()
+    assert set(attn.BACKENDS) == {"fa3", "flashinfer", "triton"}
+
+
+def test_token_indices():
+    lengths = torch.tensor([3, 0, 2])
+    assert attn._token_indices(lengths, 5).tolist() == [0, 1, 2, 10, 11]
+
+
+class _Wrapper:
+    def __init__(self, kind, workspace, layout, **kw):
+        self.kind, self.workspace, self.layout, self.kw = kind, workspace, layout, kw
+        self.plans, self.runs = [], []
+
+    def begin_forward(self, *args, **kw):
+        self.plans.append((args, kw))
+
+    def forward(self, q, *args, **kw):
+        self.runs.append((args, kw))
+        return torch.zeros_like(q)
+
+
+def _fake_flashinfer():
+    fi = types.ModuleType("flashinfer")
+    fi.BatchPrefillWithPagedKVCacheWrapper = lambda ws, layout, **kw: _Wrapper("paged_prefill", ws, layout, **kw)
+    fi.BatchPrefillWithRaggedKVCacheWrapper = lambda ws, layout, **kw: _Wrapper("ragged_prefill", ws, layout, **kw)
+    fi.BatchDecodeWithPagedKVCacheWrapper = lambda ws, layout, **kw: _Wrapper("decode", ws, layout, **kw)
+    return fi
+
+
+@pytest.fixture
+def fake_fi(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flashinfer", _fake_flashinfer())
+    monkeypatch.setattr(attn, "FLASHINFER_WORKSPACE_BYTES", 4096)  # keep the CPU test small
+    attn.set_attention_backend("flashinfer")
+
+
+def _qkv(cu, hq=4, hkv=2, d=8):
+    t = cu[-1]
+    return torch.randn(t, hq, d), torch.randn(t, hkv, d), torch.randn(t, hkv, d), torch.tensor(cu)
+
+
+def test_flashinfer_absent_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flashinfer", None)  # import raises ImportError
+    attn.set_attention_backend("flashinfer")
+    q, k, v, cu = _qkv([0, 3, 5])
+    with pytest.raises(RuntimeError, match="flashinfer"):
+        attn.attention(q, k, v, cu, 0.5)
+
+
+def test_flashinfer_one_shared_fa2_workspace(fake_fi):
+    assert attn.FlashinferState.__dict__["_instance"] is None
+    s = attn.FlashinferState.get("cpu")
+    assert attn.FlashinferState.get("cpu") is s  # a process-wide singleton
+    assert s.prefill.workspace is s.workspace and s.decode.workspace is s.workspace
+    assert s.workspace.dtype == torch.uint8 and s.workspace.numel() == 4096
+    assert s.prefill.kind == "paged_prefill" and s.prefill.kw == {"backend": "fa2"}
+    assert s.decode.kw == {"use_tensor_cores": True, "backend": "fa2"}
+    assert s.prefill.layout == s.decode.layout == "NHD"
+
+
+def test_workspace_default_is_one_gib():
+    assert attn.FLASHINFER_WORKSPACE_BYTES == 1 << 30
+
+
+def test_flashinfer_prefill_plans_once_per_batch(fake_fi):
+    q, k, v, cu = _qkv([0, 3, 5, 9])
+    for _layer in range(28):
+        out = attn.attention(q, k, v, cu, 0.25)
+    s = attn.FlashinferState.get("cpu")
+    assert out.shape == q.shape
+    assert s.plan_count["prefill"] == 1 and len(s.prefill.plans) == 1 and len(s.prefill.runs) == 28
+    args, kw = s.prefill.plans[0]
+    qo, kv_indptr, indices, last, hq, hkv, d, page = args
+    assert qo.tolist() == kv_indptr.tolist() == [0, 3, 5, 9]
+    assert indices.tolist() == list(range(9)) and last.tolist() == [1, 1, 1] and page == 1
+    assert (hq, hkv, d) == (4, 2, 8)
+    assert kw["fixed_split_size"] == 4096 and kw["q_data_type"] == torch.float32
+    run_args, run_kw = s.prefill.runs[0]
+    k_pages, v_pages = run_args[0]
+    assert k_pages.shape == (9, 1, 2, 8) and v_pages.shape == (9, 1, 2, 8)
+    assert run_kw["causal"] is True and run_kw["sm_scale"] == 0.25
+    q2, k2, v2, cu2 = _qkv([0, 4, 9])  # another batch: a new plan
+    attn.attention(q2, k2, v2, cu2, 0.25)
+    assert s.plan_count["prefill"] == 2
+
+
+def test_flashinfer_ragged_prefill_is_fa2(fake_fi, monkeypatch):
+    monkeypatch.setattr(attn, "FLASHINFER_PREFILL", "ragged")
+    q, k, v, cu = _qkv([0, 2, 7])
+    attn.attention(q, k, v, cu, 0.5)
+    attn.attention(q, k, v, cu, 0.5)
+    s = attn.FlashinferState.get("cpu")
+    assert s.prefill.kind == "ragged_prefill" and s.prefill.kw == {"backend": "fa2"}
+    assert len(s.prefill.plans) == 1
+    args, kw = s.prefill.plans[0]
+    assert args[0].tolist() == args[1].tolist() == [0, 2, 7] and kw["fixed_split_size"] == 4096
+    assert s.prefill.runs[0][1]["causal"] is True
+
+
+def test_flashinfer_decode_plan(fake_fi):
+    b, max_len, hq, hkv, d = 3, 6, 4, 2, 8
+    q = torch.randn(b, hq, d)
+    kc, vc = torch.randn(b, max_len, hkv, d), torch.randn(b, max_len, hkv, d)
+    lengths = torch.tensor([1, 6, 4])
+    for _layer in range(5):
+        attn.decode_attention(q, kc, vc, lengths, 0.5)
+    s = attn.FlashinferState.get("cpu")
+    assert s.plan_count["decode"] == 1 and len(s.decode.runs) == 5
+    (indptr, indices, last, n_hq, n_hkv, n_d, page), kw = s.decode.plans[0]
+    assert indptr.tolist() == [0, 1, 7, 11]
+    assert indices.tolist() == [0, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+    assert last.tolist() == [1, 1, 1] and page == 1 and (n_hq, n_hkv, n_d) == (hq, hkv, d)
+    assert kw["fixed_split_size"] == 2048 and kw["disable_split_kv"] is False
+    assert s.decode.runs[0][1]["sm_scale"] == 0.5
+    attn.decode_attention(q, kc, vc, lengths + torch.tensor([0, 0, 1]), 0.5)  # next step: new plan
+    assert s.plan_count["decode"] == 2

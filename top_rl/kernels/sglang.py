@@ -1,0 +1,244 @@
+"""`sglang` backend: SGLang 0.5.10.post1's own kernels in the forward, analytic backwards (GPU only).
+
+Forward = what the engine runs in rl mode (numerics page §2, §4), by calling the pinned wheel's code:
+  linear        `matmul_persistent(x, W.t())` (mm_BI), as F.linear -> aten::mm under the engine's override
+  rms_norm      RMSNorm.forward_native with `mean` = `mean_dim` (mean_BI); pow/rsqrt/mul are native ops
+  rope          torch.compile(dynamic=True)(sglang...rotary_embedding.utils.apply_rotary_emb), NeoX
+  silu_and_mul  SiluAndMul.forward_native: F.silu(g[..., :I]) * g[..., I:] (native, as rl mode forces)
+  log-probs     `log_softmax` (lsm_BI): fp32 for the prefill path, bf16 in/out for the sampler path
+  attention     top_rl.kernels.attention (the engine's --attention-backend kernel)
+Backwards use native torch ops (cuBLAS GEMMs, elementwise CUDA): gradients need to be right, not
+batch-invariant; only the forward log-probs are compared bitwise.
+
+Row-parallel linear (TP-invariant): every rank all-gathers the K shards of the input and of the weight and
+runs ONE full-K mm_BI. Summing per-shard partials (the reference backend's way) cannot reproduce mm_BI's
+single fp32 accumulator walked over all of K, and a TP=1 engine runs exactly one full-K mm_BI, so the
+full-K GEMM is what gives the engine's bits at any trainer TP degree. Cost: an all-gather of the weight
+shard per call (a row-parallel weight is at most hidden x ffn; cheap next to the GEMM at training sizes).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+
+from top_rl.contract import DEFAULT
+from top_rl.kernels import sglang_attention as _attention
+from top_rl.kernels import reference as _ref
+
+
+def pin_engine_env() -> None:
+    """Set the contract's engine env (e.g. DeepGEMM off) before SGLang reads it at import; refuse a clash."""
+    for key, want in DEFAULT.engine_env:
+        have = os.environ.get(key)
+        if have is not None and have != want:
+            raise RuntimeError(f"{key}={have!r} in the trainer's environment, but the TOP contract pins {want!r}")
+        os.environ[key] = want
+    for key in DEFAULT.forbidden_env:
+        if os.environ.get(key):
+            raise RuntimeError(f"{key} is set; the TOP contract forbids it on both sides")
+
+
+@functools.cache
+def ops() -> SimpleNamespace:
+    """SGLang's kernels, imported on first use (a CPU process that never calls them never imports Triton)."""
+    pin_engine_env()
+    from sglang.srt.batch_invariant_ops import batch_invariant_ops as bio
+
+    apply_rotary_emb = _wheel_apply_rotary_emb()
+    if bio._ENABLE_MM_DEEPGEMM and bio.ENABLE_JIT_DEEPGEMM:
+        raise RuntimeError(
+            "sglang.srt.batch_invariant_ops was imported with DeepGEMM on before the TOP contract's env was set; "
+            "import top_rl.kernels.sglang (or call pin_engine_env()) before importing sglang"
+        )
+    return SimpleNamespace(
+        mm=bio.matmul_persistent,
+        mean=bio.mean_dim,
+        log_softmax=bio.log_softmax,
+        rope=torch.compile(dynamic=True)(apply_rotary_emb),  # the engine compiles the same function the same way
+    )
+
+
+def _wheel_apply_rotary_emb():
+    """The wheel's apply_rotary_emb. Its package __init__ (RotaryEmbedding's module) imports CUDA-only JIT
+    kernels; if that import fails where sglang-kernel is absent, load the one file utils.py by path."""
+    try:
+        from sglang.srt.layers.rotary_embedding.utils import apply_rotary_emb
+
+        return apply_rotary_emb
+    except Exception:  # noqa: BLE001 - any failure of the package import; the file itself needs no GPU libs
+        import importlib.util
+        import pathlib
+
+        import sglang
+
+        path = pathlib.Path(sglang.__file__).parent / "srt/layers/rotary_embedding/utils.py"
+        spec = importlib.util.spec_from_file_location("_top_rl_sglang_rope_utils", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod.apply_rotary_emb
+
+
+def mm_bi(x2d: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x2d[M, K] @ w[N, K].T through mm_BI, with the engine's operand layout (a contiguous, b = W.t())."""
+    if x2d.dtype != w.dtype:
+        raise TypeError(f"linear operands must share a dtype (engine asserts it): {x2d.dtype} vs {w.dtype}")
+    if x2d.shape[0] == 0:
+        return x2d.new_empty((0, w.shape[0]))
+    return ops().mm(x2d.contiguous(), w.contiguous().t())
+
+
+class _Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w):
+        x2 = x.reshape(-1, x.shape[-1])
+        ctx.save_for_backward(x2, w)
+        ctx.x_shape = x.shape
+        return mm_bi(x2, w).reshape(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        x2, w = ctx.saved_tensors
+        g2 = g.reshape(-1, g.shape[-1])
+        gx = (g2 @ w).reshape(ctx.x_shape) if ctx.needs_input_grad[0] else None
+        gw = g2.t() @ x2 if ctx.needs_input_grad[1] else None
+        return gx, gw
+
+
+def linear(x, w):
+    return _Linear.apply(x, w)
+
+
+def _all_gather_last(t: torch.Tensor, group) -> torch.Tensor:
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, t.contiguous(), group=group)
+    return torch.cat(parts, dim=-1)
+
+
+class _RowLinear(torch.autograd.Function):
+    """x[..., K/tp] and w[N, K/tp] on each rank; output replicated. Forward: one full-K mm_BI on gathered
+    shards (module docstring). Backward needs no communication: the incoming gradient is the full one."""
+
+    @staticmethod
+    def forward(ctx, x, w, group):
+        x2 = x.reshape(-1, x.shape[-1])
+        ctx.save_for_backward(x2, w)
+        ctx.x_shape = x.shape
+        out = mm_bi(_all_gather_last(x2, group), _all_gather_last(w, group))
+        return out.reshape(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        gx, gw = _Linear.backward(ctx, g)
+        return gx, gw, None
+
+
+def row_linear(x, w, group=None):
+    if group is None or dist.get_world_size(group) == 1:
+        return _Linear.apply(x, w)
+    return _RowLinear.apply(x, w, group)
+
+
+class _RMSNorm(_ref._RMSNorm):
+    """forward_native (weight fp32, cast_x_before_out_mul, fp32 residual) with mean = mean_BI; the
+    reference's analytic backward."""
+
+    @staticmethod
+    def forward(ctx, x, w, residual, eps, out_dtype):
+        orig = out_dtype or x.dtype
+        xf = x.contiguous().to(torch.float32)
+        new_residual = None
+        if residual is not None:
+            xf = xf + residual.to(torch.float32)
+            new_residual = xf.clone()
+        rstd = torch.rsqrt(ops().mean(xf.pow(2), -1, keepdim=True) + eps)
+        n = xf * rstd
+        n_cast = n.to(orig)
+        out = w * n_cast
+        ctx.save_for_backward(n, rstd, w, n_cast)
+        ctx.dtypes = (x.dtype, None if residual is None else residual.dtype)
+        return out if residual is None else (out, new_residual)
+
+
+def rms_norm(x, w, eps, residual=None, out_dtype=None):
+    return _RMSNorm.apply(x, w, residual, eps, out_dtype)
+
+
+class _Rope(_ref._Rope):
+    """RotaryEmbedding.forward_native in rl mode: cos/sin = cache[positions].chunk(2), then the compiled
+    apply_rotary_emb(x, cos, sin, is_neox_style=True); the reference's analytic backward."""
+
+    @staticmethod
+    def forward(ctx, x, positions, cos_sin):
+        cos, sin = cos_sin.index_select(0, positions.flatten()).chunk(2, dim=-1)
+        out = ops().rope(x, cos, sin, True)
+        ctx.save_for_backward(cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype))
+        return out
+
+
+def rope(x, positions, cos_sin):
+    return _Rope.apply(x, positions, cos_sin)
+
+
+def _sampler_input(logits, temperature):
+    """§6.2 step 1: bf(f32(bf(L)) / T) with T an fp32 CUDA tensor of shape (rows, 1), in the logits dtype."""
+    return logits.div(temperature.reshape(-1, 1)).to(logits.dtype)
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    """lsm_BI gathered at ids. temperature None: prefill path (§6.1, fp32 of f32(L)); else the sampler path
+    (§6.2). Backward: (onehot - softmax(z)) * g / T, softmax recomputed from the saved logits (no [T, V]
+    fp32 log-probs kept alive)."""
+
+    @staticmethod
+    def forward(ctx, logits, ids, temperature):
+        z = logits.float() if temperature is None else _sampler_input(logits, temperature)
+        lp = ops().log_softmax(z, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+        ctx.save_for_backward(logits, ids, temperature if temperature is not None else logits.new_empty(0))
+        ctx.tempered = temperature is not None
+        return lp
+
+    @staticmethod
+    def backward(ctx, g):
+        logits, ids, t = ctx.saved_tensors
+        z = _sampler_input(logits, t) if ctx.tempered else logits
+        g = g.float().unsqueeze(-1)
+        grad = torch.softmax(z.float(), dim=-1).mul_(-g)
+        grad.scatter_add_(-1, ids.unsqueeze(-1), g)
+        if ctx.tempered:
+            grad.div_(t.float().reshape(-1, 1))
+        return grad.to(logits.dtype), None, None
+
+
+def prefill_logprobs(logits, ids):
+    return _TokenLogprobs.apply(logits, ids, None)
+
+
+def sample_logprobs(logits, ids, temperature):
+    return _TokenLogprobs.apply(logits, ids, _ref._as_temperature(temperature, logits))
+
+
+@torch.no_grad()
+def sampler_log_softmax(logits, temperature):
+    return ops().log_softmax(_sampler_input(logits, _ref._as_temperature(temperature, logits)), dim=-1)
+
+
+class _Backend:
+    name = "sglang"
+    linear = staticmethod(linear)
+    row_linear = staticmethod(row_linear)
+    rms_norm = staticmethod(rms_norm)
+    rope = staticmethod(rope)
+    silu_and_mul = staticmethod(_ref.silu_and_mul)  # native F.silu * mul forward, as SGLang rl mode
+    attention = staticmethod(_attention.attention)
+    decode_attention = staticmethod(_attention.decode_attention)
+    prefill_logprobs = staticmethod(prefill_logprobs)
+    sample_logprobs = staticmethod(sample_logprobs)
+    sampler_log_softmax = staticmethod(sampler_log_softmax)
+
+
+BACKEND = _Backend()

@@ -1,0 +1,307 @@
+"""GPU varlen causal attention for the `sglang` kernel backend. (Named sglang_attention, not attention:
+a submodule `kernels.attention` would replace the seam function of that name on import.)
+
+Forward = the engine's own attention kernel, called as SGLang 0.5.10.post1 calls it in deterministic mode
+(numerics page §5), chosen by a setting that must equal the engine's `--attention-backend`:
+  triton      sglang.srt.layers.attention.triton_ops: the unified 1-stage extend kernel for prefill, the
+              2-stage split-KV decode kernel with num_kv_splits = ceil(len / 256) for decode.
+  flashinfer  paged prefill (page size 1, fixed split 4096) and tensor-core paged decode (fixed split
+              2048), both backend fa2, planned through the engine's deprecated begin_forward/forward calls
+              with the same arguments; one shared 1 GiB workspace; one plan per batch (all layers reuse it).
+              `FLASHINFER_PREFILL = "ragged"` switches prefill to the ragged wrapper (fa2), which the engine
+              uses only outside deterministic mode.
+  fa3         sgl_kernel's flash_attn_with_kvcache over a page-size-1 view, num_splits=1, as the engine.
+Our K/V are contiguous per packed sequence, so the "cache" the kernels read is that tensor itself with
+kv_indices = arange: the values and the kernel are the engine's, only the addresses differ.
+
+Backward (all forward backends): aten's memory-efficient attention kernels, called directly with
+cu_seqlens and a causal mask type, so memory is O(L) (no dense mask, no L x L scores). The kernel's own
+forward is re-run inside backward only to get the log-sum-exp its backward needs; no autograd graph is
+recorded or differentiated there. GQA: K/V heads are repeated for that kernel and their gradients summed.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+
+import torch
+
+from top_rl.contract import DEFAULT
+
+ENV_VAR = "TOP_RL_ATTENTION_BACKEND"
+BACKENDS = DEFAULT.attention_backends
+TRITON_DECODE_SPLIT = 256  # SGLANG_TRITON_DECODE_SPLIT_TILE_SIZE default (§1.3)
+FLASHINFER_PREFILL_SPLIT = 4096  # SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE default
+FLASHINFER_DECODE_SPLIT = 2048  # SGLANG_FLASHINFER_DECODE_SPLIT_TILE_SIZE default
+FLASHINFER_WORKSPACE_BYTES = 1 << 30
+FLASHINFER_PREFILL = "paged"  # the engine's deterministic-mode path (§5: ragged is off there)
+
+_selected: str | None = None
+
+
+def set_attention_backend(name: str | None) -> None:
+    """Pin the attention kernel; must equal the engine's --attention-backend (None: back to the env var)."""
+    global _selected
+    if name is not None and name not in BACKENDS:
+        raise ValueError(f"attention backend {name!r} is not in the TOP contract's {BACKENDS}")
+    _selected = name
+
+
+def attention_backend() -> str:
+    name = _selected or os.environ.get(ENV_VAR)
+    if name is None:
+        raise RuntimeError(
+            f"no attention backend chosen: call top_rl.kernels.sglang_attention.set_attention_backend(...) or set "
+            f"{ENV_VAR} to the engine's --attention-backend (one of {BACKENDS})"
+        )
+    if name not in BACKENDS:
+        raise ValueError(f"{ENV_VAR}={name!r} is not in the TOP contract's {BACKENDS}")
+    return name
+
+
+def _lengths(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    return cu_seqlens[1:] - cu_seqlens[:-1]
+
+
+def _token_indices(lengths: torch.Tensor, row_stride: int) -> torch.Tensor:
+    """Flat indices of the first lengths[b] tokens of row b in a [B, row_stride] layout."""
+    starts = torch.repeat_interleave(torch.arange(len(lengths), device=lengths.device) * row_stride, lengths)
+    offsets = torch.arange(int(lengths.sum()), device=lengths.device)
+    cu = torch.cumsum(lengths, 0) - lengths
+    return starts + offsets - torch.repeat_interleave(cu, lengths)
+
+
+# ----------------------------------------------------------------------------------------- triton
+@functools.cache
+def _triton_ops():
+    from top_rl.kernels.sglang import pin_engine_env
+
+    pin_engine_env()
+    ext = importlib.import_module("sglang.srt.layers.attention.triton_ops.extend_attention")
+    dec = importlib.import_module("sglang.srt.layers.attention.triton_ops.decode_attention")
+    return ext.extend_attention_fwd_unified, dec.decode_attention_fwd
+
+
+def _triton_prefill(q, k, v, cu_seqlens, scale, max_len):
+    extend_unified, _ = _triton_ops()
+    o = torch.empty_like(q)
+    dev = q.device
+    bs = cu_seqlens.numel() - 1
+    extend_unified(
+        q, o, k, v, 1.0, 1.0,  # k/v descale 1.0 as for an unquantised cache
+        cu_seqlens.to(torch.int64),  # qo_indptr
+        cu_seqlens.to(torch.int64),  # unified kv_indptr: no prefix, so the extend tokens themselves
+        torch.arange(q.shape[0], dtype=torch.int64, device=dev),
+        torch.zeros(bs, dtype=torch.int32, device=dev),  # prefix_lens
+        max_len,
+        sm_scale=scale, is_causal=True,
+    )
+    return o
+
+
+def _triton_decode(q, k_cache, v_cache, lengths, scale):
+    _, decode = _triton_ops()
+    b, max_len = k_cache.shape[:2]
+    lengths = lengths.to(torch.int32)
+    kv_indptr = torch.zeros(b + 1, dtype=torch.int32, device=q.device)
+    kv_indptr[1:] = torch.cumsum(lengths, 0)
+    kv_indices = _token_indices(lengths.long(), max_len)
+    num_kv_splits = ((lengths + TRITON_DECODE_SPLIT - 1) // TRITON_DECODE_SPLIT).to(torch.int32)
+    # The engine sizes this by its context length; it is only a loop bound over (skipped) empty splits.
+    max_kv_splits = max(1, -(-max_len // TRITON_DECODE_SPLIT))
+    hq, dv = q.shape[1], v_cache.shape[-1]
+    attn_logits = torch.empty((b, hq, max_kv_splits, dv), dtype=torch.float32, device=q.device)
+    attn_lse = torch.empty((b, hq, max_kv_splits), dtype=torch.float32, device=q.device)
+    o = torch.empty_like(q)
+    decode(
+        q.contiguous(), k_cache.reshape(b * max_len, *k_cache.shape[2:]), v_cache.reshape(b * max_len, *v_cache.shape[2:]),
+        o, kv_indptr, kv_indices, attn_logits, attn_lse, num_kv_splits, max_kv_splits, scale, 1.0, 1.0,
+    )
+    return o
+
+
+# ------------------------------------------------------------------------------------- flashinfer
+class FlashinferState:
+    """One 1 GiB fa2 workspace per process shared by every wrapper (as the engine's global workspace), and
+    the plan of the batch in flight: a forward pass plans once, its layers reuse the plan."""
+
+    _instance: "FlashinferState | None" = None
+
+    def __init__(self, fi, device):
+        self.fi = fi
+        self.workspace = torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        if FLASHINFER_PREFILL == "ragged":
+            self.prefill = fi.BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
+        else:
+            self.prefill = fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
+        self.decode = fi.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, "NHD", use_tensor_cores=True, backend="fa2"
+        )
+        self.plans = {"prefill": None, "decode": None}
+        self.plan_count = {"prefill": 0, "decode": 0}
+        self._keep = {}  # index tensors a plan may still read
+
+    @classmethod
+    def get(cls, device) -> "FlashinferState":
+        if cls._instance is None:
+            try:
+                fi = importlib.import_module("flashinfer")
+            except ImportError as e:
+                raise RuntimeError("attention backend 'flashinfer' needs the flashinfer package (0.6.7.post3)") from e
+            cls._instance = cls(fi, device)
+        return cls._instance
+
+    @classmethod
+    def reset(cls) -> None:
+        cls._instance = None
+
+    def _needs_plan(self, kind: str, key) -> bool:
+        if self.plans[kind] == key:
+            return False
+        self.plans[kind] = key
+        self.plan_count[kind] += 1
+        return True
+
+    def run_prefill(self, q, k, v, cu_seqlens, scale):
+        hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
+        cu = cu_seqlens.to(torch.int32)
+        key = (tuple(cu.tolist()), hq, hkv, d, q.dtype, k.dtype)
+        if FLASHINFER_PREFILL == "ragged":
+            if self._needs_plan("prefill", key):
+                self._keep["prefill"] = cu
+                self.prefill.begin_forward(cu, cu, hq, hkv, d, q_data_type=q.dtype, fixed_split_size=FLASHINFER_PREFILL_SPLIT)
+            return self.prefill.forward(q.contiguous(), k, v, causal=True, sm_scale=scale, logits_soft_cap=0.0)
+        if self._needs_plan("prefill", key):
+            indices = torch.arange(q.shape[0], dtype=torch.int32, device=q.device)
+            last = torch.ones(cu.numel() - 1, dtype=torch.int32, device=q.device)
+            self._keep["prefill"] = (cu, indices, last)
+            self.prefill.begin_forward(  # engine: call_begin_forward, paged part (page size 1)
+                cu, cu, indices, last, hq, hkv, d, 1, q_data_type=q.dtype, kv_data_type=k.dtype,
+                custom_mask=None, non_blocking=True, fixed_split_size=FLASHINFER_PREFILL_SPLIT,
+            )
+        kv = (k.unsqueeze(1), v.unsqueeze(1))  # [pages, page_size=1, Hkv, d]
+        return self.prefill.forward(
+            q.contiguous(), kv, causal=True, sm_scale=scale, window_left=-1, logits_soft_cap=0.0,
+            k_scale=None, v_scale=None,
+        )
+
+    def run_decode(self, q, k_cache, v_cache, lengths, scale):
+        b, max_len, hkv, d = k_cache.shape
+        lengths = lengths.to(torch.int32)
+        key = (tuple(lengths.tolist()), max_len, q.shape[1], hkv, d, q.dtype, k_cache.dtype)
+        if self._needs_plan("decode", key):
+            indptr = torch.zeros(b + 1, dtype=torch.int32, device=q.device)
+            indptr[1:] = torch.cumsum(lengths, 0)
+            indices = _token_indices(lengths.long(), max_len).to(torch.int32)
+            last = torch.ones(b, dtype=torch.int32, device=q.device)
+            self._keep["decode"] = (indptr, indices, last)
+            self.decode.begin_forward(
+                indptr, indices, last, q.shape[1], hkv, d, 1, data_type=k_cache.dtype, q_data_type=q.dtype,
+                non_blocking=True, fixed_split_size=FLASHINFER_DECODE_SPLIT, disable_split_kv=False,
+            )
+        kv = (k_cache.reshape(b * max_len, 1, hkv, d), v_cache.reshape(b * max_len, 1, hkv, d))
+        return self.decode.forward(q.contiguous(), kv, sm_scale=scale, logits_soft_cap=0.0, k_scale=None, v_scale=None)
+
+
+def _flashinfer_prefill(q, k, v, cu_seqlens, scale, max_len):
+    return FlashinferState.get(q.device).run_prefill(q, k, v, cu_seqlens, scale)
+
+
+def _flashinfer_decode(q, k_cache, v_cache, lengths, scale):
+    return FlashinferState.get(q.device).run_decode(q, k_cache, v_cache, lengths, scale)
+
+
+# -------------------------------------------------------------------------------------------- fa3
+@functools.cache
+def _fa3():
+    try:
+        return importlib.import_module("sgl_kernel.flash_attn").flash_attn_with_kvcache
+    except ImportError as e:
+        raise RuntimeError("attention backend 'fa3' needs sgl_kernel's FA3 build (sglang-kernel 0.4.1)") from e
+
+
+def _fa3_prefill(q, k, v, cu_seqlens, scale, max_len):
+    lengths = _lengths(cu_seqlens)
+    b, t = lengths.numel(), q.shape[0]
+    # page table row b = the token indices of sequence b (page size 1), padded with index 0
+    page_table = torch.zeros((b, max_len), dtype=torch.int32, device=q.device)
+    col = torch.arange(t, device=q.device) - torch.repeat_interleave(cu_seqlens[:-1], lengths)
+    page_table[torch.repeat_interleave(torch.arange(b, device=q.device), lengths), col] = torch.arange(
+        t, dtype=torch.int32, device=q.device
+    )
+    cu32 = cu_seqlens.to(torch.int32)
+    return _fa3()(
+        q=q.contiguous(), k_cache=k.unsqueeze(1), v_cache=v.unsqueeze(1), page_table=page_table,
+        cache_seqlens=lengths.to(torch.int32), cu_seqlens_q=cu32, cu_seqlens_k_new=cu32, max_seqlen_q=max_len,
+        softmax_scale=scale, causal=True, num_splits=1,
+    )
+
+
+def _fa3_decode(q, k_cache, v_cache, lengths, scale):
+    b, max_len, hkv, d = k_cache.shape
+    page_table = (torch.arange(b, device=q.device)[:, None] * max_len + torch.arange(max_len, device=q.device)).to(
+        torch.int32
+    )
+    cu_q = torch.arange(b + 1, dtype=torch.int32, device=q.device)
+    return _fa3()(
+        q=q.contiguous(), k_cache=k_cache.reshape(b * max_len, 1, hkv, d), v_cache=v_cache.reshape(b * max_len, 1, hkv, d),
+        page_table=page_table, cache_seqlens=lengths.to(torch.int32), cu_seqlens_q=cu_q, max_seqlen_q=1,
+        softmax_scale=scale, causal=True, num_splits=1,
+    )
+
+
+_PREFILL = {"triton": _triton_prefill, "flashinfer": _flashinfer_prefill, "fa3": _fa3_prefill}
+_DECODE = {"triton": _triton_decode, "flashinfer": _flashinfer_decode, "fa3": _fa3_decode}
+
+
+# ------------------------------------------------------------------------------------- backward
+def _expand_kv(t: torch.Tensor, group: int) -> torch.Tensor:
+    return t if group == 1 else t.repeat_interleave(group, dim=1)
+
+
+def efficient_attention_backward(g, q, k, v, cu_seqlens, max_len, scale):
+    """(dq, dk, dv) of causal varlen attention through aten's memory-efficient kernels (O(L) memory)."""
+    group = q.shape[1] // k.shape[1]
+    cu = cu_seqlens.to(torch.int32)
+    qb, kb, vb = q.unsqueeze(0), _expand_kv(k, group).unsqueeze(0), _expand_kv(v, group).unsqueeze(0)
+    causal_from_top_left = 1
+    out, lse, seed, offset, _, _ = torch.ops.aten._efficient_attention_forward(
+        qb, kb, vb, None, cu, cu, max_len, max_len, 0.0, causal_from_top_left, True, scale=scale
+    )
+    dq, dk, dv, _ = torch.ops.aten._efficient_attention_backward(
+        g.contiguous().unsqueeze(0), qb, kb, vb, None, out, cu, cu, max_len, max_len, lse, 0.0, seed, offset,
+        causal_from_top_left, False, scale=scale,
+    )
+    dq, dk, dv = dq[0], dk[0], dv[0]
+    if group > 1:
+        t, hkv, d = k.shape
+        dk = dk.reshape(t, hkv, group, d).sum(2)
+        dv = dv.reshape(t, hkv, group, d).sum(2)
+    return dq, dk.to(k.dtype), dv.to(v.dtype)
+
+
+class _VarlenCausalAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens, scale, backend):
+        max_len = int(_lengths(cu_seqlens).max()) if cu_seqlens.numel() > 1 else 0
+        out = _PREFILL[backend](q, k, v, cu_seqlens, scale, max_len)
+        ctx.save_for_backward(q, k, v, cu_seqlens)
+        ctx.scale, ctx.max_len = scale, max_len
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, cu_seqlens = ctx.saved_tensors
+        dq, dk, dv = efficient_attention_backward(g, q, k, v, cu_seqlens, ctx.max_len, ctx.scale)
+        return dq, dk, dv, None, None, None
+
+
+def attention(q, k, v, cu_seqlens, scale):
+    return _VarlenCausalAttention.apply(q, k, v, cu_seqlens, scale, attention_backend())
+
+
+@torch.no_grad()
+def decode_attention(q, k_cache, v_cache, lengths, scale):
+    return _DECODE[attention_backend()](q, k_cache, v_cache, lengths, scale)
