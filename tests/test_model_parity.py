@@ -59,12 +59,14 @@ def test_engine_sample_does_not_depend_on_its_batch():
 
 
 def test_plain_backend_decode_and_prefill_differ():
-    """Without TOP kernels the same model gives decode and prefill different bits on this CPU."""
+    """Without TOP kernels the same model gives decode and prefill different bits on this CPU, so the
+    property the reference backend provides is real. (fp32: most samples differ; CPU bf16 GEMMs differ
+    only occasionally at these sizes, so fp32 is the case shown.)"""
     with kernels.use_backend("plain"):
-        model = tiny_model("bfloat16", seed=0, hidden_size=256, intermediate_size=512)
+        model = tiny_model("float32", seed=0)
         diffs = 0
-        for seed in range(3):
-            samples = _rollout(model, 1.0, n=8, seed=seed)
+        for n in (1, 3, 8):
+            samples = _rollout(model, 1.0, n=n, seed=n)
             seqs = [s.prompt_ids + s.response_ids for s in samples]
             packed = sequence_logprobs(model, seqs, [len(s.prompt_ids) for s in samples], 1.0)
             diffs += sum(not torch.equal(p, torch.tensor(s.sample_logprobs, dtype=p.dtype))
