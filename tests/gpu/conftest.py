@@ -26,3 +26,14 @@ def sglang_backend():
         yield
 
 
+
+
+@pytest.fixture
+def engine_noise_on_device(monkeypatch):
+    """top_rl.rollout.native draws its Gumbel noise on the CPU and adds it to the sampler's log-probs on
+    the model's device, which fails on a GPU; these tests move the same noise values to the GPU (a no-op
+    once the engine does it itself)."""
+    from top_rl.rollout import native
+
+    draw = native.gumbel_noise
+    monkeypatch.setattr(native, "gumbel_noise", lambda *a, **kw: draw(*a, **kw).cuda())
