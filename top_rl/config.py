@@ -1,0 +1,116 @@
+"""The run's typed config: one dataclass per component (owned by that component), composed here and
+registered with Hydra as the schema of conf/config.yaml. Unknown keys fail at compose time; values are
+checked by `validate` before any work starts, each error naming the key and what it accepts."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from top_rl import contract, kernels
+from top_rl.checkpoint import CheckpointConfig
+from top_rl.cluster import ClusterConfig
+from top_rl.model.source import ModelConfig
+from top_rl.rl.algo import AlgoConfig
+from top_rl.rollout.config import RolloutConfig
+from top_rl.tracking import TrackingConfig
+from top_rl.train import TrainerConfig
+
+
+@dataclass
+class TopConfig:
+    enabled: bool = True  # false: the non-TOP baseline (plain kernels both sides, parity logged, no gate)
+    on_violation: str = "halt"  # halt | warn
+    contract: str = contract.DEFAULT.name
+    kernels: str = "reference"  # reference (CPU/any device) | sglang (GPU: SGLang's own kernels)
+    attention_backend: str = "triton"  # must equal the SGLang engines' --attention-backend
+
+
+@dataclass
+class RunConfig:
+    run_dir: str = "runs/default"
+    steps: int = 40
+    seed: int = 0
+    resume: bool = False
+    resume_allow_changes: bool = False  # resume even if determinism-relevant settings changed
+    dry_run: bool = False
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: Any = field(default_factory=lambda: {"name": "arith"})
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    top: TopConfig = field(default_factory=TopConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    def as_dict(self) -> dict:
+        return _plain(dataclasses.asdict(self))
+
+
+def _plain(v):
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return v
+
+
+class ConfigError(ValueError):
+    pass
+
+
+_CHOICES = {
+    "top.on_violation": ("halt", "warn"),
+    "top.kernels": tuple(k for k in kernels.available_backends() if k != "plain"),
+    "top.contract": tuple(contract.CONTRACTS),
+    "top.attention_backend": contract.DEFAULT.attention_backends,
+    "rollout.engine": ("native", "sglang"),
+    "rollout.logprob_source": ("prefill", "decode"),
+    "rollout.on_long_prompt": ("error", "truncate", "skip"),
+    "model.dtype": ("bfloat16", "float32"),
+    "trainer.dtype": ("bfloat16", "float32"),
+    "algo.name": ("grpo",),
+    "algo.loss.loss_agg": ("token_mean", "seq_mean"),
+    "tracking.wandb_mode": ("auto", "online", "offline", "disabled"),
+}
+_POSITIVE = ("steps", "rollout.prompts_per_step", "rollout.n_samples", "rollout.max_new_tokens",
+             "rollout.num_engines", "trainer.tp", "trainer.pp", "trainer.cp", "checkpoint.keep")
+
+
+def _get(cfg, dotted):
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    errors = []
+    for key, allowed in _CHOICES.items():
+        if _get(cfg, key) not in allowed:
+            errors.append(f"{key}={_get(cfg, key)!r} is not allowed; choose one of: {', '.join(allowed)}")
+    for key in _POSITIVE:
+        if _get(cfg, key) < 1:
+            errors.append(f"{key}={_get(cfg, key)} must be >= 1")
+    if cfg.rollout.temperature <= 1e-6:
+        errors.append(f"rollout.temperature={cfg.rollout.temperature} must be > 1e-6 (TOP samples; greedy "
+                      "decoding returns another log-prob kind)")
+    if cfg.model.dtype != cfg.trainer.dtype:
+        errors.append(f"model.dtype={cfg.model.dtype} and trainer.dtype={cfg.trainer.dtype} must match: engine and "
+                      "trainer compute in one dtype under the TOP contract")
+    if not isinstance(cfg.task, dict) or "name" not in cfg.task:
+        errors.append("task must be a mapping with a 'name' (pick a group: task=arith | gsm8k | dapo)")
+    if errors:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+    return cfg
+
+
+def from_hydra(dict_cfg) -> RunConfig:
+    """DictConfig composed by Hydra (schema: RunConfig) -> validated RunConfig."""
+    obj = OmegaConf.to_object(dict_cfg)
+    if isinstance(obj.task, dict) is False:
+        obj.task = OmegaConf.to_container(OmegaConf.create(obj.task), resolve=True)
+    return validate(obj)
