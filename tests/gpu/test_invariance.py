@@ -172,3 +172,19 @@ def test_decode_matches_prefill_last_row():
             differ.append(n)
     if differ:
         pytest.xfail(f"decode and prefill attention bits differ at lengths {differ} (expected for triton, §11.3)")
+
+
+def test_compiled_rope_vs_eager_informational():
+    """The engine's RoPE is Inductor-compiled apply_rotary_emb; an eager evaluation of the same formula
+    (e.g. Megatron's unfused RoPE) can differ in the last fp32 bit (§4.5, §11.4). Close always; bitwise
+    equality reported (xfail when they differ): a trainer must call kernels.rope, not its own RoPE."""
+    from top_rl.kernels import reference
+
+    cos_sin = kernels.rope_cache(D, 1_000_000.0, 8192).cuda()
+    x = torch.randn(4096, HQ, D, device="cuda")
+    pos = torch.randint(0, 8192, (4096,), device="cuda")
+    compiled, eager = kernels.rope(x, pos, cos_sin), reference.rope(x, pos, cos_sin)
+    assert (compiled - eager).abs().max() < 1e-5
+    n = int((compiled != eager).sum())
+    if n:
+        pytest.xfail(f"compiled RoPE differs from eager in {n}/{compiled.numel()} fp32 elements")

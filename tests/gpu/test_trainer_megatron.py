@@ -17,6 +17,20 @@ pytestmark = [needs_cuda, pytest.mark.gpu, pytest.mark.usefixtures("engine_noise
 
 
 def test_megatron_trainer_parity_three_steps():
+    _run(steps=3)
+
+
+def test_megatron_trainer_parity_with_eager_rope_diagnostic(monkeypatch):
+    """Diagnostic, not a contract check: swap the backend's compiled RoPE for the eager formula (what
+    Megatron's own unfused RoPE computes). If this passes while the test above fails, the trainer's only
+    difference from the engine is its RoPE: it must route RoPE through kernels.rope."""
+    from top_rl.kernels import sglang as sg
+
+    monkeypatch.setattr(sg.ops(), "rope", sg._wheel_apply_rotary_emb())
+    _run(steps=1)
+
+
+def _run(steps):
     train = pytest.importorskip("top_rl.train", reason="Megatron-core trainer not importable here")
     engine_model = device_model(seed=5)
     engine = NativeEngine(engine_model, logprob_source="prefill")
@@ -24,7 +38,7 @@ def test_megatron_trainer_parity_three_steps():
     trainer.load_hf(hf_state_dict(engine_model))
     rng = random.Random(0)
     temperature = 0.9
-    for step in range(3):
+    for step in range(steps):
         prompts = [[rng.randrange(3, QWEN3_06B["vocab_size"]) for _ in range(n)] for n in (4, 60, 500)]
         samples = engine.generate(prompts, seeds=[step * 7 + i for i in range(3)],
                                   params=SamplingParams(max_new_tokens=8, temperature=temperature))
