@@ -1,0 +1,108 @@
+"""Each refusal of an SGLang engine config fires before any server or GPU exists, with a message that says
+what to change (TopConfigError, a ValueError)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from top_rl.rollout import sglang_config
+from top_rl.rollout.base import SamplingParams
+from top_rl.rollout.sglang import SglangEngine
+from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, check_config, check_sampling
+
+ENV = {"PATH": "/usr/bin"}
+
+
+def _cfg(**kw) -> SglangEngineConfig:
+    return SglangEngineConfig(**{"model_path": "/models/Qwen3-0.6B", "python": sys.executable, **kw})
+
+
+def test_a_good_config_passes():
+    check_config(_cfg(), "fa3", base_env=ENV)
+    assert issubclass(TopConfigError, ValueError)
+
+
+def test_installed_version_must_be_the_pin(monkeypatch):
+    monkeypatch.setattr(sglang_config.importlib.metadata, "version", lambda name: "0.5.9")
+    with pytest.raises(TopConfigError, match=r"sglang 0.5.9 is installed.*sglang==0.5.10.post1.*skip_version_check"):
+        check_config(_cfg(), "fa3", base_env=ENV)
+    check_config(_cfg(skip_version_check=True), "fa3", base_env=ENV)  # only an explicit skip passes
+
+    def absent(name):
+        raise sglang_config.importlib.metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(sglang_config.importlib.metadata, "version", absent)
+    with pytest.raises(TopConfigError, match="sglang is not installed"):
+        check_config(_cfg(), "fa3", base_env=ENV)
+
+
+def test_version_of_another_interpreter_is_read_from_it(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 0.4.0\n")
+    fake.chmod(0o755)
+    with pytest.raises(TopConfigError, match=f"sglang 0.4.0 is installed for {fake}"):
+        check_config(_cfg(python=str(fake)), "fa3", base_env=ENV)
+
+
+def test_attention_backend_must_match_the_trainer():
+    with pytest.raises(TopConfigError, match="differs from the trainer's 'fa3'.*same value"):
+        check_config(_cfg(attention_backend="triton"), "fa3", base_env=ENV)
+    with pytest.raises(TopConfigError, match="not allowed by the TOP contract"):
+        check_config(_cfg(attention_backend="trtllm_mha"), "trtllm_mha", base_env=ENV)
+    with pytest.raises(TopConfigError, match="differs from the trainer"):  # the engine refuses in its constructor
+        SglangEngine(_cfg(attention_backend="flashinfer"), "triton")
+
+
+def test_flashinfer_needs_the_radix_cache_off():
+    with pytest.raises(TopConfigError, match="disable_radix_cache=true"):
+        check_config(_cfg(attention_backend="flashinfer", disable_radix_cache=False), "flashinfer", base_env=ENV)
+    check_config(_cfg(attention_backend="fa3", disable_radix_cache=False), "fa3", base_env=ENV)
+
+
+def test_engine_tp_above_one_is_refused_under_top():
+    with pytest.raises(TopConfigError, match="no TP>1 parity contract.*tp_size=1"):
+        check_config(_cfg(tp_size=2), "fa3", base_env=ENV)
+    check_config(_cfg(tp_size=2, top=False), "fa3", base_env=ENV)  # the non-TOP baseline may shard
+
+
+@pytest.mark.parametrize("key, value", [
+    ("top_p", 0.9), ("top_k", 50), ("min_p", 0.05), ("frequency_penalty", 0.5), ("presence_penalty", 0.1),
+    ("repetition_penalty", 1.1), ("min_new_tokens", 4), ("temperature", 0.0), ("temperature", 1e-7),
+    ("logit_bias", {"5": 1.0}), ("regex", "a+"), ("n", 2), ("top_logprobs_num", 5),
+])
+def test_sampling_that_changes_logprobs_is_refused(key, value):
+    with pytest.raises(TopConfigError, match=key if key != "top_logprobs_num" else "not checked"):
+        check_sampling({"temperature": 1.0, key: value})
+    with pytest.raises(TopConfigError):  # through the config's extra sampling params as well
+        check_config(_cfg(extra_sampling={key: value}), "fa3", base_env=ENV)
+
+
+def test_contract_sampling_values_pass():
+    check_sampling({"temperature": 0.7, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0,
+                    "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0, "max_new_tokens": 8,
+                    "stop_token_ids": [2], "sampling_seed": 3, "ignore_eos": False})
+    with pytest.raises(ValueError, match="temperature"):  # SamplingParams itself refuses greedy
+        SamplingParams(temperature=0.0)
+
+
+@pytest.mark.parametrize("var", ["SGLANG_RETURN_ORIGINAL_LOGPROB", "SGLANG_BATCH_INVARIANT_OPS_ENABLE_MM_FALLBACK_VARIANT"])
+def test_forbidden_env_is_refused(var):
+    with pytest.raises(TopConfigError, match=f"{var}.*launching process.*unset it"):
+        check_config(_cfg(), "fa3", base_env={**ENV, var: "1"})
+    with pytest.raises(TopConfigError, match=f"{var}.*engine config"):
+        check_config(_cfg(env={var: "1"}), "fa3", base_env=ENV)
+
+
+def test_pinned_env_with_another_value_is_refused():
+    with pytest.raises(TopConfigError, match="SGLANG_BATCH_INVARIANT_OPS_ENABLE_MM_DEEPGEMM='1'.*pins '0'"):
+        check_config(_cfg(), "fa3", base_env={**ENV, "SGLANG_BATCH_INVARIANT_OPS_ENABLE_MM_DEEPGEMM": "1"})
+
+
+def test_other_config_mistakes():
+    with pytest.raises(TopConfigError, match="model_path"):
+        check_config(_cfg(model_path=""), "fa3", base_env=ENV)
+    with pytest.raises(TopConfigError, match="weight_sync"):
+        check_config(_cfg(weight_sync="nfs"), "fa3", base_env=ENV)
+    with pytest.raises(TopConfigError, match="logprob_source"):
+        check_config(_cfg(logprob_source="sampler"), "fa3", base_env=ENV)

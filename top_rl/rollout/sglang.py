@@ -1,0 +1,285 @@
+"""The SGLang rollout engine: one `sglang.launch_server` child process behind the `RolloutEngine` interface.
+
+A plain class, so a caller can place it with Ray: `ray.remote(num_gpus=1)(SglangEngine).remote(cfg, "fa3")`, then
+`start`. Without `start()` it talks to a server already listening at cfg.url (restart is then impossible).
+
+- Refusals (sglang_config.check_config) run in the constructor, the installed-version check in `start()`: all
+  before the server process, which is what touches the GPU, exists. `start()` also parses the command with
+  SGLang's own parser and, once the server is up, checks its /server_info against the contract.
+- generate: one batch /generate with a distinct `sampling_seed` per sample and the contract's sampling; the
+  gate's log-probs come from prefill re-scoring (default) or the sampler's output_token_logprobs.
+- Weight sync: disk | distributed | tensor (sglang_weights); each update carries a weight_version and every
+  later answer must report it, so a server that restarted with its initial weights cannot pass silently.
+- A failed idempotent call (generation with fixed seeds, re-scoring) on a dead server restarts it and retries
+  once; after a restart the last disk version is reloaded, while broadcast/tensor weights cannot be restored
+  here and the retry is refused (`SglangEngineRestarted`) until the trainer syncs again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Callable
+
+from top_rl import contract
+from top_rl.rollout import sglang_weights as weights
+from top_rl.rollout.base import RolloutEngine, RolloutSample, SamplingParams
+from top_rl.rollout.sglang_client import SglangClient, SglangError, SglangProtocolError, SglangUnavailable
+from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, check_config, check_sampling, check_sglang_version
+from top_rl.rollout.sglang_launch import build_launch, validate_argv
+from top_rl.rollout.sglang_protocol import generate_payload, items, parse_generation, parse_scores, score_payload
+from top_rl.rollout.sglang_server import ServerProcess
+
+log = logging.getLogger(__name__)
+
+
+class SglangEngineRestarted(SglangError):
+    """The server was restarted and holds its initial weights; sync weights again before the next request."""
+
+
+class SglangEngine(RolloutEngine):
+    def __init__(self, cfg: SglangEngineConfig, trainer_attention_backend: str,
+                 top: contract.TopContract = contract.DEFAULT):
+        check_config(cfg, trainer_attention_backend, top, check_version=False)
+        self.cfg, self.top = cfg, top
+        self.logprob_source = cfg.logprob_source
+        self.spec = build_launch(cfg, trainer_attention_backend, top=top, check=False)
+        self.client = SglangClient(cfg.url, cfg.request_timeout_s, cfg.max_retries, cfg.retry_backoff_s)
+        log_path = cfg.log_path or str(Path(cfg.weights_dir or tempfile.gettempdir()) / f"sglang-{cfg.port}.log")
+        self.server = ServerProcess(self.spec, self.client, log_path)
+        self.vocab_size = _vocab_size(cfg.model_path)
+        self.version = 0  # weight updates done
+        self.expected_weight_version: str | None = None  # what every answer must report after an update
+        self.last_disk_path: str | None = None
+        self.broadcast_hook: Callable[[weights.Bucket], None] | None = None
+
+    # ------------------------------------------------------------------------------------ lifecycle
+    def start(self) -> dict:
+        """Launch the server and wait for /health; returns its /server_info."""
+        check_sglang_version(self.cfg, self.top)
+        if self.cfg.validate_with_parser:
+            validate_argv(self.spec.argv, self.cfg, self.top)
+        log.info("starting SGLang: %s", " ".join(self.spec.argv))
+        self.server.start(self.cfg.startup_timeout_s)
+        return self.verify_server()
+
+    def verify_server(self) -> dict:
+        """Refuse a running server whose release or flags are not the contract's (its /server_info)."""
+        info = self.client.server_info()
+        want = {"attention_backend": self.cfg.attention_backend, "tp_size": self.cfg.tp_size,
+                "skip_tokenizer_init": True}
+        if not self.cfg.skip_version_check:
+            want["version"] = self.top.sglang_version
+        if self.cfg.top:
+            want.update(enable_deterministic_inference=True, rl_on_policy_target="fsdp")
+            if self.cfg.attention_backend in self.top.radix_cache_required_off:
+                want["disable_radix_cache"] = True
+        bad = [f"{k}={info.get(k)!r} (need {v!r})" for k, v in want.items() if info.get(k) != v]
+        if bad:
+            raise TopConfigError(f"the server at {self.cfg.url} does not run the TOP contract: {'; '.join(bad)}. "
+                                 f"Relaunch it with the command from top_rl.rollout.sglang_launch.build_launch")
+        return info
+
+    def health(self) -> bool:
+        if self.server.proc is not None and not self.server.alive():
+            return False
+        return self.client.health()
+
+    def restart(self) -> None:
+        log.warning("restarting the SGLang server on %s; last log lines:\n%s", self.cfg.url, self.server.log_tail(20))
+        self.server.stop()
+        self.server.start(self.cfg.startup_timeout_s)
+        if self.version == 0:
+            return
+        if self.cfg.weight_sync == "disk" and self.last_disk_path:
+            self.client.update_weights_from_disk(self.last_disk_path, weight_version=self.expected_weight_version)
+            return
+        self.expected_weight_version = None
+        raise SglangEngineRestarted(
+            f"the SGLang server on {self.cfg.url} was restarted and holds the weights of {self.cfg.model_path}, not "
+            f"weight version {self.version} ({self.cfg.weight_sync} sync cannot be replayed by the engine): sync the "
+            f"trainer's weights again, then retry")
+
+    def shutdown(self) -> None:
+        self.server.stop()
+        self.client.close()
+
+    def _call(self, fn: Callable, idempotent: bool):
+        try:
+            return fn()
+        except SglangUnavailable:
+            if not (idempotent and self.cfg.restart_on_failure and self.server.proc is not None):
+                raise
+            if self.health():
+                raise  # the server is up: the failure was not a dead server, so a restart would not help
+            self.restart()
+            return fn()
+
+    # ------------------------------------------------------------------------------------ rollout
+    def sampling(self, params: SamplingParams) -> dict:
+        sp = {"max_new_tokens": params.max_new_tokens, "temperature": params.temperature, **self.cfg.extra_sampling}
+        if params.stop_token_ids:
+            sp["stop_token_ids"] = [int(t) for t in params.stop_token_ids]
+        if self.cfg.top:
+            check_sampling(sp, self.top)
+        return sp
+
+    def _chunks(self, n: int) -> list[range]:
+        step = self.cfg.request_batch_size or max(n, 1)
+        return [range(i, min(i + step, n)) for i in range(0, n, step)]
+
+    def _check_version(self, meta: dict, i: int) -> None:
+        have = meta.get("weight_version")
+        if self.expected_weight_version is not None and have is not None and have != self.expected_weight_version:
+            raise SglangProtocolError(
+                f"POST /generate: sample {i} was produced with weight_version {have!r}, expected "
+                f"{self.expected_weight_version!r} (did the server restart or miss a weight update?)", "POST /generate")
+
+    def generate(self, prompts, seeds, params: SamplingParams) -> list[RolloutSample]:
+        if len(prompts) != len(seeds):
+            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        sp = self.sampling(params)
+        gens = []
+        for r in self._chunks(len(prompts)):
+            payload = generate_payload([prompts[i] for i in r], [seeds[i] for i in r], sp)
+            resp = self._call(lambda: self.client.generate(payload), idempotent=True)  # fixed seeds: same answer
+            for k, item in enumerate(items(resp, len(r))):
+                g = parse_generation(item, r[k])
+                self._check_version(g.meta, r[k])
+                gens.append(g)
+        responses = [g.output_ids for g in gens]
+        gate = self.score(prompts, responses) if self.logprob_source == "prefill" else [g.logprobs for g in gens]
+        return [RolloutSample(list(p), g.output_ids, lp, g.logprobs, g.finish_reason, int(s), dict(g.meta))
+                for p, g, lp, s in zip(prompts, gens, gate, seeds)]
+
+    def score(self, prompts, responses) -> list[list[float]]:
+        """Prefill re-scoring (§6.1, §8): fp32, no temperature; entries 1..|R| of input_token_logprobs."""
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+        out: list[list[float]] = [[] for _ in prompts]
+        todo = [i for i, r in enumerate(responses) if len(r)]
+        for r in self._chunks(len(todo)):
+            idx = [todo[k] for k in r]
+            payload = score_payload([prompts[i] for i in idx], [responses[i] for i in idx])
+            resp = self._call(lambda: self.client.generate(payload), idempotent=True)
+            for i, item in zip(idx, items(resp, len(idx))):
+                out[i] = parse_scores(item, i, list(prompts[i]), list(responses[i]), self.vocab_size)
+                self._check_version(item.get("meta_info", {}), i)
+        return out
+
+    # ------------------------------------------------------------------------------------ weights
+    def _after_sync(self, version: str) -> None:
+        self.expected_weight_version = version
+        self.client.flush_cache(timeout_s=30.0)  # the update flushed already; this also covers a busy scheduler
+
+    def _load_disk(self, path: str, version: str | None) -> None:
+        self._call(lambda: self.client.update_weights_from_disk(path, weight_version=version), idempotent=True)
+        self.last_disk_path = path
+        if version is not None:
+            self._after_sync(version)
+
+    def update_weights_from_disk(self, path: str) -> str:
+        """Load an HF checkpoint the trainer wrote (visible to the server at `path`); returns the weight_version."""
+        self.version += 1
+        version = str(self.version)
+        self._load_disk(str(path), version)
+        return version
+
+    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                  backend: str = "nccl") -> dict:
+        """This server's ranks join the trainer's broadcast group (blocks until rank 0 joins: call it
+        concurrently with weights.init_trainer_group)."""
+        return self.client.init_weights_update_group(master_address, master_port, rank_offset, world_size,
+                                                     self.cfg.weight_group_name, backend)
+
+    def update_weights_from_distributed(self, names, dtypes, shapes, weight_version: str | None = None) -> dict:
+        """One bucket's receive (returns after the trainer's broadcast). `weight_version` marks the last bucket."""
+        out = self.client.update_weights_from_distributed(
+            names, dtypes, shapes, self.cfg.weight_group_name, weight_version=weight_version,
+            flush_cache=weight_version is not None, load_format="flattened_bucket" if self.cfg.flattened_buckets else None)
+        if weight_version is not None:
+            self._after_sync(weight_version)
+        return out
+
+    def destroy_weights_update_group(self) -> dict:
+        return self.client.destroy_weights_update_group(self.cfg.weight_group_name)
+
+    def set_broadcast_hook(self, broadcast: Callable[[weights.Bucket], None]) -> None:
+        """For an engine object living in the trainer's rank-0 process: `broadcast(bucket)` sends one bucket over
+        the group (e.g. functools.partial(weights.broadcast_bucket, group=g, flattened=cfg.flattened_buckets))."""
+        self.broadcast_hook = broadcast
+
+    def update_weights(self, hf_state_dict: dict) -> None:
+        if self.cfg.weight_sync == "disk":
+            self._update_disk(hf_state_dict)
+        elif self.cfg.weight_sync == "distributed":
+            self._update_distributed(hf_state_dict)
+        else:
+            self._update_tensor(hf_state_dict)
+
+    def _update_disk(self, sd: dict) -> None:
+        if not self.cfg.weights_dir:
+            raise TopConfigError("weight_sync=disk needs weights_dir: a directory the trainer and the server both see")
+        root = Path(self.cfg.weights_dir)
+        path = weights.write_hf_checkpoint(sd, root / f"v{self.version + 1:06d}", self.cfg.model_path)
+        self.update_weights_from_disk(str(path))
+        keep = max(self.cfg.keep_weight_versions, 1)
+        for old in sorted(root.glob("v[0-9]*"))[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _update_distributed(self, sd: dict) -> None:
+        if self.broadcast_hook is None:
+            raise TopConfigError(
+                "weight_sync=distributed: the trainer's rank 0 must broadcast the tensors. Call set_broadcast_hook(fn) "
+                "on an engine in the trainer process, or drive sglang_weights.sync_distributed from the trainer with "
+                "this engine's update_weights_from_distributed as the per-bucket request")
+        version = str(self.version + 1)
+        n_buckets = len(weights.buckets(sd.items(), self.cfg.bucket_mb << 20))
+        done = [0]
+
+        def post(meta: dict) -> Callable[[], None]:
+            done[0] += 1
+            last = done[0] == n_buckets
+            result: dict = {}
+            t = threading.Thread(target=_capture, args=(result, self.update_weights_from_distributed),
+                                 kwargs={**meta, "weight_version": version if last else None}, daemon=True)
+            t.start()
+
+            def wait() -> None:
+                t.join()
+                if "error" in result:
+                    raise result["error"]
+            return wait
+
+        weights.sync_distributed(sd.items(), self.cfg.bucket_mb << 20, post, self.broadcast_hook)
+        self.version += 1
+
+    def _update_tensor(self, sd: dict) -> None:
+        version = str(self.version + 1)
+        bks = weights.buckets(sd.items(), self.cfg.bucket_mb << 20)
+        for k, bucket in enumerate(bks):
+            last = k == len(bks) - 1
+            payload, fmt = weights.tensor_payload(bucket, self.cfg.tp_size, self.cfg.flattened_buckets)
+            self.client.update_weights_from_tensor(payload, load_format=fmt, flush_cache=last,
+                                                   weight_version=version if last else None)
+        self.version += 1
+        self._after_sync(version)
+
+
+def _capture(result: dict, fn: Callable, **kw) -> None:
+    try:
+        result["value"] = fn(**kw)
+    except BaseException as e:  # re-raised on the caller's thread by the waiter
+        result["error"] = e
+
+
+def _vocab_size(model_path: str) -> int | None:
+    """For the pinned scheduler's token-id quirk (sglang_protocol.same_token); None for a hub id."""
+    try:
+        return int(json.loads((Path(model_path) / "config.json").read_text())["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,203 @@
+"""Configuration of one SGLang rollout server, and the refusals that run before any GPU is touched.
+
+Every refusal raises `TopConfigError` with a message that says what to change. They check what would
+silently break bitwise parity with the trainer (numbers cite shared/reference/sglang-0.5.10.post1-qwen3-numerics.md):
+the installed SGLang release (the contract is read from one wheel), the attention backend (the trainer runs
+the engine's kernel, so both must name the same one), the radix cache (flashinfer must run without it, §5),
+the engine TP degree (no TP>1 contract exists in the pinned release, §11.7), sampling settings that change the
+returned log-probs or the sampled distribution (§6.3-§6.4), and environment variables the contract pins or
+forbids (§1.2-§1.3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Literal, Mapping
+
+from top_rl import contract
+
+WeightSync = Literal["disk", "distributed", "tensor"]
+WEIGHT_SYNC_MODES = ("disk", "distributed", "tensor")
+
+
+class TopConfigError(ValueError):
+    """A configuration that would break the TOP contract; the message says what to change."""
+
+
+@dataclass
+class SglangEngineConfig:
+    model_path: str = ""  # HF checkpoint dir (or hub id) the server loads at start
+    attention_backend: str = "fa3"  # fa3 | flashinfer | triton; must equal the trainer's
+    tp_size: int = 1
+    host: str = "127.0.0.1"
+    port: int = 30000
+    mem_fraction_static: float | None = 0.7  # None: SGLang's own default
+    disable_radix_cache: bool = True  # the contract's flag; False only outside flashinfer
+    extra_args: list[str] = field(default_factory=list)  # more `sglang.launch_server` flags
+    env: dict[str, str] = field(default_factory=dict)  # extra env for the server process
+    weight_sync: WeightSync = "disk"
+    weights_dir: str = ""  # disk sync: where versions are written (must be visible to the server)
+    keep_weight_versions: int = 2  # disk sync: older version dirs are deleted
+    bucket_mb: int = 512  # distributed / tensor sync: bucket size
+    flattened_buckets: bool = True  # distributed / tensor sync: one uint8 buffer per bucket
+    weight_group_name: str = "top_rl_weight_sync"
+    startup_timeout_s: float = 900.0  # model load + CUDA graph capture
+    request_timeout_s: float = 1800.0  # one HTTP call (a whole generate batch)
+    max_retries: int = 3  # transient failures of idempotent calls (5xx, connection reset)
+    retry_backoff_s: float = 1.0
+    restart_on_failure: bool = True  # dead server -> restart -> retry once (idempotent calls only)
+    request_batch_size: int = 0  # samples per /generate call; 0 = all in one call
+    python: str = sys.executable  # interpreter that has the pinned sglang installed
+    log_path: str = ""  # server stdout+stderr; default <weights_dir or tmp>/sglang-<port>.log
+    logprob_source: Literal["prefill", "decode"] = "prefill"
+    extra_sampling: dict = field(default_factory=dict)  # more /generate sampling_params (checked)
+    top: bool = True  # False: the non-TOP baseline (no determinism flags, no TOP refusals)
+    skip_version_check: bool = False  # only for experiments on another release; parity is then unproven
+    validate_with_parser: bool = True  # parse the command with SGLang's own parser before launching
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    def replace(self, **kw) -> "SglangEngineConfig":
+        return dataclasses.replace(self, **kw)
+
+
+# ------------------------------------------------------------------------------------------ refusals
+def installed_sglang_version(python: str | None = None) -> str | None:
+    """The sglang version installed for `python` (this interpreter when None or the same); None if absent."""
+    if python in (None, "", sys.executable):
+        try:
+            return importlib.metadata.version("sglang")
+        except importlib.metadata.PackageNotFoundError:
+            return None
+    code = "import importlib.metadata as m\ntry: print(m.version('sglang'))\nexcept m.PackageNotFoundError: pass"
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise TopConfigError(f"cannot run the configured python {python!r} to read its sglang version: {e}") from None
+    return out.stdout.strip() or None
+
+
+def check_sglang_version(cfg: SglangEngineConfig, top: contract.TopContract = contract.DEFAULT) -> None:
+    if cfg.skip_version_check:
+        return
+    have = installed_sglang_version(cfg.python)
+    if have != top.sglang_version:
+        found = "sglang is not installed" if have is None else f"sglang {have} is installed"
+        raise TopConfigError(
+            f"{found} for {cfg.python}, but the TOP contract {top.name!r} is read from sglang "
+            f"{top.sglang_version}: install sglang=={top.sglang_version} (or use the project's Docker image), or "
+            f"set skip_version_check=true to run anyway (parity is then unproven)"
+        )
+
+
+def check_attention_backend(engine_backend: str, trainer_backend: str,
+                            top: contract.TopContract = contract.DEFAULT) -> None:
+    if engine_backend not in top.attention_backends:
+        raise TopConfigError(
+            f"attention_backend={engine_backend!r} is not allowed by the TOP contract; choose one of "
+            f"{list(top.attention_backends)} (SGLang's deterministic mode accepts only these, §1.1)"
+        )
+    if engine_backend != trainer_backend:
+        raise TopConfigError(
+            f"the engine's attention backend {engine_backend!r} differs from the trainer's {trainer_backend!r}: the "
+            f"trainer recomputes log-probs with the engine's own attention kernel, so set both to the same value "
+            f"(rollout attention_backend and the trainer's attention backend)"
+        )
+
+
+def check_radix_cache(cfg: SglangEngineConfig, top: contract.TopContract = contract.DEFAULT) -> None:
+    if not cfg.disable_radix_cache and cfg.attention_backend in top.radix_cache_required_off:
+        raise TopConfigError(
+            f"attention_backend={cfg.attention_backend!r} needs the radix cache disabled (its decode and prefill "
+            f"kernels differ, so reused decode KV changes prefill log-probs, §5): set disable_radix_cache=true"
+        )
+
+
+def check_tp(cfg: SglangEngineConfig) -> None:
+    if cfg.tp_size < 1:
+        raise TopConfigError(f"tp_size={cfg.tp_size} must be >= 1")
+    if cfg.top and cfg.tp_size != 1:
+        raise TopConfigError(
+            f"tp_size={cfg.tp_size}: SGLang {contract.DEFAULT.sglang_version} has no TP>1 parity contract (bf16 "
+            f"partial sums are all-reduced, §4.8/§11.7); use tp_size=1 and more engines, or top=false for a baseline"
+        )
+
+
+# SGLang's own rules for sampling_params, restricted to what keeps the returned log-probs the contract's.
+_LOGIT_CHANGERS = ("logit_bias", "json_schema", "regex", "ebnf", "structural_tag", "custom_params")
+_ALLOWED_SAMPLING = {"max_new_tokens", "temperature", "stop_token_ids", "sampling_seed", "ignore_eos"}
+
+
+def check_sampling(params: Mapping, top: contract.TopContract = contract.DEFAULT) -> None:
+    """Refuse sampling_params under which the returned log-probs are not the contract's (§6.3-§6.4)."""
+    t = params.get("temperature", 1.0)
+    if t is None or not float(t) > 1e-6:
+        raise TopConfigError(
+            f"temperature={t}: SGLang rewrites temperature <= 1e-6 to greedy with fp32 unscaled log-probs (§6.2); "
+            f"use a temperature > 1e-6 (1.0 for the plain policy)"
+        )
+    for key, want in top.required_sampling:
+        if key in params and params[key] is not None and float(params[key]) != float(want):
+            raise TopConfigError(
+                f"sampling {key}={params[key]!r} changes the sampled distribution or the returned log-probs "
+                f"(§6.3-§6.4); TOP requires {key}={want!r}: remove it from the sampling settings"
+            )
+    for key in _LOGIT_CHANGERS:
+        if params.get(key):
+            raise TopConfigError(f"sampling {key} modifies logits before sampling (§6.2); TOP runs need it unset")
+    if params.get("n", 1) != 1:
+        raise TopConfigError(
+            f"sampling n={params['n']}: SGLang copies one request n times with the same sampling_seed, giving "
+            f"identical completions (§6.3); send one request per sample with distinct seeds (the engine does)"
+        )
+    unknown = set(params) - _ALLOWED_SAMPLING - {k for k, _ in top.required_sampling} - set(_LOGIT_CHANGERS) - {"n"}
+    if unknown:
+        raise TopConfigError(
+            f"sampling keys {sorted(unknown)} are not checked by the TOP contract; remove them (allowed: "
+            f"{sorted(_ALLOWED_SAMPLING | {k for k, _ in top.required_sampling})})"
+        )
+
+
+def check_env(env: Mapping[str, str], where: str, top: contract.TopContract = contract.DEFAULT) -> None:
+    """Forbidden variables set, or a pinned variable set to another value, in `env`."""
+    for key in top.forbidden_env:
+        if env.get(key):
+            raise TopConfigError(
+                f"{key}={env[key]!r} is set in {where}; the TOP contract forbids it (it changes the returned "
+                f"log-probs or the GEMM kernel, §1.2-§1.3): unset it"
+            )
+    for key, want in top.engine_env:
+        if key in env and env[key] != want:
+            raise TopConfigError(
+                f"{key}={env[key]!r} in {where}, but the TOP contract pins {want!r} on both sides: unset it or set {want!r}"
+            )
+
+
+def check_config(cfg: SglangEngineConfig, trainer_attention_backend: str,
+                 top: contract.TopContract = contract.DEFAULT, base_env: Mapping[str, str] | None = None,
+                 check_version: bool = True) -> None:
+    """Every refusal that needs no GPU and no server, in the order a user would fix them. `check_version=False`
+    defers the installed-release check to where the server is launched (the engine's start())."""
+    if not cfg.model_path:
+        raise TopConfigError("model_path is empty: set it to the HF checkpoint the server loads")
+    if cfg.weight_sync not in WEIGHT_SYNC_MODES:
+        raise TopConfigError(f"weight_sync={cfg.weight_sync!r}; choose one of {list(WEIGHT_SYNC_MODES)}")
+    if cfg.logprob_source not in ("prefill", "decode"):
+        raise TopConfigError(f"logprob_source={cfg.logprob_source!r}; choose 'prefill' or 'decode'")
+    if check_version:
+        check_sglang_version(cfg, top)
+    check_tp(cfg)
+    if cfg.top:
+        check_attention_backend(cfg.attention_backend, trainer_attention_backend, top)
+        check_radix_cache(cfg, top)
+        check_env(cfg.env, "the engine config's env", top)
+        check_env(os.environ if base_env is None else base_env, "the launching process's environment", top)
+        check_sampling({"temperature": 1.0, **cfg.extra_sampling}, top)
