@@ -7,12 +7,14 @@ from typing import Any, Callable
 
 from top_rl.tasks.arith import ArithConfig, ArithTask
 from top_rl.tasks.base import DataPosition, PromptItem, Task
+from top_rl.tasks.dapo import DapoConfig, DapoTask
 from top_rl.tasks.gsm8k import Gsm8kConfig, Gsm8kTask
 
 # name -> (config dataclass, constructor). New tasks register here.
 TASKS: dict[str, tuple[type, Callable[..., Task]]] = {
     "arith": (ArithConfig, ArithTask),
     "gsm8k": (Gsm8kConfig, Gsm8kTask),
+    "dapo": (DapoConfig, DapoTask),
 }
 
 

@@ -1,0 +1,246 @@
+"""DAPO-Math-17k: competition math with integer-style answers; the reward checks the final "Answer:" line.
+
+Rows come from a local file (.parquet, .jsonl or .json) or, only when no path is given, from the Hugging Face
+dataset `BytedTsinghua-SIA/DAPO-Math-17k` (needs network). A row is the verl RL format the dataset ships:
+`prompt` (a list of chat messages, or a string), `reward_model.ground_truth`; plain `question`/`answer` rows
+are accepted too. The published parquet repeats every prompt ~100 times, so rows are de-duplicated by prompt.
+
+Reward: 1.0 when the response's final answer equals the gold answer, else 0.0. The answer is the text after the
+last "Answer:" (the dataset's instruction), else the last \\boxed{}. With `math-verify` installed (extra `math`)
+it decides equivalence; otherwise, and as a fast path, answers are compared after normalisation (LaTeX wrappers,
+spaces, units of degrees/percent removed) and as exact fractions when both are numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from top_rl.tasks.base import PromptItem, Task
+from top_rl.tasks.gsm8k import _last_boxed
+
+HF_DATASET = "BytedTsinghua-SIA/DAPO-Math-17k"
+
+
+@dataclass
+class DapoConfig:
+    name: str = "dapo"
+    path: str | None = None  # .parquet / .jsonl / .json; None -> datasets.load_dataset(hf_dataset)
+    hf_dataset: str = HF_DATASET
+    split: str = "train"
+    tokenizer: str | None = None  # HF model name/dir for AutoTokenizer, unless a tokenizer is passed
+    dedupe: bool = True  # the published file repeats each prompt ~100 times
+    max_prompts: int = 0  # 0: all
+    on_bad_row: str = "error"  # "error" | "skip"
+    use_chat_template: bool = True
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    use_math_verify: bool = True  # when the `math-verify` package is installed
+
+
+# ------------------------------------------------------------------------------------ answers
+_ANSWER = re.compile(r"Answer\s*[:：]\s*(.+)", re.IGNORECASE)
+_STRIP = [r"\\left", r"\\right", r"\\!", r"\\,", r"\\;", r"\\ ", r"\^\{?\\circ\}?", r"\\%", "%", r"\\\$", r"\$",
+          r"\\displaystyle", r"\s+"]
+
+
+def extract_answer(text: str) -> str | None:
+    """The text after the last "Answer:" (to the end of that line), else the last \\boxed{...}."""
+    hits = _ANSWER.findall(text)
+    if hits:
+        ans = hits[-1].strip()
+        boxed = _last_boxed(ans)
+        return boxed if boxed is not None else ans
+    return _last_boxed(text)
+
+
+def normalize(ans: str) -> str:
+    s = ans.strip()
+    while True:  # unwrap \boxed{...} and \text{...}
+        m = re.fullmatch(r"\\(?:boxed|text|textbf|mathrm)\{(.*)\}", s)
+        if not m:
+            break
+        s = m.group(1).strip()
+    s = re.sub(r"\\[dt]frac", r"\\frac", s)
+    s = re.sub(r"\\text\{\s*[a-zA-Z ]*\}$", "", s)  # a trailing unit: "5 \text{ cm}"
+    for pat in _STRIP:
+        s = re.sub(pat, "", s)
+    return s.rstrip(".").strip()
+
+
+def as_number(s: str) -> Fraction | None:
+    s = s.replace(",", "").replace("{", "").replace("}", "") if re.fullmatch(r"[\d,.\-{}]+", s) else s
+    m = re.fullmatch(r"(-?)\\frac\{?(-?\d+)\}?\{?(\d+)\}?", s)
+    try:
+        if m:
+            v = Fraction(int(m.group(2)), int(m.group(3)))
+            return -v if m.group(1) else v
+        return Fraction(s)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def equivalent(pred: str, gold: str) -> bool:
+    """Normalised string or exact numeric equality (the math-verify-free check)."""
+    p, g = normalize(pred), normalize(gold)
+    if p == g:
+        return True
+    a, b = as_number(p), as_number(g)
+    return a is not None and a == b
+
+
+def math_verify_equivalent(pred: str, gold: str) -> bool | None:
+    """math-verify's verdict; None when the package is not installed."""
+    try:
+        from math_verify import parse, verify
+    except ImportError:
+        return None
+    if len(pred) > 300:  # parsing cost grows fast with length; a final answer is short
+        return False
+    # math-verify's timeouts use signal.alarm, which works only on the main thread (Ray actors run tasks on
+    # others): there they are turned off, which is safe for the short strings passed here.
+    kw = {} if threading.current_thread() is threading.main_thread() else {"parsing_timeout": None}
+    try:
+        g, p = parse(f"${gold}$", **kw), parse(f"${pred}$", **kw)
+        return bool(verify(g, p, **({} if not kw else {"timeout_seconds": None})))
+    except Exception:
+        return False
+
+
+# ------------------------------------------------------------------------------------ rows
+def _read_rows(path: str) -> list[tuple[str, Any]]:
+    """(where, row) pairs from .parquet, .jsonl or .json."""
+    p = Path(path)
+    if p.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ImportError(f"{path}: reading parquet needs pyarrow (pip install pyarrow) or a .jsonl copy") from None
+        return [(f"{path} row {i}", r) for i, r in enumerate(pq.read_table(p).to_pylist())]
+    if p.suffix == ".json":
+        rows = json.loads(p.read_text(encoding="utf-8"))
+        return [(f"{path} row {i}", r) for i, r in enumerate(rows if isinstance(rows, list) else [rows])]
+    out = []
+    for ln, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                out.append((f"{path}:{ln}", json.loads(line)))
+            except json.JSONDecodeError as e:
+                out.append((f"{path}:{ln}", ValueError(f"invalid JSON ({e.msg})")))
+    return out
+
+
+def _messages(row: dict) -> list[dict] | None:
+    prompt = row.get("prompt", row.get("question", row.get("problem")))
+    if isinstance(prompt, str) and prompt.strip():
+        return [{"role": "user", "content": prompt.strip()}]
+    if isinstance(prompt, list) and prompt and all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                                   for m in prompt):
+        return [{"role": m.get("role", "user"), "content": m["content"]} for m in prompt]
+    return None
+
+
+def _gold(row: dict) -> str | None:
+    rm = row.get("reward_model")
+    gold = rm.get("ground_truth") if isinstance(rm, dict) else row.get("answer", row.get("solution"))
+    if isinstance(gold, (int, float)) and not isinstance(gold, bool):
+        gold = str(gold)
+    return gold.strip() if isinstance(gold, str) and gold.strip() else None
+
+
+class DapoTask(Task):
+    name = "dapo"
+
+    def __init__(self, cfg: DapoConfig | None = None, tokenizer: Any = None):
+        self.cfg = cfg = cfg or DapoConfig()
+        if cfg.on_bad_row not in ("error", "skip"):
+            raise ValueError(f"on_bad_row must be 'error' or 'skip', got {cfg.on_bad_row!r}")
+        if tokenizer is None:
+            if cfg.tokenizer is None:
+                raise ValueError("dapo needs a tokenizer: pass one or set task.tokenizer=<HF name or dir>")
+            from transformers import AutoTokenizer
+            tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
+        self._tok = tokenizer
+        self.skipped = 0  # rows dropped under on_bad_row="skip"
+        self.duplicates = 0  # rows dropped by dedupe
+        self.rows: list[tuple[list[dict], str]] = []  # (messages, gold)
+        self._load()
+
+    def _load(self) -> None:
+        if self.cfg.path is None:
+            import datasets  # network: never reached in tests, which always pass a path
+            ds = datasets.load_dataset(self.cfg.hf_dataset, split=self.cfg.split)
+            pairs = ((f"{self.cfg.hf_dataset}[{self.cfg.split}] row {i}", r) for i, r in enumerate(ds))
+        else:
+            pairs = iter(_read_rows(self.cfg.path))
+        seen: set[str] = set()
+        for where, row in pairs:
+            if self.cfg.max_prompts and len(self.rows) >= self.cfg.max_prompts:
+                break
+            msgs = _messages(row) if isinstance(row, dict) else None
+            gold = _gold(row) if isinstance(row, dict) else None
+            if msgs is None or gold is None:
+                why = str(row) if isinstance(row, Exception) else "needs a 'prompt' (messages or text) and a gold answer"
+                if self.cfg.on_bad_row == "error":
+                    raise ValueError(f"{where}: {why} (set on_bad_row=skip to drop such rows)")
+                self.skipped += 1
+                continue
+            key = json.dumps(msgs, sort_keys=True)
+            if self.cfg.dedupe and key in seen:
+                self.duplicates += 1
+                continue
+            seen.add(key)
+            self.rows.append((msgs, gold))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def format_prompt(self, messages: list[dict]) -> tuple[str, list[int]]:
+        tok = self._tok
+        if self.cfg.use_chat_template and getattr(tok, "chat_template", None):
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                           **self.cfg.chat_template_kwargs)
+            return text, tok(text, add_special_tokens=False)["input_ids"]  # the template wrote the specials
+        text = "\n\n".join(m["content"] for m in messages)
+        return text, tok(text)["input_ids"]
+
+    def item(self, uid: int) -> PromptItem:
+        msgs, gold = self.rows[uid]
+        text, ids = self.format_prompt(msgs)
+        return PromptItem(uid, text, list(ids), gold)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tok
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tok)
+
+    @property
+    def eos_token_id(self) -> int:
+        return self._tok.eos_token_id
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = self._tok.pad_token_id
+        return self._tok.eos_token_id if pad is None else pad
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def save_tokenizer(self, directory: str) -> None:
+        self._tok.save_pretrained(directory)
+
+    def reward(self, item: PromptItem, response_text: str) -> float:
+        pred = extract_answer(response_text)
+        if pred is None:
+            return 0.0
+        if equivalent(pred, item.answer):
+            return 1.0
+        verdict = math_verify_equivalent(pred, item.answer) if self.cfg.use_math_verify else None
+        return 1.0 if verdict else 0.0
