@@ -107,6 +107,3 @@ def test_distributed_sync_needs_the_trainers_broadcast(ckpt):
     eng = SglangEngine(SglangEngineConfig(model_path=str(ckpt), weight_sync="distributed"), "fa3")
     with pytest.raises(TopConfigError, match="set_broadcast_hook"):
         eng.update_weights(hf_state_dict(tiny_model()))
-    eng = SglangEngine(SglangEngineConfig(model_path=str(ckpt), weight_sync="disk"), "fa3")
-    with pytest.raises(TopConfigError, match="weights_dir"):
-        eng.update_weights(hf_state_dict(tiny_model()))

@@ -115,3 +115,48 @@ def test_parser_check_refuses_small_chunks_with_flashinfer():
         validate_argv(build_launch(cfg, "flashinfer", base_env=ENV, check=False).argv, cfg)
     cfg = _cfg(attention_backend="fa3", extra_args=["--chunked-prefill-size", "2048"])  # fa3 has no alignment
     validate_argv(build_launch(cfg, "fa3", base_env=ENV, check=False).argv, cfg)
+
+
+# ------------------------------------------------------------------------------------ from the run config
+def _experiments():
+    from top_rl.cli import CONF_DIR
+    return sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml"))
+
+
+@needs_sglang
+@pytest.mark.parametrize("experiment", _experiments())
+def test_shipped_experiments_plan_commands_sglang_accepts(experiment):
+    from top_rl.cli import compose
+    from top_rl.rollout.sglang_plan import config_from_dict, launch_plan, run_defaults
+
+    run = compose([f"+experiment={experiment}"])
+    if run.rollout.engine != "sglang":
+        pytest.skip("native engine")
+    ports = set()
+    for i in range(run.rollout.num_engines):
+        plan = launch_plan(run, index=i)
+        cfg = config_from_dict(run.rollout.sglang, i, **run_defaults(run))
+        ns = validate_argv(plan["argv"], cfg)
+        assert ns.attention_backend == run.top.attention_backend and ns.model_path == run.model.path
+        ports.add(ns.port)
+    assert len(ports) == run.rollout.num_engines  # engines sharing a node never share a port
+
+
+def test_run_config_mapping(monkeypatch):
+    from top_rl.rollout.sglang import SglangEngine
+    from top_rl.rollout.sglang_plan import config_from_dict
+
+    cfg = config_from_dict({"port": 31000, "extra_args": ("--log-level", "warning")}, 2, model_path="/m",
+                           attention_backend="triton", top=True, logprob_source=None)
+    assert (cfg.port, cfg.attention_backend, cfg.extra_args, cfg.logprob_source) == (31002, "triton",
+                                                                                     ["--log-level", "warning"], "prefill")
+    with pytest.raises(TopConfigError, match="unknown keys \\['tp'\\]"):
+        config_from_dict({"tp": 2})
+    with pytest.raises(TopConfigError, match="differs from the trainer's 'fa3'"):
+        SglangEngine.from_config({"model_path": "/m", "attention_backend": "triton"}, trainer_attention_backend="fa3",
+                                 start=False)
+    monkeypatch.delenv("TOP_RL_ATTENTION_BACKEND", raising=False)
+    with pytest.raises(TopConfigError, match="trainer_attention_backend"):
+        SglangEngine.from_config({"model_path": "/m"}, start=False)
+    eng = SglangEngine.from_config({"model_path": "/m"}, trainer_attention_backend="flashinfer", index=1, start=False)
+    assert eng.cfg.attention_backend == "flashinfer" and eng.cfg.port == 30001

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -31,6 +32,7 @@ from top_rl.rollout.base import RolloutEngine, RolloutSample, SamplingParams
 from top_rl.rollout.sglang_client import SglangClient, SglangError, SglangProtocolError, SglangUnavailable
 from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, check_config, check_sampling, check_sglang_version
 from top_rl.rollout.sglang_launch import build_launch, validate_argv
+from top_rl.rollout.sglang_plan import config_from_dict, launch_plan  # noqa: F401  (launch_plan: dry runs)
 from top_rl.rollout.sglang_protocol import generate_payload, items, parse_generation, parse_scores, score_payload
 from top_rl.rollout.sglang_server import ServerProcess
 
@@ -56,6 +58,26 @@ class SglangEngine(RolloutEngine):
         self.expected_weight_version: str | None = None  # what every answer must report after an update
         self.last_disk_path: str | None = None
         self.broadcast_hook: Callable[[weights.Bucket], None] | None = None
+
+    @classmethod
+    def from_config(cls, sglang: dict | None, logprob_source: str | None = None,
+                    trainer_attention_backend: str | None = None, model_path: str | None = None,
+                    top: bool | None = None, index: int = 0, start: bool = True) -> "SglangEngine":
+        """Build (and start) engine `index` from the run config's `rollout.sglang` mapping; the other arguments
+        are run-level defaults the mapping may not contradict. The trainer's attention backend comes from the
+        argument or, as the trainer's kernels read it, from $TOP_RL_ATTENTION_BACKEND."""
+        trainer = trainer_attention_backend or os.environ.get("TOP_RL_ATTENTION_BACKEND")
+        cfg = config_from_dict(sglang, index, model_path=model_path, logprob_source=logprob_source, top=top,
+                               attention_backend=trainer)
+        if trainer is None:
+            if cfg.top:
+                raise TopConfigError("the SGLang engine needs the trainer's attention backend to refuse a mismatch: pass "
+                                     "trainer_attention_backend=<top.attention_backend> or set TOP_RL_ATTENTION_BACKEND")
+            trainer = cfg.attention_backend
+        engine = cls(cfg, trainer)
+        if start:
+            engine.start()
+        return engine
 
     # ------------------------------------------------------------------------------------ lifecycle
     def start(self) -> dict:
@@ -222,8 +244,8 @@ class SglangEngine(RolloutEngine):
             self._update_tensor(hf_state_dict)
 
     def _update_disk(self, sd: dict) -> None:
-        if not self.cfg.weights_dir:
-            raise TopConfigError("weight_sync=disk needs weights_dir: a directory the trainer and the server both see")
+        if not self.cfg.weights_dir:  # the engine writes next to its server: a local temp dir is visible to it
+            self.cfg.weights_dir = tempfile.mkdtemp(prefix=f"top_rl_sglang_{self.cfg.port}_")
         root = Path(self.cfg.weights_dir)
         path = weights.write_hf_checkpoint(sd, root / f"v{self.version + 1:06d}", self.cfg.model_path)
         self.update_weights_from_disk(str(path))

@@ -1,0 +1,49 @@
+"""From the run config (Hydra's `rollout.sglang` mapping plus run-level settings) to engine configs and the
+dry-run plan. One rule lives here: the engine's attention backend defaults to the trainer's
+(`top.attention_backend`), so a user sets it once; setting a different one is refused (sglang_config)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, check_config
+from top_rl.rollout.sglang_launch import build_launch
+
+_FIELDS = {f.name for f in dataclasses.fields(SglangEngineConfig)}
+
+
+def config_from_dict(d: Mapping[str, Any] | None, index: int = 0, **defaults) -> SglangEngineConfig:
+    """`d` (e.g. rollout.sglang) over `defaults` (run-level: model_path, logprob_source, top, attention_backend).
+    Engine `index` listens on port + index, so several engines can share a node."""
+    d = dict(d or {})
+    unknown = set(d) - _FIELDS
+    if unknown:
+        raise TopConfigError(f"rollout.sglang: unknown keys {sorted(unknown)}; known: {sorted(_FIELDS)}")
+    merged = {**{k: v for k, v in defaults.items() if v is not None}, **d}
+    for key in ("extra_args",):
+        if key in merged:
+            merged[key] = list(merged[key])
+    for key in ("env", "extra_sampling"):
+        if key in merged:
+            merged[key] = dict(merged[key])
+    cfg = SglangEngineConfig(**merged)
+    return dataclasses.replace(cfg, port=cfg.port + index)
+
+
+def run_defaults(run_cfg) -> dict:
+    """The run-level settings an SGLang engine takes from a top_rl.config.RunConfig."""
+    return {"model_path": run_cfg.model.path or "", "logprob_source": run_cfg.rollout.logprob_source,
+            "top": run_cfg.top.enabled, "attention_backend": run_cfg.top.attention_backend}
+
+
+def launch_plan(run_cfg, index: int = 0) -> dict:
+    """What `dry_run=true` prints for engine `index`: the exact command and the env TOP-RL sets. Runs every
+    config refusal except the installed-version check (the planning machine need not have SGLang)."""
+    if not run_cfg.model.path:
+        raise TopConfigError("rollout.engine=sglang needs model.path: the HF Qwen3 checkpoint every server loads")
+    cfg = config_from_dict(run_cfg.rollout.sglang, index, **run_defaults(run_cfg))
+    check_config(cfg, run_cfg.top.attention_backend, check_version=False)
+    spec = build_launch(cfg, run_cfg.top.attention_backend, check=False)
+    return {"kind": "sglang", "url": cfg.url, **spec.describe(), "weight_sync": cfg.weight_sync,
+            "logprob_source": cfg.logprob_source, "attention_backend": cfg.attention_backend, "top": cfg.top}
