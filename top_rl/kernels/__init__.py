@@ -118,11 +118,12 @@ def sampler_log_softmax(logits, temperature):
 
 
 def rope_cache(head_dim: int, base: float, max_positions: int, device=None):
-    """SGLang rl-mode cos/sin cache (§4.5): inv_freq on CPU with the HF formula, fp32 throughout."""
+    """SGLang rl-mode cos/sin cache (§4.5): inv_freq on CPU with the HF formula, then positions, their
+    product and cos/sin on the target device (as SGLang does on CUDA), all fp32."""
     import torch
 
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
-    t = torch.arange(max_positions, dtype=torch.float)
+    inv_freq = inv_freq.to(device) if device is not None else inv_freq
+    t = torch.arange(max_positions, dtype=torch.float, device=inv_freq.device)
     freqs = torch.einsum("i,j -> ij", t, inv_freq)
-    cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
-    return cache if device is None else cache.to(device)
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1)

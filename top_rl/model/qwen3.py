@@ -95,6 +95,17 @@ class Qwen3(nn.Module):
         self.register_buffer(
             "cos_sin", kernels.rope_cache(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings), persistent=False
         )
+        self._cos_sin_device = self.cos_sin.device
+
+    def rope_table(self) -> torch.Tensor:
+        """The cos/sin cache, computed on the device the model runs on (SGLang computes it on CUDA; a
+        table computed on CPU and moved can differ in the last bit)."""
+        if self.cos_sin.device != self._cos_sin_device:
+            cfg = self.cfg
+            self.cos_sin = kernels.rope_cache(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings,
+                                              self.cos_sin.device)
+            self._cos_sin_device = self.cos_sin.device
+        return self.cos_sin
 
     @torch.no_grad()
     def init_random(self, seed: int, std: float = 0.02) -> "Qwen3":
@@ -120,8 +131,9 @@ class Qwen3(nn.Module):
             )
         h = self.embed_tokens[input_ids]  # fp32 gather (§4.1)
         residual = None
+        cos_sin = self.rope_table()
         for i, layer in enumerate(self.layers):
-            h, residual = layer(h, residual, positions, self.cos_sin, cu_seqlens, cache, i, slots)
+            h, residual = layer(h, residual, positions, cos_sin, cu_seqlens, cache, i, slots)
         u, _ = kernels.rms_norm(h, self.norm, self.cfg.rms_norm_eps, residual, out_dtype=self.policy.norm_output)
         return kernels.linear(u.to(self.policy.compute), self.lm_head_weight())
 

@@ -54,7 +54,7 @@ class NativeEngine(RolloutEngine):
         while active:
             lp = kernels.sampler_log_softmax(logits, params.temperature)
             for row, i in enumerate(active):
-                noise = gumbel_noise(seeds[i], int(lengths[i]) - 1, lp.shape[-1])
+                noise = gumbel_noise(seeds[i], int(lengths[i]) - 1, lp.shape[-1]).to(lp.device)
                 tok = int(torch.argmax(lp[row].double() + noise))
                 responses[i].append(tok)
                 sample_lps[i].append(float(lp[row, tok]))
