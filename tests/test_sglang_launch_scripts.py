@@ -57,3 +57,18 @@ def test_submit_stops_on_a_refused_config(tmp_path):
     out = _sh("submit.sh", "+experiment=gsm8k_qwen3_0.6b", "rollout.temperature=0", TOP_RL=str(fake))
     assert out.returncode == 2 and "rollout.temperature" in out.stderr and "ray job submit" not in out.stdout
     assert _sh("submit.sh").returncode == 2  # overrides are required
+
+
+def test_check_image(tmp_path):
+    """launch/check_image.py (the Docker build's last step) accepts this venv's pins and catches a changed stack."""
+    import importlib.metadata as md
+    good, bad = tmp_path / "good.txt", tmp_path / "bad.txt"
+    good.write_text(f"torch=={md.version('torch')}\n")
+    bad.write_text("torch==0.0.1\n")
+    env = {**os.environ, "PYTHONPATH": str(LAUNCH.parent)}
+    ok = subprocess.run([sys.executable, str(LAUNCH / "check_image.py"), str(good)], capture_output=True, text=True, env=env)
+    if "sglang None" in ok.stderr:
+        pytest.skip("sglang not installed")
+    assert ok.returncode == 0, ok.stderr
+    out = subprocess.run([sys.executable, str(LAUNCH / "check_image.py"), str(bad)], capture_output=True, text=True, env=env)
+    assert out.returncode == 1 and "the base image had 0.0.1" in out.stderr

@@ -1,8 +1,9 @@
 """Weight sync to SGLang servers: buckets, the trainer side of the NCCL broadcast, disk export, tensor payloads.
 
 Three modes (numerics page §9):
-- disk: the trainer writes an HF checkpoint (safetensors, dtypes kept: fp32 norms/embedding stay fp32, §3) to a
-  directory every server can read; each server reloads it with POST /update_weights_from_disk.
+- disk: an HF checkpoint (safetensors, dtypes kept: fp32 norms/embedding stay fp32, §3) is written where the
+  server can read it (by the engine actor next to its server, from tensors Ray ships, or by the trainer to a
+  shared filesystem); the server reloads it with POST /update_weights_from_disk.
 - distributed: servers join a process group with the trainer as rank 0 (POST /init_weights_update_group); per
   bucket, each server gets POST /update_weights_from_distributed with names/dtypes/shapes and posts receives,
   while the trainer broadcasts the same tensors in the same order (one uint8 buffer per bucket when flattened,

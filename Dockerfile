@@ -1,0 +1,34 @@
+# TOP-RL GPU image: the pinned SGLang release image + Megatron-core 0.19 + this package (docs/docker.md).
+#   docker build -t top-rl:sglang-0.5.10.post1 .
+#   docker run --gpus all --ipc=host --network=host --shm-size=32g -v /models:/models \
+#     top-rl:sglang-0.5.10.post1 top-rl +experiment=gsm8k_qwen3_0.6b
+# The TOP contract is read from SGLang 0.5.10.post1; launch/check_image.py fails the build on any other release.
+# The image's CUDA stack (torch 2.9.1, triton, sgl-kernel, flashinfer, NCCL) is kept exactly as SGLang pinned it:
+# the trainer must run the same kernels as the servers, so nothing installed here may change it.
+ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.10.post1
+FROM ${SGLANG_IMAGE}
+
+ARG MEGATRON_CORE="megatron-core>=0.19,<0.20"
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_BREAK_SYSTEM_PACKAGES=1 \
+    PYTHONUNBUFFERED=1
+
+# Everything the base image pinned becomes a constraint for the installs below.
+RUN python3 -m pip freeze \
+    | grep -iE '^(torch|torchvision|torchaudio|triton|sglang|sgl[-_]kernel|flashinfer[-_a-z]*|nvidia-[a-z0-9-]+|transformers|tokenizers|safetensors|numpy)==' \
+    > /opt/top-rl-constraints.txt \
+ && cat /opt/top-rl-constraints.txt
+
+WORKDIR /opt/top-rl
+COPY pyproject.toml README.md ./
+COPY top_rl ./top_rl
+COPY conf ./conf
+COPY launch ./launch
+# Editable, so the Hydra tree (conf/) and launch/ stay next to the package, where `top-rl` finds them.
+RUN python3 -m pip install -c /opt/top-rl-constraints.txt "${MEGATRON_CORE}" -e ".[math]"
+RUN python3 launch/check_image.py /opt/top-rl-constraints.txt \
+ && top-rl-parity-probe --help >/dev/null
+
+WORKDIR /workspace
+CMD ["top-rl", "--help"]
