@@ -177,6 +177,14 @@ def test_a_4xx_is_not_retried_and_carries_the_servers_message(server):
         client.update_weights_from_disk("/nope")
 
 
+def test_a_read_timeout_is_not_retried(server):
+    client = SglangClient(server.url, timeout_s=0.3, max_retries=3, backoff_s=0.01)
+    server.faults.append(("/generate", -1, b"1.0"))  # the server answers after 1 s
+    with pytest.raises(SglangUnavailable, match="no answer within 0.3s .*request_timeout_s"):
+        client.generate({"input_ids": [[5]], "sampling_params": [{"max_new_tokens": 1}]})
+    assert not server.faults
+
+
 def test_unreachable_server():
     client = SglangClient("http://127.0.0.1:9", max_retries=1, backoff_s=0.01)
     assert client.health(timeout=1) is False

@@ -135,9 +135,11 @@ def test_distributed_sync_over_a_process_group(setup, tmp_path):
             assert [s.logprobs for s in got] == [s.logprobs for s in NativeEngine(other).generate(PROMPTS, SEEDS, PARAMS)]
         assert got[0].meta["weight_version"] == "2"
         _kill(eng)
-        with pytest.raises(SglangEngineRestarted, match="sync the trainer's weights again"):
+        with pytest.raises(SglangEngineRestarted, match="init_weights_update_group.*sync the trainer's weights again"):
             eng.generate(PROMPTS, SEEDS, PARAMS)  # restarted, but broadcast weights cannot be replayed
-        assert eng.health()
+        assert eng.health() and eng.server.starts == 2
+        with pytest.raises(SglangEngineRestarted):  # and it keeps refusing until the trainer syncs
+            eng.score(PROMPTS, [[1], [2]])
     finally:
         if group is not None:
             dist.destroy_process_group(group)

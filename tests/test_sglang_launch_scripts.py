@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 LAUNCH = Path(__file__).resolve().parents[1] / "launch"
-TOP_RL = Path(sys.executable).parent / "top-rl"
 
 
 def _sh(script, *args, **env):
@@ -40,35 +38,48 @@ def test_head_and_worker_commands():
     assert out.returncode == 2 and "unset SGLANG_RETURN_ORIGINAL_LOGPROB" in out.stderr
 
 
-@pytest.mark.skipif(not TOP_RL.exists(), reason="the top-rl console script is not installed (pip install -e .)")
-def test_submit_checks_the_config_then_submits():
-    out = _sh("submit.sh", "+experiment=gsm8k_qwen3_0.6b", "steps=3", TOP_RL=str(TOP_RL), SUBMIT_NO_WAIT="1")
+def _fake_top_rl(tmp_path, rc: int, message: str = "") -> Path:
+    """A top-rl that records its arguments and exits `rc` (the real dry run is covered by tests/test_config.py,
+    which composes every shipped experiment)."""
+    fake = tmp_path / "top-rl"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/calls\necho "{message}" >&2\nexit {rc}\n')
+    fake.chmod(0o755)
+    return fake
+
+
+def test_submit_checks_the_config_then_submits(tmp_path):
+    fake = _fake_top_rl(tmp_path, 0)
+    out = _sh("submit.sh", "+experiment=gsm8k_qwen3_0.6b", "steps=3", TOP_RL=str(fake), SUBMIT_NO_WAIT="1")
     assert out.returncode == 0, out.stderr
+    assert (tmp_path / "calls").read_text() == "+experiment=gsm8k_qwen3_0.6b steps=3 dry_run=true\n"
     line = out.stdout.strip().splitlines()[-1]
     assert line.startswith("ray job submit --address=http://127.0.0.1:8265 --runtime-env-json=")
     assert '\\"WANDB_MODE\\":\\ \\"offline\\"' in line and "--no-wait" in line
-    assert line.endswith(f"-- {TOP_RL} +experiment=gsm8k_qwen3_0.6b steps=3")
+    assert line.endswith(f"-- {fake} +experiment=gsm8k_qwen3_0.6b steps=3")
+    out = _sh("submit.sh", "+experiment=x", TOP_RL=str(fake), RAY_ADDRESS="http://10.0.0.1:8265", WANDB_API_KEY="secret")
+    assert "--address=http://10.0.0.1:8265" in out.stdout and "secret" not in out.stdout  # secrets stay off argv
 
 
 def test_submit_stops_on_a_refused_config(tmp_path):
-    fake = tmp_path / "top-rl"  # a top-rl whose dry run refuses the config
-    fake.write_text("#!/bin/sh\necho 'top-rl: invalid config: rollout.temperature=0.0' >&2\nexit 2\n")
-    fake.chmod(0o755)
+    fake = _fake_top_rl(tmp_path, 2, "top-rl: invalid config: rollout.temperature=0.0")
     out = _sh("submit.sh", "+experiment=gsm8k_qwen3_0.6b", "rollout.temperature=0", TOP_RL=str(fake))
     assert out.returncode == 2 and "rollout.temperature" in out.stderr and "ray job submit" not in out.stdout
     assert _sh("submit.sh").returncode == 2  # overrides are required
 
 
-def test_check_image(tmp_path):
+def test_check_image(tmp_path, capsys):
     """launch/check_image.py (the Docker build's last step) accepts this venv's pins and catches a changed stack."""
     import importlib.metadata as md
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_image", LAUNCH / "check_image.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
     good, bad = tmp_path / "good.txt", tmp_path / "bad.txt"
     good.write_text(f"torch=={md.version('torch')}\n")
     bad.write_text("torch==0.0.1\n")
-    env = {**os.environ, "PYTHONPATH": str(LAUNCH.parent)}
-    ok = subprocess.run([sys.executable, str(LAUNCH / "check_image.py"), str(good)], capture_output=True, text=True, env=env)
-    if "sglang None" in ok.stderr:
+    rc = mod.main(["check_image.py", str(good)])
+    if "sglang None" in capsys.readouterr().err:
         pytest.skip("sglang not installed")
-    assert ok.returncode == 0, ok.stderr
-    out = subprocess.run([sys.executable, str(LAUNCH / "check_image.py"), str(bad)], capture_output=True, text=True, env=env)
-    assert out.returncode == 1 and "the base image had 0.0.1" in out.stderr
+    assert rc == 0
+    assert mod.main(["check_image.py", str(bad)]) == 1 and "the base image had 0.0.1" in capsys.readouterr().err

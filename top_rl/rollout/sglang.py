@@ -30,13 +30,15 @@ from top_rl import contract
 from top_rl.rollout import sglang_weights as weights
 from top_rl.rollout.base import RolloutEngine, RolloutSample, SamplingParams
 from top_rl.rollout.sglang_client import SglangClient, SglangError, SglangProtocolError, SglangUnavailable
-from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, check_config, check_sampling, check_sglang_version
+from top_rl.rollout.sglang_config import (SglangEngineConfig, TopConfigError, check_config, check_sampling,
+                                          check_sglang_version)
 from top_rl.rollout.sglang_launch import build_launch, validate_argv
-from top_rl.rollout.sglang_plan import config_from_dict, launch_plan  # noqa: F401  (launch_plan: dry runs)
+from top_rl.rollout.sglang_plan import config_from_dict, launch_plan
 from top_rl.rollout.sglang_protocol import generate_payload, items, parse_generation, parse_scores, score_payload
 from top_rl.rollout.sglang_server import ServerProcess
 
 log = logging.getLogger(__name__)
+__all__ = ["SglangEngine", "SglangEngineConfig", "SglangEngineRestarted", "TopConfigError", "launch_plan"]
 
 
 class SglangEngineRestarted(SglangError):
@@ -57,6 +59,7 @@ class SglangEngine(RolloutEngine):
         self.version = 0  # weight updates done
         self.expected_weight_version: str | None = None  # what every answer must report after an update
         self.last_disk_path: str | None = None
+        self.needs_sync = False  # a restart lost weights the engine cannot replay
         self.broadcast_hook: Callable[[weights.Bucket], None] | None = None
 
     @classmethod
@@ -115,16 +118,22 @@ class SglangEngine(RolloutEngine):
         log.warning("restarting the SGLang server on %s; last log lines:\n%s", self.cfg.url, self.server.log_tail(20))
         self.server.stop()
         self.server.start(self.cfg.startup_timeout_s)
+        self.verify_server()
         if self.version == 0:
             return
         if self.cfg.weight_sync == "disk" and self.last_disk_path:
             self.client.update_weights_from_disk(self.last_disk_path, weight_version=self.expected_weight_version)
             return
-        self.expected_weight_version = None
-        raise SglangEngineRestarted(
-            f"the SGLang server on {self.cfg.url} was restarted and holds the weights of {self.cfg.model_path}, not "
-            f"weight version {self.version} ({self.cfg.weight_sync} sync cannot be replayed by the engine): sync the "
-            f"trainer's weights again, then retry")
+        self.needs_sync = True
+        self._refuse_stale()
+
+    def _refuse_stale(self) -> None:
+        if self.needs_sync:
+            group = (" (its ranks left the broadcast group: call init_weights_update_group with the trainer again)"
+                     if self.cfg.weight_sync == "distributed" else "")
+            raise SglangEngineRestarted(
+                f"the SGLang server on {self.cfg.url} was restarted and holds the weights of {self.cfg.model_path}, "
+                f"not weight version {self.version}{group}: sync the trainer's weights again, then retry")
 
     def shutdown(self) -> None:
         self.server.stop()
@@ -162,6 +171,7 @@ class SglangEngine(RolloutEngine):
                 f"{self.expected_weight_version!r} (did the server restart or miss a weight update?)", "POST /generate")
 
     def generate(self, prompts, seeds, params: SamplingParams) -> list[RolloutSample]:
+        self._refuse_stale()
         if len(prompts) != len(seeds):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         sp = self.sampling(params)
@@ -180,6 +190,7 @@ class SglangEngine(RolloutEngine):
 
     def score(self, prompts, responses) -> list[list[float]]:
         """Prefill re-scoring (§6.1, §8): fp32, no temperature; entries 1..|R| of input_token_logprobs."""
+        self._refuse_stale()
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
         out: list[list[float]] = [[] for _ in prompts]
@@ -196,6 +207,7 @@ class SglangEngine(RolloutEngine):
     # ------------------------------------------------------------------------------------ weights
     def _after_sync(self, version: str) -> None:
         self.expected_weight_version = version
+        self.needs_sync = False
         self.client.flush_cache(timeout_s=30.0)  # the update flushed already; this also covers a busy scheduler
 
     def _load_disk(self, path: str, version: str | None) -> None:

@@ -1,7 +1,8 @@
 """HTTP transport to one SGLang 0.5.10.post1 server: endpoints, retries, and errors that name the endpoint.
 
 Retries: a call marked idempotent (generation with fixed seeds, re-scoring, health, cache flush, a disk weight
-load of the same path) is retried on connection failures and HTTP 5xx, `max_retries` times with linear backoff.
+load of the same path) is retried on connection failures and HTTP 5xx, `max_retries` times with linear backoff;
+a read timeout is not retried (the server is busy or hung: the engine then decides by /health).
 A 4xx is the server refusing this request and is never retried. A weight broadcast is never retried here: the
 server posts its NCCL receives when the request arrives, so a blind retry would hang or load half-sent weights.
 Response shapes are §8-§9 of the numerics page (weight routes answer {"success", "message"}, 200 or 400).
@@ -74,6 +75,9 @@ class SglangClient:
             try:
                 resp = self.session.request(method, self.url + path, json=json, params=params,
                                             timeout=timeout or self.timeout_s)
+            except requests.ReadTimeout as e:  # connected, but no answer in time: retrying would only wait again
+                raise SglangUnavailable(f"{endpoint} at {self.url}: no answer within {timeout or self.timeout_s:g}s "
+                                        f"({e}); raise request_timeout_s for long generations", endpoint) from None
             except (requests.ConnectionError, requests.Timeout) as e:
                 last = SglangUnavailable(f"{endpoint} at {self.url}: no answer ({type(e).__name__}: {e})", endpoint)
                 continue

@@ -15,7 +15,7 @@ the pinned SGLang's own helper (backend gloo on CPU); tensor sync deserialises w
 Run as `python -m top_rl.rollout.sglang_standin --model-path DIR --port P [SGLang flags...]` (unknown flags are
 accepted and ignored), or in a thread with `StandinServer(...).start()`. Fault injection for tests:
 `server.faults.append((path, status, body))` answers the next request to `path` with that status and body;
-status 0 closes the connection without answering.
+status 0 closes the connection without answering; status -1 waits float(body) seconds, then answers normally.
 """
 
 from __future__ import annotations
@@ -220,6 +220,9 @@ class _Handler(BaseHTTPRequestHandler):
         for k, (p, status, body) in enumerate(self.state.faults):
             if p == path:
                 del self.state.faults[k]
+                if status == -1:
+                    time.sleep(float(body))
+                    return False
                 if status == 0:
                     self.close_connection = True
                     self.connection.close()
