@@ -1,0 +1,19 @@
+"""Megatron-core trainer for dense Qwen3 with the TOP layer spec (log-probs bitwise equal to the engine's).
+
+    from top_rl.train import Trainer, TrainerConfig, TrainSequence
+    trainer = Trainer(qwen3_config, TrainerConfig(tp=1, dtype="bfloat16"))
+    trainer.load_hf(path_or_hf_state_dict)
+    lps = trainer.logprobs([TrainSequence(tokens, prompt_len, temperature=None)])
+    metrics = trainer.train_step(batch, loss_fn)      # loss_fn(list[Tensor], list[int]) -> Tensor
+    engine.update_weights(trainer.export_hf_weights())
+
+Files: trainer (API), spec (GPTModel + TOP layer spec), layers (seam modules), logprobs (engine
+formula from hidden states), batch (TrainSequence, micro-batching, THD packing), schedule (pipeline
+send/recv), optim (CPU AdamW / Megatron optimizer), weights (HF <-> Megatron), parallel (groups,
+spawn), recompute (non-reentrant checkpoint), ulysses (context parallelism), cpu_shims (no-CUDA).
+"""
+
+from top_rl.train.batch import TrainSequence
+from top_rl.train.trainer import LossFn, Trainer, TrainerConfig
+
+__all__ = ["LossFn", "TrainSequence", "Trainer", "TrainerConfig"]

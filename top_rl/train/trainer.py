@@ -1,0 +1,238 @@
+"""The trainer the RL loop drives: Megatron-core Qwen3 over the kernel seam, log-probs bitwise equal
+to the rollout engine's.
+
+SPMD: construct one `Trainer` per rank (after `parallel.init_process_group`) and call the same method
+with the same arguments on every rank; every method returns the same value on every rank (log-probs,
+metrics and exported weights are gathered/broadcast), so a driver may read any rank's answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from top_rl.contract import as_dtype
+from top_rl.model.config import NotDenseQwen3, Qwen3Config
+from top_rl.train import cpu_shims, parallel, recompute, spec, weights
+from top_rl.train.batch import TrainSequence, pack, plan
+from top_rl.train.logprobs import make_output_processor, split_per_sample
+from top_rl.train.optim import CpuAdamW, MegatronAdam
+from top_rl.train.schedule import StageRunner
+
+LossFn = Callable[[list[torch.Tensor], list[int]], torch.Tensor]
+
+
+@dataclass
+class TrainerConfig:
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1  # Ulysses context parallelism (top_rl.train.ulysses)
+    micro_batch_size: int | None = 8  # samples per micro-batch, used when micro_batch_tokens is None
+    micro_batch_tokens: int | None = None  # packed-token budget per micro-batch
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0  # 0 disables clipping
+    recompute: bool = False  # full recompute of every layer, non-reentrant (top_rl.train.recompute)
+    seed: int = 0
+    dtype: str = "bfloat16"  # compute dtype; embedding, norms and residual stream stay fp32 (contract)
+    megatron_rope: bool = False  # Megatron's unfused RoPE instead of kernels.rope: eager engines only (spec.py)
+
+
+class Trainer:
+    def __init__(self, model_cfg: Qwen3Config, cfg: TrainerConfig = TrainerConfig()):
+        self.model_cfg, self.cfg = model_cfg, cfg
+        if model_cfg.num_hidden_layers % cfg.pp:
+            raise ValueError(f"{model_cfg.num_hidden_layers} layers do not split evenly over PP={cfg.pp}")
+        self.compute_dtype = as_dtype(cfg.dtype)
+        cpu_shims.apply()
+        if cfg.recompute:
+            recompute.install()
+        torch.manual_seed(cfg.seed)
+        parallel.init_process_group()  # no-op when the driver already joined this rank to its group
+        self.layout = parallel.init_model_parallel(cfg.tp, cfg.pp, cfg.cp)
+        self.groups = parallel.groups()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.tc = spec.transformer_config(model_cfg, compute_dtype=self.compute_dtype, tp=cfg.tp, pp=cfg.pp,
+                                          cp=cfg.cp, recompute=cfg.recompute, cpu=self.device.type == "cpu",
+                                          megatron_rope=cfg.megatron_rope)
+        self.model = spec.build_gpt_model(model_cfg, self.tc, pp_rank=self.layout.pp_rank, device=self.device)
+        self.offset = spec.layer_offset(self.tc, self.layout.pp_rank)
+        if self.device.type == "cpu":
+            self.optimizer = CpuAdamW(self.model, cfg, self.layout)
+        else:
+            self.optimizer = MegatronAdam(self.model, cfg, self.layout, self.tc)
+        processor = make_output_processor(self.groups["tp"], self.groups["cp"])
+        self.runner = StageRunner(self.optimizer.forward_module or self.model, self.model, self.layout,
+                                  model_cfg.hidden_size, processor, self.device)
+        self.step = 0
+
+    # ---------------------------------------------------------------- weights
+    @torch.no_grad()
+    def load_hf(self, src: str | Path | Mapping[str, torch.Tensor]) -> None:
+        """Load an HF Qwen3 checkpoint directory or an HF-named state dict (e.g. `hf_state_dict(model)`).
+        Each parameter keeps its contract dtype (values are rounded into it, as the engine does)."""
+        if not isinstance(src, Mapping):
+            from top_rl.model.hf_io import read_safetensors
+
+            ckpt_cfg = Qwen3Config.from_dir(src)
+            if _arch(ckpt_cfg) != _arch(self.model_cfg):
+                raise NotDenseQwen3(f"{src} has config {ckpt_cfg}, the trainer was built for {self.model_cfg}")
+            src = read_safetensors(src)
+        full = weights.hf_to_megatron(src, self.model_cfg)
+        lay = self.layout
+        for name, p in self.model.named_parameters():
+            g = weights.global_name(name, self.offset)
+            if getattr(p, "top_tied_copy", False):
+                g = "embedding.word_embeddings.weight"
+            value = weights.shard(g, full[g], lay.tp, lay.tp_rank)
+            if tuple(value.shape) != tuple(p.shape):
+                raise NotDenseQwen3(f"{g}: shard shape {tuple(value.shape)} != parameter {tuple(p.shape)}")
+            p.copy_(value)
+        self.optimizer.reset()  # master weights from the loaded values, empty optimizer state
+
+    def iter_hf_weights(self):
+        """(HF name, full tensor) for the whole model, on every rank, in a fixed order: TP shards are
+        all-gathered, pipeline stages broadcast theirs. Norms and the embedding are fp32, linears are in
+        the compute dtype: exactly the values the trainer computes with (what an engine must load)."""
+        lay, cfg = self.layout, self.model_cfg
+        local = {weights.global_name(n, self.offset): p for n, p in self.model.named_parameters()
+                 if not getattr(p, "top_tied_copy", False)}
+        stage_of = self._stage_of_names()
+        pp_group = self.groups["pp"]
+
+        def full_tensor(name):
+            if name in local:
+                t = local[name].detach()
+                if lay.tp > 1 and weights._kind(name) != "replicated":
+                    parts = [torch.empty_like(t) for _ in range(lay.tp)]
+                    dist.all_gather(parts, t.contiguous(), group=self.groups["tp"])
+                    t = weights.unshard(name, parts)
+                t = t.clone()
+            else:
+                t = torch.empty(weights.full_shape(name, cfg), dtype=self._dtype_of(name), device=self.device)
+            if lay.pp > 1:
+                dist.broadcast(t, dist.get_global_rank(pp_group, stage_of[name]), group=pp_group)
+            return t
+
+        for name in weights.megatron_names(cfg):
+            yield from weights.iter_megatron_to_hf([(name, full_tensor(name))], cfg)
+
+    def export_hf_weights(self) -> dict[str, torch.Tensor]:
+        """HF-named full weights for `NativeEngine.update_weights` / `save_model` (CPU tensors)."""
+        return {k: v.cpu() for k, v in self.iter_hf_weights()}
+
+    def _dtype_of(self, name: str) -> torch.dtype:
+        fp32 = name.endswith("layernorm.weight") or name == "embedding.word_embeddings.weight"
+        return torch.float32 if fp32 else self.compute_dtype
+
+    def _stage_of_names(self) -> dict[str, int]:
+        pp, n = self.layout.pp, self.model_cfg.num_hidden_layers
+        out = {}
+        for name in weights.megatron_names(self.model_cfg):
+            if name.startswith("decoder.layers."):
+                out[name] = weights._layer_of(name)[0] * pp // n  # Megatron's even split
+            else:
+                out[name] = 0 if name.startswith("embedding") else pp - 1
+        return out
+
+    # ---------------------------------------------------------------- scoring and training
+    def _micro_batches(self, batch: Sequence[TrainSequence]):
+        lay = self.layout
+        for idx in plan(batch, dp_rank=lay.dp_rank, dp_size=lay.dp, micro_batch_size=self.cfg.micro_batch_size,
+                        micro_batch_tokens=self.cfg.micro_batch_tokens):
+            yield pack(batch, idx, cp_size=lay.cp, cp_rank=lay.cp_rank, device=self.device)
+
+    def _owns_results(self) -> bool:
+        lay = self.layout
+        return lay.last_stage and lay.tp_rank == 0 and lay.cp_rank == 0
+
+    @torch.no_grad()
+    def logprobs(self, batch: Sequence[TrainSequence]) -> list[torch.Tensor]:
+        """Per-sample log-probs of tokens[prompt_len:] (forward only, eval mode), each by its kind's
+        engine formula: fp32 prefill scores, or compute-dtype sampler@T log-probs."""
+        self.model.eval()
+        mbs = list(self._micro_batches(batch))
+        flats = self.runner.forward_only(mbs)
+        sizes = [s.num_scored for s in batch]
+        starts = [0]
+        for n in sizes:
+            starts.append(starts[-1] + n)
+        total = torch.zeros(starts[-1], dtype=torch.float64, device=self.device)
+        if self._owns_results():
+            for mb, flat in zip(mbs, flats):
+                for i, part in zip(mb.indices, flat.split(mb.scored_sizes)):
+                    total[starts[i] : starts[i + 1]] = part.double()
+        if dist.get_world_size() > 1:
+            dist.all_reduce(total)  # one contributing rank per entry: exact
+        out = []
+        for i, s in enumerate(batch):
+            dtype = torch.float32 if s.temperature is None else self.compute_dtype
+            out.append(total[starts[i] : starts[i + 1]].to(dtype).cpu())
+        return out
+
+    def train_step(self, batch: Sequence[TrainSequence], loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer step over `batch`. For each micro-batch, `loss_fn(logprobs, indices)` gets the
+        per-sample log-prob tensors (with grad) of the samples batch[indices] and returns a scalar; the
+        step minimises the sum of those scalars over micro-batches (and DP ranks), so loss_fn must
+        normalise by the global batch itself."""
+        losses, n_mbs = self._backward(batch, loss_fn)
+        metrics = self.optimizer.step()
+        self.step += 1
+        loss = torch.tensor([sum(losses) if self._owns_results() else 0.0], dtype=torch.float64, device=self.device)
+        if dist.get_world_size() > 1:
+            dist.all_reduce(loss)
+        n_tokens = sum(len(s.tokens) for s in batch)
+        return {"loss": float(loss), **metrics, "step": self.step, "micro_batches": n_mbs,
+                "tokens": n_tokens, "lr": self.cfg.lr}
+
+    def gradients(self, batch: Sequence[TrainSequence], loss_fn: LossFn) -> dict[str, torch.Tensor]:
+        """This rank's fp32 gradient of the summed loss per local parameter (before any cross-rank
+        reduction), without stepping: for recompute/parity checks and probes."""
+        self._backward(batch, loss_fn)
+        grads = self.optimizer.local_grads()
+        self.optimizer.zero_grad()
+        return grads
+
+    def _backward(self, batch, loss_fn) -> tuple[list[float], int]:
+        self.model.train()
+        self.optimizer.zero_grad()
+        mbs = list(self._micro_batches(batch))
+
+        def loss_of(mb, flat):
+            return loss_fn(split_per_sample(flat, batch, mb.indices, self.compute_dtype), mb.indices)
+
+        return self.runner.forward_backward(mbs, loss_of, self.optimizer.accumulate), len(mbs)
+
+    # ---------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict:
+        """This rank's shard of the training state (weights under local Megatron names, optimizer,
+        step, layout). Save one per rank; restore on the same layout."""
+        return {"model": {n: p.detach().clone() for n, p in self.model.named_parameters()},
+                "optimizer": self.optimizer.state_dict(), "step": self.step,
+                "layout": dataclasses.asdict(self.layout), "model_config": dataclasses.asdict(self.model_cfg)}
+
+    @torch.no_grad()
+    def load_state_dict(self, sd: dict) -> None:
+        if sd["layout"] != dataclasses.asdict(self.layout):
+            raise ValueError(f"checkpoint shard is for layout {sd['layout']}, this rank is {self.layout}")
+        params = dict(self.model.named_parameters())
+        if set(params) != set(sd["model"]):
+            raise ValueError(f"checkpoint parameters differ: {sorted(set(params) ^ set(sd['model']))}")
+        for n, p in params.items():
+            p.copy_(sd["model"][n])
+        self.optimizer.load_state_dict(sd["optimizer"])
+        self.step = sd["step"]
+
+
+def _arch(c: Qwen3Config) -> tuple:
+    d = dataclasses.asdict(c)
+    for k in ("torch_dtype", "bos_token_id", "eos_token_id", "pad_token_id", "max_position_embeddings"):
+        d.pop(k)
+    return tuple(sorted(d.items()))
