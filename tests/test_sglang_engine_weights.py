@@ -66,12 +66,13 @@ def test_sync_distributed_orders_post_broadcast_wait():
     events = []
 
     def post(meta):
-        events.append(("post", meta["names"]))
+        events.append(("post", meta["names"], meta["weight_version"]))
         return lambda: events.append(("wait", meta["names"]))
 
-    n = W.sync_distributed(_named(), 40, post, lambda b: events.append(("bcast", [k for k, _ in b])))
+    n = W.sync_distributed(_named(), 40, post, lambda b: events.append(("bcast", [k for k, _ in b])), weight_version="7")
     assert n == 3
-    assert events[:3] == [("post", ["a", "b"]), ("bcast", ["a", "b"]), ("wait", ["a", "b"])]
+    assert events[:3] == [("post", ["a", "b"], None), ("bcast", ["a", "b"]), ("wait", ["a", "b"])]
+    assert [e[2] for e in events if e[0] == "post"] == [None, None, "7"]  # the version flips with the last bucket
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ A plain class, so a caller can place it with Ray: `ray.remote(num_gpus=1)(Sglang
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -207,6 +208,7 @@ class SglangEngine(RolloutEngine):
     # ------------------------------------------------------------------------------------ weights
     def _after_sync(self, version: str) -> None:
         self.expected_weight_version = version
+        self.version = int(version) if version.isdigit() else self.version + 1
         self.needs_sync = False
         self.client.flush_cache(timeout_s=30.0)  # the update flushed already; this also covers a busy scheduler
 
@@ -218,8 +220,7 @@ class SglangEngine(RolloutEngine):
 
     def update_weights_from_disk(self, path: str) -> str:
         """Load an HF checkpoint the trainer wrote (visible to the server at `path`); returns the weight_version."""
-        self.version += 1
-        version = str(self.version)
+        version = str(self.version + 1)
         self._load_disk(str(path), version)
         return version
 
@@ -271,26 +272,9 @@ class SglangEngine(RolloutEngine):
                 "weight_sync=distributed: the trainer's rank 0 must broadcast the tensors. Call set_broadcast_hook(fn) "
                 "on an engine in the trainer process, or drive sglang_weights.sync_distributed from the trainer with "
                 "this engine's update_weights_from_distributed as the per-bucket request")
-        version = str(self.version + 1)
-        n_buckets = len(weights.buckets(sd.items(), self.cfg.bucket_mb << 20))
-        done = [0]
-
-        def post(meta: dict) -> Callable[[], None]:
-            done[0] += 1
-            last = done[0] == n_buckets
-            result: dict = {}
-            t = threading.Thread(target=_capture, args=(result, self.update_weights_from_distributed),
-                                 kwargs={**meta, "weight_version": version if last else None}, daemon=True)
-            t.start()
-
-            def wait() -> None:
-                t.join()
-                if "error" in result:
-                    raise result["error"]
-            return wait
-
-        weights.sync_distributed(sd.items(), self.cfg.bucket_mb << 20, post, self.broadcast_hook)
-        self.version += 1
+        post = functools.partial(_in_thread, self.update_weights_from_distributed)
+        weights.sync_distributed(sd.items(), self.cfg.bucket_mb << 20, post, self.broadcast_hook,
+                                 weight_version=str(self.version + 1))
 
     def _update_tensor(self, sd: dict) -> None:
         version = str(self.version + 1)
@@ -300,15 +284,28 @@ class SglangEngine(RolloutEngine):
             payload, fmt = weights.tensor_payload(bucket, self.cfg.tp_size, self.cfg.flattened_buckets)
             self.client.update_weights_from_tensor(payload, load_format=fmt, flush_cache=last,
                                                    weight_version=version if last else None)
-        self.version += 1
         self._after_sync(version)
 
 
-def _capture(result: dict, fn: Callable, **kw) -> None:
-    try:
-        result["value"] = fn(**kw)
-    except BaseException as e:  # re-raised on the caller's thread by the waiter
-        result["error"] = e
+def _in_thread(fn: Callable, meta: dict) -> Callable[[], None]:
+    """Start fn(**meta) on a thread (its HTTP call returns only after the broadcast the caller makes next);
+    the returned waiter joins it and re-raises its error on the caller's thread."""
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["value"] = fn(**meta)
+        except BaseException as e:
+            result["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+
+    def wait() -> None:
+        t.join()
+        if "error" in result:
+            raise result["error"]
+    return wait
 
 
 def _vocab_size(model_path: str) -> int | None:

@@ -94,18 +94,21 @@ def broadcast_bucket(bucket: Bucket, group, flattened: bool) -> None:
 
 
 def sync_distributed(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
-                     post: Callable[[dict], Callable[[], None]], broadcast: Callable[[Bucket], None]) -> int:
-    """Per bucket: `post(meta)` starts the servers' update request(s) and returns a waiter; `broadcast(bucket)`
-    sends the tensors (the trainer's hook); the waiter raises if a server failed. Returns the bucket count.
-    With Ray: post = lambda m: (lambda refs=[e.update_weights_from_distributed.remote(**m) for e in engines]:
-    ray.get(refs))."""
-    count = 0
-    for bucket in buckets(named, bucket_bytes):
-        wait = post(bucket_meta(bucket))
+                     post: Callable[[dict], Callable[[], None]], broadcast: Callable[[Bucket], None],
+                     weight_version: str | None = None) -> int:
+    """Per bucket: `post(meta)` starts the servers' receive request(s) and returns a waiter; `broadcast(bucket)`
+    sends the tensors (the trainer's hook); the waiter raises if a server failed. `meta` is the keyword arguments
+    of SglangEngine.update_weights_from_distributed: names, dtypes, shapes, and weight_version, set on the last
+    bucket only (the servers flip their version, and flush, once every bucket is in). Returns the bucket count.
+    With Ray, from the trainer's rank 0:
+        post = lambda m: functools.partial(ray.get, [e.update_weights_from_distributed.remote(**m) for e in engines])
+    """
+    bks = buckets(named, bucket_bytes)
+    for k, bucket in enumerate(bks):
+        wait = post({**bucket_meta(bucket), "weight_version": weight_version if k == len(bks) - 1 else None})
         broadcast(bucket)
         wait()
-        count += 1
-    return count
+    return len(bks)
 
 
 # ------------------------------------------------------------------------------------ tensor (colocated)
