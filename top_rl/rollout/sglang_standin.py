@@ -191,6 +191,9 @@ class Standin:
     def update_from_tensor(self, body: dict) -> dict:
         from sglang.srt.utils.common import MultiprocessingSerializer
 
+        if torch.cuda.is_available():  # as SGLang's TP worker: CUDA IPC handles name devices by UUID
+            from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+            monkey_patch_torch_reductions()
         obj = MultiprocessingSerializer.deserialize(body["serialized_named_tensors"][0])  # TP rank 0
         if body.get("load_format") == "flattened_bucket":
             flat = obj["flattened_tensor"]
