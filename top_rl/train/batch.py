@@ -90,8 +90,6 @@ class MicroBatch:
     sample_dest: torch.Tensor
     num_scored: int  # length of the flat vector (all CP ranks together)
     scored_sizes: list[int]  # per sample
-    global_positions: torch.Tensor  # [T_local] flat index into the padded global token layout
-    cp_size: int = 1
 
 
 def cp_positions(cu: Sequence[int], cp_size: int, cp_rank: int) -> list[int]:
@@ -160,6 +158,4 @@ def pack(batch: Sequence[TrainSequence], indices: list[int], *, cp_size: int = 1
         sample_temps=torch.tensor(temps, dtype=torch.float32, device=device),
         num_scored=dest,
         scored_sizes=sizes,
-        global_positions=lt(local_pos),
-        cp_size=cp_size,
     )

@@ -216,4 +216,8 @@ class OutputLayer(ColumnLinear):
                                                    device=_device(config)))
             set_tensor_model_parallel_attributes(self.weight, True, 0, 1)
             self.weight.top_tied_copy = True
+            # Megatron's markers for this copy: grads all-reduced with the embedding's
+            # (finalize_model_grads), excluded from the grad norm so the tied weight counts once.
+            self.weight.shared = True
+            self.weight.shared_embedding = True
         self.sequence_parallel = False

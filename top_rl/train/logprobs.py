@@ -16,6 +16,8 @@ import torch.distributed as dist
 from top_rl import kernels
 from top_rl.train.batch import MicroBatch
 
+LOGIT_ROWS = 4096  # scored rows per LM-head call: caps the [rows, vocab] logits of long responses
+
 
 class _GatherVocab(torch.autograd.Function):
     @staticmethod
@@ -59,15 +61,15 @@ def scored_logprobs(hidden: torch.Tensor, mb: MicroBatch, output_layer, output_w
     flat = hidden.new_zeros(mb.num_scored, dtype=torch.float32)
     for rows, targets, dest, temps in ((mb.prefill_rows, mb.prefill_targets, mb.prefill_dest, None),
                                        (mb.sample_rows, mb.sample_targets, mb.sample_dest, mb.sample_temps)):
-        if rows.numel() == 0:
-            continue
-        logits, _ = output_layer(h.index_select(0, rows), weight=output_weight)
-        logits = gather_vocab(logits, tp_group)
-        if temps is None:
-            lp = kernels.prefill_logprobs(logits, targets)
-        else:
-            lp = kernels.sample_logprobs(logits, targets, temps)
-        flat = flat.index_put((dest,), lp.to(torch.float32))
+        for lo in range(0, rows.numel(), LOGIT_ROWS):  # bounded [rows, vocab] logits; rows are invariant
+            sl = slice(lo, lo + LOGIT_ROWS)
+            logits, _ = output_layer(h.index_select(0, rows[sl]), weight=output_weight)
+            logits = gather_vocab(logits, tp_group)
+            if temps is None:
+                lp = kernels.prefill_logprobs(logits, targets[sl])
+            else:
+                lp = kernels.sample_logprobs(logits, targets[sl], temps[sl])
+            flat = flat.index_put((dest[sl],), lp.to(torch.float32))
     if cp_group is not None and dist.get_world_size(cp_group) > 1:
         flat = _SumOverGroup.apply(flat, cp_group)
     return flat

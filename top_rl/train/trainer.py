@@ -46,7 +46,8 @@ class TrainerConfig:
 
 
 class Trainer:
-    def __init__(self, model_cfg: Qwen3Config, cfg: TrainerConfig = TrainerConfig()):
+    def __init__(self, model_cfg: Qwen3Config, cfg: TrainerConfig | None = None):
+        cfg = dataclasses.replace(cfg) if cfg is not None else TrainerConfig()  # own copy: micro-batching is adjustable
         self.model_cfg, self.cfg = model_cfg, cfg
         if model_cfg.num_hidden_layers % cfg.pp:
             raise ValueError(f"{model_cfg.num_hidden_layers} layers do not split evenly over PP={cfg.pp}")
@@ -110,7 +111,7 @@ class Trainer:
         def full_tensor(name):
             if name in local:
                 t = local[name].detach()
-                if lay.tp > 1 and weights._kind(name) != "replicated":
+                if lay.tp > 1 and weights.tp_kind(name) != "replicated":
                     parts = [torch.empty_like(t) for _ in range(lay.tp)]
                     dist.all_gather(parts, t.contiguous(), group=self.groups["tp"])
                     t = weights.unshard(name, parts)
@@ -137,7 +138,7 @@ class Trainer:
         out = {}
         for name in weights.megatron_names(self.model_cfg):
             if name.startswith("decoder.layers."):
-                out[name] = weights._layer_of(name)[0] * pp // n  # Megatron's even split
+                out[name] = weights.layer_of(name)[0] * pp // n  # Megatron's even split
             else:
                 out[name] = 0 if name.startswith("embedding") else pp - 1
         return out
@@ -191,6 +192,11 @@ class Trainer:
         n_tokens = sum(len(s.tokens) for s in batch)
         return {"loss": float(loss), **metrics, "step": self.step, "micro_batches": n_mbs,
                 "tokens": n_tokens, "lr": self.cfg.lr}
+
+    def set_lr(self, lr: float) -> None:
+        """Learning rate for the following steps (schedules live in the RL loop)."""
+        self.cfg.lr = lr
+        self.optimizer.set_lr(lr)
 
     def gradients(self, batch: Sequence[TrainSequence], loss_fn: LossFn) -> dict[str, torch.Tensor]:
         """This rank's fp32 gradient of the summed loss per local parameter (before any cross-rank

@@ -99,7 +99,7 @@ def iter_megatron_to_hf(items, cfg: Qwen3Config) -> Iterator[tuple[str, torch.Te
         elif name == "output_layer.weight":
             yield "lm_head.weight", t
         else:
-            i, suffix = _layer_of(name)
+            i, suffix = layer_of(name)
             hp = _HF_LAYER.format(i)
             if suffix in _DIRECT:
                 yield hp + _DIRECT[suffix], t
@@ -114,7 +114,7 @@ def iter_megatron_to_hf(items, cfg: Qwen3Config) -> Iterator[tuple[str, torch.Te
                 raise KeyError(f"unknown Megatron parameter {name!r}")
 
 
-def _layer_of(name: str) -> tuple[int, str]:
+def layer_of(name: str) -> tuple[int, str]:
     parts = name.split(".", 3)
     if parts[:2] != ["decoder", "layers"]:
         raise KeyError(f"unknown Megatron parameter {name!r}")
@@ -125,18 +125,19 @@ def local_name(global_name: str, offset: int) -> str:
     """decoder.layers.{i} with global i -> this pipeline stage's local index i - offset."""
     if not global_name.startswith("decoder.layers."):
         return global_name
-    i, suffix = _layer_of(global_name)
+    i, suffix = layer_of(global_name)
     return _LAYER.format(i - offset) + suffix
 
 
 def global_name(local: str, offset: int) -> str:
     if not local.startswith("decoder.layers."):
         return local
-    i, suffix = _layer_of(local)
+    i, suffix = layer_of(local)
     return _LAYER.format(i + offset) + suffix
 
 
-def _kind(name: str) -> str:
+def tp_kind(name: str) -> str:
+    """How a Megatron parameter is split over TP: "column" (dim 0), "row" (dim 1) or "replicated"."""
     if name.endswith(_ROW):
         return "row"
     if name.endswith(_COLUMN):
@@ -146,7 +147,7 @@ def _kind(name: str) -> str:
 
 def shard(name: str, full: torch.Tensor, tp: int, rank: int) -> torch.Tensor:
     """This TP rank's slice of a full Megatron tensor (a view where possible)."""
-    kind = _kind(name)
+    kind = tp_kind(name)
     if tp == 1 or kind == "replicated":
         return full
     if kind == "row":
@@ -159,7 +160,7 @@ def shard(name: str, full: torch.Tensor, tp: int, rank: int) -> torch.Tensor:
 
 def unshard(name: str, shards: list[torch.Tensor]) -> torch.Tensor:
     """Inverse of `shard` over all TP ranks' slices (replicated tensors: rank 0's)."""
-    kind = _kind(name)
+    kind = tp_kind(name)
     if len(shards) == 1 or kind == "replicated":
         return shards[0]
     if kind == "row":
