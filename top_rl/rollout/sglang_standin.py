@@ -131,6 +131,8 @@ class Standin:
 
     # ---------------------------------------------------------------------------------- weights
     def _load(self, named: dict[str, torch.Tensor], version: str | None) -> None:
+        device = self.model.embed_tokens.device  # tensors may arrive on a GPU (CUDA IPC payloads)
+        named = {k: v.to(device) for k, v in named.items()}
         with self.lock:
             sd = hf_state_dict(self.model)
             unknown = set(named) - set(sd)
@@ -280,6 +282,8 @@ class _Handler(BaseHTTPRequestHandler):
             if path == "/generate":
                 return self._send(400, {"error": {"message": str(e)}})
             return self._send(400, {"success": False, "message": str(e)})
+        except Exception as e:  # a server bug answers 500 with its message rather than dropping the connection
+            return self._send(500, {"error": {"message": f"{type(e).__name__}: {e}"}})
         if isinstance(out, dict) and out.get("success") is False:
             return self._send(400, out)
         self._send(200, out)
