@@ -1,32 +1,47 @@
 """Checkpoints: everything a resumed run needs to be bitwise the run that never stopped.
 
-`run_dir/checkpoints/step_NNNNNN/` holds the driver state (step, data position, wandb run id, resolved
-config, RNG) and one trainer shard per rank (weights + optimizer). A checkpoint is written into a
-`.tmp` directory and renamed when complete, so a crash mid-write leaves the previous one as the latest.
-Sampling seeds and data order are pure functions of (seed, step, position), so this is the whole state.
+`run_dir/checkpoints/step_NNNNNN/` holds
+  trainer_rankRRR.pt   one per trainer rank, written and read by that rank (so on a multi-node cluster
+                       run_dir must be on storage every node sees): weights + optimizer
+                       (Trainer.state_dict) and that rank's RNG
+  driver.pt            the driver's RNG
+  hf/                  the policy as a Hugging Face Qwen3 checkpoint (config.json, safetensors,
+                       tokenizer): the exact weights the engines sample with, so `top-rl-export` is a
+                       copy and needs neither the trainer nor its layout
+  state.json           step, data position, wandb run id, resolved config; written last
+A checkpoint is written into `step_NNNNNN.tmp/` (then fsynced) and renamed when complete, so a
+crash mid-write leaves the previous one as the latest. Sampling seeds and data order are pure
+functions of (seed, step, position), so this is the whole state.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from top_rl import faults
 from top_rl.tasks.base import DataPosition
 
 STEP_PREFIX = "step_"
+_STEP_DIR = re.compile(r"step_(\d+)")
+FORMAT = 1
 # Keys a resume may change freely: they do not enter any computed number.
-RESUME_FREE_KEYS = {"steps", "run_dir", "resume", "dry_run", "checkpoint", "tracking", "cluster"}
+RESUME_FREE_KEYS = {"steps", "run_dir", "resume", "resume_allow_changes", "dry_run", "checkpoint", "tracking",
+                    "cluster"}
 
 
 @dataclass
 class CheckpointConfig:
-    every: int = 0  # save every K steps (0: only at the end of the run)
-    keep: int = 2  # newest complete checkpoints kept
+    every: int = 0  # save every K steps (0: only at the end of the run, or when a signal stops it)
+    keep: int = 2  # newest complete checkpoints kept (>= 1)
 
 
 class ResumeRefused(ValueError):
@@ -37,48 +52,138 @@ def _dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
+def step_of(path: Path) -> int:
+    return int(_STEP_DIR.fullmatch(Path(path).name).group(1))
+
+
+def _shard(rank: int) -> str:
+    return f"trainer_rank{rank:03d}.pt"
+
+
 def due(cfg: CheckpointConfig, done_steps: int, total_steps: int) -> bool:
     return done_steps == total_steps or (cfg.every > 0 and done_steps % cfg.every == 0)
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first (a `.tmp` or `.old` directory never counts)."""
     root = _dir(run_dir)
     if not root.is_dir():
         return []
-    done = [p for p in root.iterdir() if p.name.startswith(STEP_PREFIX) and p.is_dir() and (p / "state.json").is_file()]
-    return sorted(done, key=lambda p: int(p.name[len(STEP_PREFIX) :]))
+    done = [p for p in root.iterdir() if _STEP_DIR.fullmatch(p.name) and (p / "state.json").is_file()]
+    return sorted(done, key=step_of)
 
 
-def save(run_dir: Path, cfg, step: int, position: DataPosition, cluster, run_id: str | None) -> Path:
+def latest(run_dir: Path) -> Path | None:
+    found = complete_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+# ------------------------------------------------------------------------------------------- RNG
+def rng_state() -> dict:
+    """This process's RNG states (python, numpy, torch CPU and CUDA)."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_process(seed: int) -> None:
+    """Seed this process's global RNGs (driver and trainer ranks). Nothing draws from them today (seeds
+    are pure functions of the step); if something ever does, a fresh run is reproducible and a resume
+    restores the states saved with the checkpoint."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# ------------------------------------------------------------------------------------------- save
+def _write(path: Path, write) -> None:
+    with open(path, "wb") as f:
+        write(f)
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in sorted(path.rglob("*"), reverse=True):
+        _fsync(p)
+    _fsync(path)
+
+
+def save(run_dir: Path, cfg, step: int, position: DataPosition, cluster, run_id: str | None, task) -> Path:
+    """Write the step-`step` checkpoint atomically and prune to the newest `checkpoint.keep`."""
+    keep = cfg.checkpoint.keep
+    if keep < 1:
+        raise ValueError(f"checkpoint.keep={keep} must be >= 1")
     root = _dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{STEP_PREFIX}{step:06d}"
-    tmp = root / f"{final.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp, old = final.with_name(final.name + ".tmp"), final.with_name(final.name + ".old")
+    for leftover in [*root.glob(f"{STEP_PREFIX}*.tmp"), *root.glob(f"{STEP_PREFIX}*.old")]:
+        shutil.rmtree(leftover, ignore_errors=True)  # from a write a crash interrupted (one writer per run)
     tmp.mkdir()
-    for rank, shard in enumerate(cluster.trainer_states()):
-        torch.save(shard, tmp / f"trainer_rank{rank:03d}.pt")
-    state = {"step": step, "position": position.state_dict(), "run_id": run_id, "config": cfg.as_dict(),
-             "world": len(cluster.trainers)}
-    (tmp / "state.json").write_text(json.dumps(state, indent=2))  # written last: marks the shard set complete
-    _fsync_dir(tmp)
-    if final.exists():
-        shutil.rmtree(final)
+    cluster.save_trainer_states([str((tmp / _shard(r)).resolve()) for r in range(len(cluster.trainers))])
+    _write(tmp / "driver.pt", lambda f: torch.save({"rng": rng_state()}, f))
+    faults.inject("kill_in_checkpoint", step)
+    _save_hf(tmp / "hf", cluster, task)
+    state = {"format": FORMAT, "step": step, "position": position.state_dict(), "run_id": run_id,
+             "config": cfg.as_dict(), "world": len(cluster.trainers)}
+    _write(tmp / "state.json", lambda f: f.write(json.dumps(state, indent=2).encode()))  # last: marks complete
+    _fsync_tree(tmp)
+    if final.exists():  # should a step be saved twice: never be without one complete copy
+        final.rename(old)
     os.replace(tmp, final)
-    _fsync_dir(root)
-    for old in complete_checkpoints(run_dir)[: -cfg.checkpoint.keep or None]:
-        shutil.rmtree(old, ignore_errors=True)
+    _fsync(root)
+    shutil.rmtree(old, ignore_errors=True)
+    for stale in complete_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(stale, ignore_errors=True)
     return final
 
 
-def load_latest(run_dir: Path) -> dict | None:
-    found = complete_checkpoints(run_dir)
-    if not found:
+def _save_hf(path: Path, cluster, task) -> None:
+    """The engines' current weights (= the trainer's after its last update) as an HF checkpoint."""
+    from top_rl.model import Qwen3, load_hf_state_dict, save_model
+
+    model = Qwen3(cluster.qwen3_cfg, cluster.compute_dtype)
+    load_hf_state_dict(model, cluster.policy_weights(), source="trainer export")
+    save_model(model, path, max_shard_bytes=5 << 30)
+    task.save_tokenizer(str(path))
+
+
+# ------------------------------------------------------------------------------------------- resume
+def prepare(run_dir: Path, cfg) -> dict | None:
+    """The state to resume from (config-checked; shard paths for the ranks), or None for a fresh run. A fresh run
+    refuses a run_dir that already holds checkpoints: it would overwrite them."""
+    found = latest(run_dir)
+    if not cfg.resume:
+        if found is not None:
+            raise ResumeRefused(
+                f"{run_dir} already holds checkpoints (latest: {found.name}); a fresh run there would "
+                "overwrite them. Continue it with resume=true, or start elsewhere with run_dir=<new dir>.")
         return None
-    path = found[-1]
-    state = json.loads((path / "state.json").read_text())
-    state["trainer"] = [torch.load(path / f"trainer_rank{r:03d}.pt", weights_only=False) for r in range(state["world"])]
-    state["path"] = str(path)
+    if found is None:
+        print(f"[top-rl] resume=true but {run_dir} has no complete checkpoint: starting at step 0", flush=True)
+        return None
+    state = json.loads((found / "state.json").read_text())
+    check_compatible(state["config"], cfg.as_dict(), cfg.resume_allow_changes)
+    saved_layout = {k: state["config"]["trainer"][k] for k in ("tp", "pp", "cp")}
+    if saved_layout != {k: getattr(cfg.trainer, k) for k in ("tp", "pp", "cp")}:  # even with allow_changes
+        raise ResumeRefused(f"{found} holds trainer shards for {saved_layout}; they load only on that layout "
+                            "(resharding a checkpoint is not supported)")
+    # Paths, not tensors: each rank loads its own shard (absolute: an actor's cwd is not the driver's).
+    state["trainer"] = [str((found / _shard(r)).resolve()) for r in range(state["world"])]
+    missing = [p for p in state["trainer"] if not Path(p).is_file()]
+    if missing:
+        raise ResumeRefused(f"{found} is missing trainer shards {missing}; move it aside to resume from the one before")
+    state["driver"] = torch.load(found / "driver.pt", weights_only=False)
+    state["path"] = str(found)
+    print(f"[top-rl] resuming from {found} (step {state['step']})", flush=True)
     return state
 
 
@@ -103,6 +208,9 @@ def check_compatible(saved: dict, current: dict, allow_changes: bool) -> list[st
             "resume refused: these settings differ from the checkpoint and would break determinism:\n  "
             + "\n  ".join(diffs) + "\nRestore them, or pass resume_allow_changes=true to resume anyway."
         )
+    if diffs:
+        print("[top-rl] resuming with changed settings (resume_allow_changes=true):\n  " + "\n  ".join(diffs),
+              flush=True)
     return diffs
 
 
@@ -112,7 +220,7 @@ def resume_point(state: dict | None) -> tuple[int, DataPosition]:
     return state["step"], DataPosition.from_state_dict(state["position"])
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

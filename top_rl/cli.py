@@ -77,8 +77,18 @@ def _hydra_entry():
             print(json.dumps(launch_plan(cfg), indent=2, default=str))
             return
         from top_rl import loop
+        from top_rl.checkpoint import ResumeRefused
+        from top_rl.faults import RunStopped
+        from top_rl.model.config import NotDenseQwen3
+        from top_rl.prompts import BadInput
+        from top_rl.rl.gate import ParityViolation
 
-        last = loop.run(cfg)
+        try:
+            last = loop.run(cfg)
+        # Refusals and stops whose message is the whole story: no traceback.
+        except (RunStopped, ResumeRefused, NotDenseQwen3, BadInput, ParityViolation) as e:
+            print(f"top-rl: {e}", file=sys.stderr, flush=True)
+            sys.exit(getattr(e, "exit_code", 1))
         print(json.dumps({"run_dir": cfg.run_dir, "final": last}, default=str))
 
     return _main

@@ -2,8 +2,13 @@
 
 Locally this is `ray.init()` with the machine's CPUs; on a cluster (`cluster.address` or RAY_ADDRESS) it
 joins the running Ray. One placement group holds a bundle per engine and per trainer rank. Trainer ranks
-are SPMD: every call goes to every rank with the same arguments and rank 0's answer is returned. A dead
-actor surfaces as `ActorFailed` naming it.
+are SPMD: every call goes to every rank with the same arguments and rank 0's answer is returned.
+
+Faults (top_rl.faults): results are awaited fail-fast, so the first actor that dies or raises surfaces
+as `ActorFailed` naming it, without waiting on its SPMD peers (which may be blocked in a collective with
+it). A rollout engine that dies is replaced in its bundle by a fresh one holding the current weights,
+and the call is repeated (at most `cluster.max_engine_restarts` times per run): a rollout is a pure
+function of prompts, seeds and weights, so the repeat returns what the lost call would have.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from top_rl import faults
+from top_rl.faults import ActorFailed
+
 
 @dataclass
 class ClusterConfig:
@@ -28,10 +36,7 @@ class ClusterConfig:
     engine_gpus: float = 0.0
     trainer_gpus: float = 0.0
     torch_threads: int = 0  # per actor; 0 = the machine's cores (rollout and training alternate)
-
-
-class ActorFailed(RuntimeError):
-    pass
+    max_engine_restarts: int = 3  # rollout engines that die are replaced this many times per run
 
 
 def _threads(cfg: ClusterConfig) -> int:
@@ -87,12 +92,28 @@ class TrainerActor:
         from top_rl.train import Trainer
         from top_rl.train.parallel import init_process_group
 
+        from top_rl.checkpoint import seed_process
+
         kernels.set_backend(kernel_backend)
+        seed_process(trainer_cfg.seed)  # every RNG this rank checkpoints starts from a known state
         init_process_group(rank, world, init_method if world > 1 else None)
         self.trainer = Trainer(Qwen3Config(**qwen3_config), trainer_cfg)
 
     def call(self, method: str, *args):
         return getattr(self.trainer, method)(*args)
+
+    def save_checkpoint(self, path: str) -> None:
+        """This rank's shard, written by the rank itself (run_dir must be on storage every node sees)."""
+        from top_rl.checkpoint import rng_state
+
+        torch.save({"trainer": self.trainer.state_dict(), "rng": rng_state()}, path)
+
+    def load_checkpoint(self, path: str) -> None:
+        from top_rl.checkpoint import set_rng_state
+
+        state = torch.load(path, weights_only=False)
+        self.trainer.load_state_dict(state["trainer"])
+        set_rng_state(state["rng"])
 
     def train_step(self, batch, loss_fn):
         """train_step whose loss_fn returns (loss, metrics): metrics come back sample-weighted."""
@@ -127,14 +148,14 @@ class Cluster:
         self.pg = placement_group(bundles, strategy="PACK")
         ray.get(self.pg.ready(), timeout=120)
         threads = _threads(cfg)
-        hf_config = qwen3_cfg.to_hf_dict()
-        weights_ref = ray.put(initial_weights)
-        self.engines = [
-            EngineActor.options(scheduling_strategy=self._bundle(i), num_cpus=0).remote(
-                rollout_cfg.engine, kernel_backend, threads, hf_config, weights_ref, trainer_cfg.dtype,
-                rollout_cfg.logprob_source, rollout_cfg.sglang)
-            for i in range(rollout_cfg.num_engines)
-        ]
+        self.qwen3_cfg, self.compute_dtype = qwen3_cfg, trainer_cfg.dtype
+        self.restarts_left, self.max_restarts = cfg.max_engine_restarts, cfg.max_engine_restarts
+        # The policy the engines hold (and a restarted engine must get): initial, then each sync's.
+        self._weights_ref = ray.put(initial_weights)
+        self._engine_args = (rollout_cfg.engine, kernel_backend, threads, qwen3_cfg.to_hf_dict())
+        self._engine_kwargs = dict(dtype=trainer_cfg.dtype, logprob_source=rollout_cfg.logprob_source,
+                                   sglang=rollout_cfg.sglang)
+        self.engines = [self._new_engine(i) for i in range(rollout_cfg.num_engines)]
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         qcfg = dict(qwen3_cfg.__dict__)
         self.trainers = [
@@ -142,49 +163,107 @@ class Cluster:
                 r, world, init_method, kernel_backend, threads, qcfg, trainer_cfg)
             for r in range(world)
         ]
-        self.trainer_call("load_hf", weights_ref)
+        self.trainer_call("load_hf", self._weights_ref)
 
     def _bundle(self, index: int):
         return PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=index)
 
-    def _get(self, refs, what: str):
-        try:
-            return ray.get(refs)
-        except (RayActorError, RayTaskError) as e:
-            raise ActorFailed(f"{what} failed: {e}") from e
+    def _new_engine(self, i: int):
+        return EngineActor.options(scheduling_strategy=self._bundle(i), num_cpus=0).remote(
+            *self._engine_args, hf_weights=self._weights_ref, **self._engine_kwargs)
+
+    def _get(self, refs, names: list[str], what: str) -> list:
+        """ray.get, fail-fast: the first actor that dies or raises ends the wait (see module doc)."""
+        index = {ref: i for i, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            i = index[ready[0]]
+            try:
+                ray.get(ready[0])
+            except RayActorError as e:
+                reason = " ".join(str(e).split())[:600]
+                raise ActorFailed(f"{names[i]} died during {what}: {reason}", names[i], True, i) from e
+            except RayTaskError as e:
+                raise ActorFailed(f"{names[i]} failed during {what}:\n{e}", names[i], False, i) from e
+        return ray.get(refs)
+
+    # ---------------------------------------------------------------- engines
+    def _on_engines(self, submit, what: str, fault: str | None = None) -> list:
+        """`submit(i, engine) -> ref` on every engine; a dead engine is replaced and the call repeated."""
+        while True:
+            refs = [submit(i, e) for i, e in enumerate(self.engines)]
+            if fault:
+                faults.inject(fault, actor=self.engines[0])
+            try:
+                return self._get(refs, [f"rollout engine {i}" for i in range(len(refs))], what)
+            except ActorFailed as e:
+                if not e.died:
+                    raise
+                self._replace_engine(e, what)
+
+    def _replace_engine(self, failure: ActorFailed, what: str) -> None:
+        if self.restarts_left <= 0:
+            raise ActorFailed(f"{failure}\nNo engine restarts left (cluster.max_engine_restarts={self.max_restarts}).",
+                              failure.actor, True, failure.index) from failure
+        self.restarts_left -= 1
+        print(f"[top-rl] {failure}\n[top-rl] restarting {failure.actor} with the current weights and repeating the "
+              f"{what} (restart {self.max_restarts - self.restarts_left} of {self.max_restarts})", flush=True)
+        ray.kill(self.engines[failure.index], no_restart=True)  # it may only be unreachable
+        engine = self._new_engine(failure.index)
+        # The native engine loaded the weights in its constructor; an SGLang engine starts from model.path.
+        self._get([engine.update_weights.remote(self._weights_ref)], [failure.actor], "restart")
+        self.engines[failure.index] = engine
 
     def generate(self, prompts, seeds, params):
         """Split samples over engines contiguously; a sample's result does not depend on its engine."""
-        n = len(self.engines)
-        chunk = -(-len(prompts) // n)
-        refs = [e.generate.remote(prompts[i * chunk : (i + 1) * chunk], seeds[i * chunk : (i + 1) * chunk], params)
-                for i, e in enumerate(self.engines)]
-        return [s for part in self._get(refs, "rollout engine") for s in part]
+        chunk = -(-len(prompts) // len(self.engines))
 
-    def trainer_call(self, method: str, *args):
-        return self._get([t.call.remote(method, *args) for t in self.trainers], f"trainer.{method}")[0]
+        def submit(i, engine):
+            return engine.generate.remote(prompts[i * chunk : (i + 1) * chunk], seeds[i * chunk : (i + 1) * chunk],
+                                          params)
 
-    def train_step(self, batch, loss_fn):
-        return self._get([t.train_step.remote(batch, loss_fn) for t in self.trainers], "trainer.train_step")[0]
-
-    def trainer_states(self) -> list:
-        return self._get([t.call.remote("state_dict") for t in self.trainers], "trainer.state_dict")
-
-    def load_trainer_states(self, shards: list) -> None:
-        if len(shards) != len(self.trainers):
-            raise ValueError(f"checkpoint has {len(shards)} trainer shards, this run has {len(self.trainers)} ranks")
-        self._get([t.call.remote("load_state_dict", s) for t, s in zip(self.trainers, shards)], "trainer.load_state_dict")
+        return [s for part in self._on_engines(submit, "rollout", fault="kill_engine") for s in part]
 
     def sync_weights(self) -> None:
-        ref = ray.put(self.trainer_call("export_hf_weights"))
-        self._get([e.update_weights.remote(ref) for e in self.engines], "engine weight update")
+        self._weights_ref = ray.put(self.trainer_call("export_hf_weights"))
+        self._on_engines(lambda i, e: e.update_weights.remote(self._weights_ref), "engine weight update")
+
+    def policy_weights(self) -> dict:
+        """HF-named weights the engines sample with: the trainer's after its last `sync_weights`."""
+        return ray.get(self._weights_ref)
+
+    # ---------------------------------------------------------------- trainer ranks
+    def _on_trainers(self, method: str, args_per_rank, what: str, fault: str | None = None) -> list:
+        refs = [getattr(t, method).remote(*args) for t, args in zip(self.trainers, args_per_rank)]
+        if fault:
+            faults.inject(fault, actor=self.trainers[0])
+        return self._get(refs, [f"trainer rank {r}" for r in range(len(refs))], what)
+
+    def trainer_call(self, method: str, *args):
+        return self._on_trainers("call", [(method, *args)] * len(self.trainers), f"trainer.{method}")[0]
+
+    def train_step(self, batch, loss_fn):
+        return self._on_trainers("train_step", [(batch, loss_fn)] * len(self.trainers), "trainer.train_step",
+                                 fault="kill_trainer")[0]
+
+    def save_trainer_states(self, paths: list[str]) -> None:
+        """Each rank writes its shard (Trainer.state_dict() and its RNG) to its path: no state via the driver."""
+        self._on_trainers("save_checkpoint", [(p,) for p in paths], "checkpoint save")
+
+    def load_trainer_states(self, paths: list[str]) -> None:
+        if len(paths) != len(self.trainers):
+            raise ValueError(f"checkpoint has {len(paths)} trainer shards, this run has {len(self.trainers)} ranks")
+        self._on_trainers("load_checkpoint", [(p,) for p in paths], "checkpoint load")
 
     def shutdown(self) -> None:
         for e in self.engines:
             try:
                 ray.get(e.shutdown.remote(), timeout=30)
-            except Exception:  # noqa: BLE001 - best effort on the way out
+            except Exception:  # noqa: BLE001 - best effort on the way out (the engine may be dead)
                 pass
+        for actor in self.engines + self.trainers:  # a rank whose peer died may be blocked in a collective
+            ray.kill(actor, no_restart=True)
         remove_placement_group(self.pg)
 
 

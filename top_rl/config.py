@@ -95,6 +95,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     for key in _POSITIVE:
         if _get(cfg, key) < 1:
             errors.append(f"{key}={_get(cfg, key)} must be >= 1")
+    for key in ("checkpoint.every", "cluster.max_engine_restarts"):
+        if _get(cfg, key) < 0:
+            errors.append(f"{key}={_get(cfg, key)} must be >= 0")
     if cfg.rollout.temperature <= 1e-6:
         errors.append(f"rollout.temperature={cfg.rollout.temperature} must be > 1e-6 (TOP samples; greedy "
                       "decoding returns another log-prob kind)")

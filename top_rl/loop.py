@@ -1,23 +1,23 @@
 """The RL loop, top to bottom: prompts -> rollout -> rewards -> advantages -> trainer log-probs -> gate
--> policy update -> weight sync -> checkpoint -> metrics. Synchronous; each stage is one call on the
+-> policy update -> weight sync -> metrics -> checkpoint. Synchronous; each stage is one call on the
 cluster, so rollout and training can later overlap without restructuring."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from top_rl import checkpoint, kernels
+from top_rl import checkpoint, faults, kernels, prompts
 from top_rl.cluster import Cluster
 from top_rl.config import RunConfig
 from top_rl.model import hf_state_dict
 from top_rl.rl import gate, grpo_advantages, policy_loss
 from top_rl.rl.losses import pack
 from top_rl.rollout.base import SamplingParams
-from top_rl.tasks import get_task
 from top_rl.tracking import Tracker
 from top_rl.train import TrainSequence
 
@@ -41,32 +41,42 @@ def run(cfg: RunConfig) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     backend = cfg.top.kernels if cfg.top.enabled else "plain"
     kernels.set_backend(backend)
-    task = get_task(cfg.task["name"], cfg.task)
-    state = checkpoint.load_latest(run_dir) if cfg.resume else None
-    if state is not None:
-        checkpoint.check_compatible(state["config"], cfg.as_dict(), cfg.resume_allow_changes)
-        print(f"[top-rl] resuming from {state['path']} (step {state['step']})", flush=True)
-    elif cfg.resume:
-        print(f"[top-rl] resume=true but {run_dir} has no complete checkpoint: starting at step 0", flush=True)
-    policy = cfg.model.build(task.vocab_size, task.eos_token_id)
-    cluster = Cluster(cfg.cluster, backend, cfg.rollout, cfg.trainer, policy.cfg, hf_state_dict(policy))
-    if state is not None:  # engines get the resumed weights before the first rollout
-        cluster.load_trainer_states(state["trainer"])
-        cluster.sync_weights()
-    start_step, position = checkpoint.resume_point(state)
-    tracker = Tracker(str(run_dir), cfg.tracking, config=cfg.as_dict(),
-                      run_id=state["run_id"] if state else None, resume_from_step=start_step if state else None)
-    params = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, (task.eos_token_id,))
-    n = cfg.rollout.n_samples
-    gate_cfg = gate.GateConfig(enabled=cfg.top.enabled, on_violation=cfg.top.on_violation)
-    gate_temperature = None if cfg.rollout.logprob_source == "prefill" else cfg.rollout.temperature
-    last = {}
-    try:
+    # Refusals come before anything starts or anything in run_dir changes.
+    task = prompts.load_task(cfg.task)
+    state = checkpoint.prepare(run_dir, cfg)  # None: a fresh run (which never overwrites checkpoints)
+    model_cfg = cfg.model.qwen3_config(task.vocab_size, task.eos_token_id)  # refuses all but dense Qwen3
+    prompts.check_tokenizer(task, model_cfg)
+    max_prompt_len = model_cfg.max_position_embeddings - cfg.rollout.max_new_tokens
+    checkpoint.seed_process(cfg.seed)
+    # SIGINT/SIGTERM stop the run after a checkpointed step; a dead trainer stops it naming the checkpoint.
+    with faults.RunGuard(run_dir) as guard, contextlib.ExitStack() as cleanup:
+        policy = cfg.model.build(task.vocab_size, task.eos_token_id)
+        cluster = Cluster(cfg.cluster, backend, cfg.rollout, cfg.trainer, policy.cfg, hf_state_dict(policy))
+        cleanup.callback(cluster.shutdown)
+        guard.catch_signals()  # after Ray started (it installs a SIGTERM handler of its own)
+        if state is not None:  # engines get the resumed weights before the first rollout
+            cluster.load_trainer_states(state["trainer"])  # each rank: its weights, optimizer and RNG
+            cluster.sync_weights()
+        start_step, position = checkpoint.resume_point(state)
+        tracker = cleanup.enter_context(Tracker(str(run_dir), cfg.tracking, config=cfg.as_dict(),
+                                                run_id=state["run_id"] if state else None,
+                                                resume_from_step=start_step if state else None))
+        params = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, (task.eos_token_id,))
+        n = cfg.rollout.n_samples
+        gate_cfg = gate.GateConfig(enabled=cfg.top.enabled, on_violation=cfg.top.on_violation)
+        gate_temperature = None if cfg.rollout.logprob_source == "prefill" else cfg.rollout.temperature
+        last = {}
+        if start_step >= cfg.steps:
+            print(f"[top-rl] {run_dir} is already at step {start_step} (steps={cfg.steps}): nothing to do", flush=True)
+        if state is not None:  # the driver's RNG as the run that never stopped had it after this step
+            checkpoint.set_rng_state(state["driver"]["rng"])
         for step in range(start_step, cfg.steps):
             t0 = time.perf_counter()
-            items, position = task.batch(cfg.rollout.prompts_per_step, cfg.seed, position)
-            prompts = [it.prompt_ids for it in items for _ in range(n)]
-            samples = cluster.generate(prompts, [sample_seed(cfg.seed, step, i) for i in range(len(prompts))], params)
+            items, position, prompt_counts = prompts.next_prompts(task, cfg.rollout.prompts_per_step, cfg.seed,
+                                                                  position, max_prompt_len, cfg.rollout.on_long_prompt)
+            prompt_ids = [it.prompt_ids for it in items for _ in range(n)]
+            samples = cluster.generate(prompt_ids, [sample_seed(cfg.seed, step, i) for i in range(len(prompt_ids))],
+                                       params)
             t_rollout = time.perf_counter() - t0
             rewards = torch.tensor([task.reward(items[i // n], task.response_text(s.response_ids))
                                     for i, s in enumerate(samples)])
@@ -89,19 +99,20 @@ def run(cfg: RunConfig) -> dict:
             cluster.sync_weights()
             t_train = time.perf_counter() - t1
 
-            if checkpoint.due(cfg.checkpoint, step + 1, cfg.steps):
-                checkpoint.save(run_dir, cfg, step + 1, position, cluster, tracker.run_id)
             last = {
                 **(parity.to_dict(prefix="train/") if parity is not None else {}),
                 "rollout/reward_mean": float(rewards.mean()),
                 "rollout/response_len_mean": sum(len(s.response_ids) for s in samples) / len(samples),
+                **prompt_counts,
+                "data/rows_skipped": getattr(task, "skipped", 0),
                 **{f"train/{k}": v for k, v in train_metrics.items() if isinstance(v, (int, float))},
                 "perf/rollout_time": t_rollout,
                 "perf/train_time": t_train,
                 "perf/step_time": time.perf_counter() - t0,
             }
+            # Log before checkpointing: a crash in between replays this step on resume, never loses its row.
             tracker.log(step + 1, last)
-    finally:
-        tracker.close()
-        cluster.shutdown()
+            if checkpoint.due(cfg.checkpoint, step + 1, cfg.steps) or guard.stopping:
+                checkpoint.save(run_dir, cfg, step + 1, position, cluster, tracker.run_id, task)
+            guard.step_done(step + 1)  # stops here after SIGINT/SIGTERM
     return last

@@ -91,13 +91,16 @@ class Gsm8kTask(Task):
             tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
         self._tok = tokenizer
         self.skipped = 0  # rows dropped under on_bad_row="skip"
+        self.skipped_rows: list[str] = []  # "file:line: why" of the first skipped rows
         self.rows: list[tuple[str, str, str]] = []  # (question, full solution, gold)
         self._load()
 
     def _bad(self, where: str, why: str) -> None:
         if self.cfg.on_bad_row == "error":
-            raise ValueError(f"{where}: {why} (set on_bad_row=skip to drop such rows)")
+            raise ValueError(f"{where}: {why} (set task.on_bad_row=skip to drop such rows)")
         self.skipped += 1
+        if len(self.skipped_rows) < 20:  # reported at start (top_rl.prompts.load_task); the count goes to metrics
+            self.skipped_rows.append(f"{where}: {why}")
 
     def _add(self, where: str, row: Any) -> None:
         if not isinstance(row, dict):

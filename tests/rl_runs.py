@@ -1,0 +1,138 @@
+"""Runs of the `top-rl` CLI for the resume / fault / export / bad-input tests (issue 5).
+
+Every run is a subprocess in its own session, so a run killed on purpose (TOP_RL_FAULT) cannot leave
+Ray helper processes behind: `run` kills the session's process group when the driver is gone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+# Small and quick, with a reward signal from the first step (leading_number) so weights really move, and
+# a 6-prompt dataset so a 6-step run crosses epoch boundaries (4 prompts per step). Everything the numbers
+# depend on is pinned here, so retuning the shipped defaults does not change what these tests check.
+BASE = ["rollout.prompts_per_step=4", "rollout.n_samples=8", "rollout.max_new_tokens=3", "rollout.temperature=1.0",
+        "task.max_operand=4", "task.reward_mode=leading_number", "task.num_prompts=6", "trainer.lr=0.01",
+        "cluster.torch_threads=1", "checkpoint.every=1", "checkpoint.keep=3"]
+STEPS = 6
+
+
+def start(run_dir: Path, *overrides: str, fault: str | None = None, wandb: str = "disabled") -> subprocess.Popen:
+    env = {**os.environ, "WANDB_MODE": wandb, "WANDB_SILENT": "true", "RAY_DEDUP_LOGS": "0"}
+    env.pop("TOP_RL_FAULT", None)
+    if fault:
+        env["TOP_RL_FAULT"] = fault
+    return subprocess.Popen([sys.executable, "-m", "top_rl.cli", f"run_dir={run_dir}", *overrides],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 400) -> subprocess.CompletedProcess:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        try:  # whatever the killed driver's Ray left in its session
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def run(run_dir: Path, *overrides: str, fault: str | None = None, wandb: str = "disabled",
+        timeout: float = 400) -> subprocess.CompletedProcess:
+    return finish(start(run_dir, *overrides, fault=fault, wandb=wandb), timeout)
+
+
+def rows(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _rows_so_far(run_dir: Path) -> list[dict]:  # while a run writes: a half-written last line is skipped
+    path = Path(run_dir) / "metrics.jsonl"
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return out
+
+
+def without_timing(rs: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rs]
+
+
+def _feed(h, obj) -> None:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(obj, dict):
+        for k in sorted(obj, key=str):
+            h.update(str(k).encode())
+            _feed(h, obj[k])
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            _feed(h, x)
+    elif hasattr(obj, "tobytes"):  # numpy arrays in RNG states
+        h.update(obj.tobytes())
+    else:
+        h.update(repr(obj).encode())
+
+
+def state_hash(ckpt: Path) -> str:
+    """Hash of a checkpoint's trainer shards (weights, optimizer, RNG), driver RNG and HF weights."""
+    h = hashlib.sha256()
+    for f in sorted(ckpt.glob("trainer_rank*.pt")) + [ckpt / "driver.pt"]:
+        _feed(h, torch.load(f, weights_only=False))
+    h.update((ckpt / "hf" / "model.safetensors").read_bytes())
+    return h.hexdigest()
+
+
+def tree_hash(path: Path) -> str:
+    """Hash of every file under path (names and bytes): 'nothing saved was lost or changed'."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in Path(path).rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(path)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+_baseline: dict[str, Path] = {}
+
+
+def baseline() -> Path:
+    """The uninterrupted 6-step run (computed once per test session, shared by the test modules)."""
+    if "dir" not in _baseline:
+        d = Path(tempfile.mkdtemp(prefix="top_rl_baseline_"))
+        out = run(d, *BASE, f"steps={STEPS}")
+        assert out.returncode == 0, out.stderr[-4000:]
+        _baseline["dir"] = d
+    return _baseline["dir"]
+
+
+def final_checkpoint(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints" / f"step_{STEPS:06d}"
+
+
+def wait_for_row(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 300) -> None:
+    t_end = time.time() + timeout
+    while time.time() < t_end:
+        if any(r["step"] >= step for r in _rows_so_far(run_dir)):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run exited ({proc.returncode}) before step {step}")
+        time.sleep(0.2)
+    raise AssertionError(f"no step {step} within {timeout}s")
+

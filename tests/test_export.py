@@ -1,0 +1,79 @@
+"""Issue 5: `top-rl-export` writes a Hugging Face checkpoint that `transformers` loads, whose
+next-token distributions equal the trainer's (fp32, 1e-5 relative) and whose tokenizer is the task's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import rl_runs  # noqa: E402
+
+from top_rl.export import main as export_main  # noqa: E402
+
+transformers = pytest.importorskip("transformers")
+
+PREFIXES = [[1, 5, 14, 7, 17], [1, 8, 14, 8, 17, 6], [1, 4, 14, 4, 17, 2, 9]]  # "<bos>1+3=", ...
+
+
+def _trainer_log_softmax(ckpt: Path, model_dir: Path) -> torch.Tensor:
+    """The trainer, rebuilt from the checkpoint's shard: log p(v | prefix) for every v, per prefix."""
+    from top_rl.model import Qwen3Config
+    from top_rl.train import Trainer, TrainerConfig, TrainSequence
+
+    state = json.loads((ckpt / "state.json").read_text())
+    trainer = Trainer(Qwen3Config.from_dir(model_dir), TrainerConfig(**state["config"]["trainer"]))
+    trainer.load_state_dict(torch.load(ckpt / "trainer_rank000.pt", weights_only=False)["trainer"])
+    vocab = trainer.model_cfg.vocab_size
+    batch = [TrainSequence(p + [v], len(p)) for p in PREFIXES for v in range(vocab)]
+    return torch.cat(trainer.logprobs(batch)).view(len(PREFIXES), vocab)
+
+
+@pytest.mark.slow
+def test_export_loads_in_transformers_and_matches_the_trainer(tmp_path, capsys):
+    run_dir = rl_runs.baseline()
+    out = tmp_path / "hf"
+    assert export_main([f"run_dir={run_dir}", f"out={out}"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["step"] == rl_runs.STEPS and Path(info["checkpoint"]).name == f"step_{rl_runs.STEPS:06d}"
+    assert {"config.json", "model.safetensors", "tokenizer.json", "top_rl_export.json"} <= {p.name for p in out.iterdir()}
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    assert tok("1+3=")["input_ids"] == PREFIXES[0][1:] and tok.eos_token == "<eos>"
+
+    with torch.no_grad():
+        hf = torch.stack([torch.log_softmax(model(torch.tensor([p])).logits[0, -1].float(), -1) for p in PREFIXES])
+    trainer = _trainer_log_softmax(rl_runs.final_checkpoint(run_dir), out)
+    assert hf.shape == trainer.shape
+    torch.testing.assert_close(hf, trainer, rtol=1e-5, atol=0)
+
+
+def test_export_refusals(tmp_path, capsys):
+    assert export_main([f"run_dir={tmp_path}", f"out={tmp_path / 'o'}"]) == 2
+    assert "has no complete checkpoint" in capsys.readouterr().err
+    assert export_main(["run_dir=x"]) == 2
+    assert "out= is required" in capsys.readouterr().err
+    assert export_main(["run_dir=x", "out=y", "bogus=1"]) == 2
+    assert "unexpected argument 'bogus=1'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_export_console_script_refuses_to_overwrite(tmp_path, capsys):
+    run_dir = rl_runs.baseline()
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    cmd = [sys.executable, "-c", "import sys; from top_rl.cli import export_main; sys.exit(export_main())",
+           f"run_dir={run_dir}", f"out={out}", "step=5"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 2 and "pass overwrite=true" in res.stderr
+    assert (out / "keep.txt").read_text() == "mine"
+    assert export_main(cmd[3:] + ["overwrite=true"]) == 0
+    assert json.loads((out / "top_rl_export.json").read_text())["step"] == 5 and not (out / "keep.txt").exists()

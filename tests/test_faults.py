@@ -1,0 +1,107 @@
+"""Issue 5: a run survives faults. SIGKILL mid-checkpoint leaves the previous checkpoint resumable; an
+engine that dies is restarted with the current weights and the rollout retried (the run stays bitwise
+the uninterrupted one); a dead trainer rank and SIGTERM stop the run cleanly, naming the checkpoint and
+how to resume. Faults are injected with TOP_RL_FAULT (top_rl/faults.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import rl_runs  # noqa: E402
+from rl_runs import BASE, STEPS  # noqa: E402
+
+from top_rl import checkpoint, faults  # noqa: E402
+
+
+def _with(overrides, **kv):
+    keys = {k.replace("__", ".") for k in kv}
+    return [o for o in overrides if o.split("=", 1)[0] not in keys] + \
+        [f"{k.replace('__', '.')}={v}" for k, v in kv.items()]
+
+
+@pytest.mark.slow
+def test_sigkill_mid_checkpoint_then_resume_with_an_engine_death_is_bitwise_the_straight_run(tmp_path):
+    straight = rl_runs.baseline()
+    killed = rl_runs.run(tmp_path, *BASE, f"steps={STEPS}", fault="kill_in_checkpoint:4")
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert checkpoint.step_of(checkpoint.latest(tmp_path)) == 3  # step 4's write never completed
+    assert (tmp_path / "checkpoints" / "step_000004.tmp").is_dir()
+    assert [r["step"] for r in rl_runs.rows(tmp_path)] == [1, 2, 3, 4]  # logged, then killed while saving
+
+    # Resume; the engine dies during the first rollout (step 4): restarted with the resumed weights, retried.
+    resumed = rl_runs.run(tmp_path, *BASE, f"steps={STEPS}", "resume=true", fault="kill_engine:1")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "rollout engine 0 died during rollout" in resumed.stdout
+    assert "restarting rollout engine 0 with the current weights" in resumed.stdout
+    got = rl_runs.rows(tmp_path)
+    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
+    assert rl_runs.without_timing(got) == rl_runs.without_timing(rl_runs.rows(straight))
+    assert rl_runs.state_hash(rl_runs.final_checkpoint(tmp_path)) == \
+        rl_runs.state_hash(rl_runs.final_checkpoint(straight))
+    assert not list((tmp_path / "checkpoints").glob("*.tmp"))
+
+
+@pytest.mark.slow
+def test_dead_trainer_rank_stops_naming_the_actor_and_a_resumable_checkpoint(tmp_path):
+    out = rl_runs.run(tmp_path, *BASE, f"steps={STEPS}", fault="kill_trainer:3")
+    assert out.returncode == 1, out.stderr[-3000:]
+    err = out.stderr
+    assert "top-rl: trainer rank 0 died during trainer.train_step" in err and "TrainerActor" in err
+    ckpt = tmp_path / "checkpoints" / "step_000002"
+    assert f"Last complete checkpoint: {ckpt} (step 2)" in err
+    assert "resume=true" in err and "Traceback" not in err
+    assert checkpoint.latest(tmp_path) == ckpt
+    assert [r["step"] for r in rl_runs.rows(tmp_path)] == [1, 2]
+    # what resume loads is there and whole
+    state = json.loads((ckpt / "state.json").read_text())
+    assert state["step"] == 2 and (ckpt / "trainer_rank000.pt").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_the_step_checkpoints_it_and_exits_nonzero(tmp_path):
+    # checkpoint.every=0: only the end of the run (or a stop) writes one; steps=50 cannot finish first.
+    proc = rl_runs.start(tmp_path, *_with(BASE, checkpoint__every=0), "steps=50")
+    try:
+        rl_runs.wait_for_row(tmp_path, 1, proc)
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        out = rl_runs.finish(proc)
+    assert out.returncode == 128 + signal.SIGTERM, out.stderr[-3000:]
+    rows = rl_runs.rows(tmp_path)
+    stopped = rows[-1]["step"]
+    assert f"top-rl: stopped by SIGTERM after step {stopped}." in out.stderr and "resume=true" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert checkpoint.step_of(checkpoint.latest(tmp_path)) == stopped < 50
+    n = min(stopped, STEPS)
+    assert rl_runs.without_timing(rows[:n]) == rl_runs.without_timing(rl_runs.rows(rl_runs.baseline())[:n])
+
+
+def test_guard_signals_and_dead_actor_messages(tmp_path):
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    (tmp_path / "checkpoints" / "step_000007").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step_000007" / "state.json").write_text("{}")
+    with pytest.raises(faults.RunStopped) as stop, faults.RunGuard(tmp_path) as guard:
+        guard.catch_signals()
+        os.kill(os.getpid(), signal.SIGINT)  # first: finish the step
+        assert guard.stopping
+        guard.step_done(8)
+    assert stop.value.exit_code == 130 and "stopped by SIGINT after step 8" in str(stop.value)
+    assert "step_000007 (step 7)" in str(stop.value) and "resume=true" in str(stop.value)
+
+    with pytest.raises(faults.RunStopped) as stop, faults.RunGuard(tmp_path) as guard:
+        guard.catch_signals()
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # second: abandon now
+    assert stop.value.exit_code == 143 and "abandoned" in str(stop.value)
+
+    with pytest.raises(faults.RunStopped, match=r"(?s)trainer rank 1 died.*The run stopped\. Last complete"):
+        with faults.RunGuard(tmp_path):
+            raise faults.ActorFailed("trainer rank 1 died during trainer.logprobs: ...", "trainer rank 1", True, 1)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before  # handlers restored

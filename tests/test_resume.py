@@ -1,0 +1,131 @@
+"""Issue 5: a resumed run is bitwise the run that never stopped; checkpoints are atomic and pruned; a
+resume with a changed determinism-relevant setting is refused, naming the keys."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import rl_runs  # noqa: E402
+from rl_runs import BASE, STEPS  # noqa: E402
+
+from top_rl import checkpoint  # noqa: E402
+from top_rl.checkpoint import CheckpointConfig, ResumeRefused  # noqa: E402
+from top_rl.tasks import ArithConfig, ArithTask, DataPosition  # noqa: E402
+
+
+@pytest.mark.slow
+def test_sigkill_after_step_3_then_resume_is_bitwise_the_straight_run(tmp_path):
+    straight = rl_runs.baseline()
+    ref = rl_runs.rows(straight)
+    assert [r["step"] for r in ref] == list(range(1, STEPS + 1))
+    assert any(r["train/grad_norm"] > 0 for r in ref[:3]) and any(r["train/grad_norm"] > 0 for r in ref[3:]), \
+        "the weights must move before and after the kill, or the comparison proves nothing"
+
+    killed = rl_runs.run(tmp_path, *BASE, f"steps={STEPS}", fault="kill_after_step:3", wandb="offline")
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert [r["step"] for r in rl_runs.rows(tmp_path)] == [1, 2, 3]
+    assert checkpoint.step_of(checkpoint.latest(tmp_path)) == 3
+    saved = json.loads((checkpoint.latest(tmp_path) / "state.json").read_text())
+    # 6 steps of 4 prompts over a 6-prompt dataset: the step-3 checkpoint sits exactly at the end of epoch 1
+    # (step 2 straddled epochs 0 and 1; step 5 straddles 2 and 3)
+    assert saved["position"] == {"epoch": 1, "index": 6}
+    run_id = saved["run_id"]
+
+    resumed = rl_runs.run(tmp_path, *BASE, f"steps={STEPS}", "resume=true", wandb="offline")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stdout and "step 4 |" in resumed.stdout and "step 3 |" not in resumed.stdout
+    got = rl_runs.rows(tmp_path)
+    assert [r["step"] for r in got] == list(range(1, STEPS + 1))  # appended, no step twice
+    assert rl_runs.without_timing(got) == rl_runs.without_timing(ref)
+    assert rl_runs.state_hash(rl_runs.final_checkpoint(tmp_path)) == \
+        rl_runs.state_hash(rl_runs.final_checkpoint(straight))
+    # wandb continued the same run (offline: two run directories with one id)
+    assert run_id and len(list((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))) == 2
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == \
+        ["step_000004", "step_000005", "step_000006"]  # checkpoint.keep=3
+
+
+def test_changed_setting_is_refused_naming_the_key_and_nothing_changes(tmp_path):
+    """Refused before anything starts (in-process here; the CLI prints the same message, see test_bad_input)."""
+    from top_rl import loop
+    from top_rl.cli import compose
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(rl_runs.baseline(), run_dir)
+    before = rl_runs.tree_hash(run_dir)
+    with pytest.raises(ResumeRefused) as refused:
+        loop.run(compose([f"run_dir={run_dir}", *BASE, "steps=8", "resume=true", "rollout.temperature=0.7",
+                          "algo.loss.clip_eps_low=0.1"]))
+    msg = str(refused.value)
+    assert "resume refused" in msg and "rollout.temperature: checkpoint 1.0 -> now 0.7" in msg
+    assert "algo.loss.clip_eps_low: checkpoint " in msg and "resume_allow_changes=true" in msg
+    # a fresh run in a run_dir with checkpoints would overwrite them: refused too
+    with pytest.raises(ResumeRefused, match=r"already holds checkpoints \(latest: step_000006\).*resume=true"):
+        loop.run(compose([f"run_dir={run_dir}", *BASE, "steps=8"]))
+    assert rl_runs.tree_hash(run_dir) == before
+
+
+def test_check_compatible_lists_keys_and_allow_changes_overrides():
+    saved = {"steps": 6, "seed": 0, "rollout": {"temperature": 1.0, "n_samples": 4}, "checkpoint": {"every": 1},
+             "resume_allow_changes": False}
+    now = {"steps": 9, "seed": 1, "rollout": {"temperature": 1.0, "n_samples": 8}, "checkpoint": {"every": 3},
+           "resume_allow_changes": True}
+    with pytest.raises(ResumeRefused, match=r"(?s)rollout\.n_samples: checkpoint 4 -> now 8.*seed: checkpoint 0"):
+        checkpoint.check_compatible(saved, now, allow_changes=False)
+    assert checkpoint.check_compatible(saved, now, allow_changes=True) == [
+        "rollout.n_samples: checkpoint 4 -> now 8", "seed: checkpoint 0 -> now 1"]
+
+
+def test_resume_positions_cross_epoch_boundaries_like_the_uninterrupted_stream():
+    task = ArithTask(ArithConfig(num_prompts=6))
+    straight, pos = [], DataPosition()
+    for _ in range(6):
+        items, pos = task.batch(4, 0, pos)
+        straight.append([it.uid for it in items])
+    for k in range(1, 6):  # stop after k steps, restore the saved position, continue
+        pos = DataPosition()
+        for _ in range(k):
+            _, pos = task.batch(4, 0, pos)
+        pos = DataPosition.from_state_dict(json.loads(json.dumps(pos.state_dict())))
+        resumed = []
+        for _ in range(6 - k):
+            items, pos = task.batch(4, 0, pos)
+            resumed.append([it.uid for it in items])
+        assert resumed == straight[k:]
+
+
+class _FakeCluster:
+    trainers = [None]
+
+
+def test_partial_and_leftover_directories_never_count(tmp_path, monkeypatch):
+    root = tmp_path / "checkpoints"
+    for name in ("step_000002", "step_000003.tmp", "step_000004"):
+        (root / name).mkdir(parents=True)
+        (root / name / "state.json").write_text("{}")
+    (root / "step_000005").mkdir()  # no state.json: a shard set without its completion marker
+    assert [p.name for p in checkpoint.complete_checkpoints(tmp_path)] == ["step_000002", "step_000004"]
+    assert checkpoint.step_of(checkpoint.latest(tmp_path)) == 4
+
+    class Cfg:
+        checkpoint = CheckpointConfig(keep=0)
+
+    with pytest.raises(ValueError, match="checkpoint.keep=0 must be >= 1"):
+        checkpoint.save(tmp_path, Cfg(), 6, DataPosition(), _FakeCluster(), None, None)
+    assert len(checkpoint.complete_checkpoints(tmp_path)) == 2
+
+
+def test_keep_must_be_positive_in_the_config():
+    from top_rl.cli import compose
+    from top_rl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="checkpoint.keep=0 must be >= 1"):
+        compose(["checkpoint.keep=0"])
+    with pytest.raises(ConfigError, match="checkpoint.every=-1 must be >= 0"):
+        compose(["checkpoint.every=-1"])

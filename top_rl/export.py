@@ -1,0 +1,85 @@
+"""`top-rl-export run_dir=RUN out=DIR [step=N] [overwrite=true]`: a Hugging Face checkpoint of a run.
+
+Design: every checkpoint already carries the policy as an HF Qwen3 checkpoint (`step_N/hf/`: config.json,
+safetensors, the task's tokenizer), written from the weights the trainer exports to the engines: full
+tensors under HF names, TP shards gathered and pipeline stages joined by the trainer itself. So export is
+a copy of that directory: it needs no trainer, no process group and no knowledge of the run's TP/PP
+layout, and it works on any machine that can read the run directory. `transformers`'
+`AutoModelForCausalLM.from_pretrained(DIR)` and `AutoTokenizer.from_pretrained(DIR)` load the result.
+The weights are the compute-dtype values the trainer and engines compute with (fp32 embedding and norms).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from top_rl import checkpoint
+
+USAGE = "usage: top-rl-export run_dir=RUN out=DIR [step=N] [overwrite=true]"
+_KEYS = {"run_dir", "out", "step", "overwrite"}
+
+
+class ExportError(ValueError):
+    pass
+
+
+def _parse(argv: list[str]) -> dict[str, str]:
+    args = {}
+    for a in argv:
+        key, eq, value = a.lstrip("+").partition("=")
+        if not eq or key not in _KEYS:
+            raise ExportError(f"unexpected argument {a!r}; accepted keys: {', '.join(sorted(_KEYS))}")
+        args[key] = value
+    for key in ("run_dir", "out"):
+        if not args.get(key):
+            raise ExportError(f"{key}= is required")
+    return args
+
+
+def _checkpoint(run_dir: Path, step: str | None) -> Path:
+    found = checkpoint.complete_checkpoints(run_dir)
+    if not found:
+        raise ExportError(f"{run_dir} has no complete checkpoint (looked in {run_dir / 'checkpoints'})")
+    if step is None:
+        return found[-1]
+    by_step = {checkpoint.step_of(p): p for p in found}
+    if not step.isdigit() or int(step) not in by_step:
+        raise ExportError(f"{run_dir} has no complete checkpoint at step {step}; it has steps {sorted(by_step)}")
+    return by_step[int(step)]
+
+
+def export(run_dir: str | Path, out: str | Path, step: str | None = None, overwrite: bool = False) -> dict:
+    run_dir, out = Path(run_dir), Path(out)
+    ckpt = _checkpoint(run_dir, step)
+    src = ckpt / "hf"
+    if not (src / "config.json").is_file():
+        raise ExportError(f"{ckpt} has no hf/ directory (written by an older top-rl): resume the run for one step "
+                          "to write a checkpoint that has it")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ExportError(f"{out} exists and is not empty; pass overwrite=true to replace it")
+    state = json.loads((ckpt / "state.json").read_text())
+    tmp = out.with_name(out.name + ".export-tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    info = {"run_dir": str(run_dir.resolve()), "checkpoint": str(ckpt.resolve()), "step": state["step"],
+            "wandb_run_id": state.get("run_id"), "top": state["config"].get("top")}
+    (tmp / "top_rl_export.json").write_text(json.dumps(info, indent=2))
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)  # the directory appears complete or not at all
+    return {"out": str(out), **info}
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = _parse(argv)
+        info = export(args["run_dir"], args["out"], args.get("step"),
+                      args.get("overwrite", "false").lower() in ("1", "true", "yes"))
+    except ExportError as e:
+        print(f"top-rl-export: {e}\n{USAGE}", file=sys.stderr)
+        return 2
+    print(json.dumps(info))
+    return 0

@@ -1,0 +1,142 @@
+"""Faults a run survives or stops on cleanly, and the one test-only hook that causes them.
+
+- A rollout engine that dies is replaced and its call repeated (top_rl.cluster): generation is a pure
+  function of prompt, seed and weights, so a retried rollout is the rollout that would have happened.
+- A trainer rank that dies stops the run: `RunGuard` turns the failure into `RunStopped`, naming the
+  actor, the last complete checkpoint and the command that resumes from it.
+- SIGINT / SIGTERM: the first one lets the current step finish, checkpoints it and stops (exit
+  128 + signal); a second one abandons the step at once. Checkpoints are written atomically
+  (top_rl.checkpoint), so either way the last complete one is intact.
+
+Test-only fault injection, read only here: TOP_RL_FAULT="point:N[,point:N...]"
+  kill_after_step:N     SIGKILL this driver once step N is logged and checkpointed
+  kill_in_checkpoint:N  SIGKILL this driver halfway through writing the step-N checkpoint
+  kill_engine:N         kill rollout engine 0 while this process's N-th rollout call is in flight
+  kill_trainer:N        kill trainer rank 0 while this process's N-th train step is in flight
+Unset (always, outside tests), `inject` is a dictionary lookup that does nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import sys
+from collections import Counter
+from pathlib import Path
+
+ENV = "TOP_RL_FAULT"
+
+
+def _plan() -> set[tuple[str, int]]:
+    spec = os.environ.get(ENV, "")
+    out = set()
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        point, _, n = part.partition(":")
+        out.add((point, int(n)))
+    return out
+
+
+_PLAN = _plan()
+_calls: Counter = Counter()
+
+
+def inject(point: str, step: int | None = None, actor=None) -> None:
+    """Test-only (see module doc): cause the fault TOP_RL_FAULT names for this point, if any. `step`
+    identifies the occurrence; without it, occurrences of `point` in this process are counted."""
+    if not _PLAN:
+        return
+    if step is None:
+        _calls[point] += 1
+        step = _calls[point]
+    if (point, step) not in _PLAN:
+        return
+    print(f"[top-rl] {ENV}: injecting {point}:{step}", file=sys.stderr, flush=True)
+    if actor is None:
+        os.kill(os.getpid(), signal.SIGKILL)
+    import ray
+
+    ray.kill(actor, no_restart=True)
+
+
+class ActorFailed(RuntimeError):
+    """A Ray actor died or raised; `actor` names it ("trainer rank 0", "rollout engine 1")."""
+
+    def __init__(self, message: str, actor: str, died: bool, index: int):
+        super().__init__(message)
+        self.actor, self.died, self.index = actor, died, index
+
+
+class RunStopped(RuntimeError):
+    """The run stopped before its last step; the message says why and how to resume."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def resume_hint(run_dir: Path) -> str:
+    from top_rl import checkpoint
+
+    latest = checkpoint.latest(run_dir)
+    if latest is None:
+        return f"{run_dir} has no complete checkpoint yet: a new run starts from step 0."
+    from_cli = Path(sys.argv[0]).name in ("top-rl", "cli.py")  # the same overrides, plus resume=true
+    args = [a for a in sys.argv[1:] if not a.startswith(("resume=", "+resume="))] if from_cli else []
+    if not any(a.startswith("run_dir=") for a in args):
+        args.insert(0, f"run_dir={run_dir}")
+    cmd = shlex.join(["top-rl", *args, "resume=true"]) + ("" if from_cli else "  (with the run's other overrides)")
+    return f"Last complete checkpoint: {latest} (step {checkpoint.step_of(latest)}). Resume with:\n  {cmd}"
+
+
+class RunGuard:
+    """Wraps a run: signal handling (see module doc) and clean stops naming the checkpoint to resume."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    @property
+    def stopping(self) -> bool:
+        """A signal asked the run to stop: checkpoint the step that just finished."""
+        return self.signum is not None
+
+    def step_done(self, step: int) -> None:
+        """Called once step `step` is logged and (if due) checkpointed."""
+        inject("kill_after_step", step)
+        if self.signum is not None:
+            name = signal.Signals(self.signum).name
+            raise RunStopped(f"stopped by {name} after step {step}. {resume_hint(self.run_dir)}",
+                             exit_code=128 + self.signum)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.signum is not None:  # the second signal: abandon the step now
+            raise KeyboardInterrupt
+        self.signum = signum
+        print(f"[top-rl] {signal.Signals(signum).name}: finishing the current step, checkpointing it and "
+              "stopping (send it again to abandon the step)", file=sys.stderr, flush=True)
+
+    def catch_signals(self) -> None:
+        """Take SIGINT/SIGTERM from here on. Call it after Ray has started: Ray's core worker installs
+        a SIGTERM handler of its own (it aborts the process) when it initialises."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+            except ValueError:  # not the main thread (e.g. run() called from a worker thread)
+                pass
+
+    def __enter__(self) -> "RunGuard":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: a handler set in C
+        if isinstance(exc, ActorFailed):
+            raise RunStopped(f"{exc}\nThe run stopped. {resume_hint(self.run_dir)}") from exc
+        if isinstance(exc, KeyboardInterrupt):
+            signum = self.signum or signal.SIGINT
+            how = "twice: the step in progress was abandoned" if self.signum else "while the run was starting"
+            raise RunStopped(f"interrupted ({signal.Signals(signum).name} {how}). {resume_hint(self.run_dir)}",
+                             exit_code=128 + signum) from exc
+
