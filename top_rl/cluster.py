@@ -49,6 +49,8 @@ class EngineActor:
 
     def __init__(self, kind: str, kernel_backend: str, threads: int, hf_config: dict, hf_weights: dict,
                  dtype: str, logprob_source: str, sglang: dict | None = None):
+        """`sglang`: for kind "sglang", the keyword arguments of SglangEngine.from_config (the run's
+        rollout.sglang mapping plus the trainer's attention backend, model path, TOP switch, engine index)."""
         torch.set_num_threads(threads)
         from top_rl import kernels
 
@@ -63,7 +65,7 @@ class EngineActor:
         elif kind == "sglang":
             from top_rl.rollout.sglang import SglangEngine
 
-            self.engine = SglangEngine.from_config(sglang or {}, logprob_source=logprob_source)
+            self.engine = SglangEngine.from_config(logprob_source=logprob_source, **(sglang or {}))
         else:
             raise ValueError(f"rollout.engine={kind!r}; choose native or sglang")
 
@@ -133,7 +135,9 @@ class TrainerActor:
 
 class Cluster:
     def __init__(self, cfg: ClusterConfig, kernel_backend: str, rollout_cfg, trainer_cfg, qwen3_cfg,
-                 initial_weights: dict):
+                 initial_weights: dict, sglang_context: dict | None = None):
+        """`sglang_context`: run-level settings SGLang engines are checked against (attention backend of
+        the trainer, model path, TOP on/off); unused by the native engine."""
         if not ray.is_initialized():
             address = cfg.address or os.environ.get("RAY_ADDRESS")
             if address:
@@ -153,8 +157,8 @@ class Cluster:
         # The policy the engines hold (and a restarted engine must get): initial, then each sync's.
         self._weights_ref = ray.put(initial_weights)
         self._engine_args = (rollout_cfg.engine, kernel_backend, threads, qwen3_cfg.to_hf_dict())
-        self._engine_kwargs = dict(dtype=trainer_cfg.dtype, logprob_source=rollout_cfg.logprob_source,
-                                   sglang=rollout_cfg.sglang)
+        self._engine_kwargs = dict(dtype=trainer_cfg.dtype, logprob_source=rollout_cfg.logprob_source)
+        self._sglang = dict(sglang=rollout_cfg.sglang, **(sglang_context or {}))
         self.engines = [self._new_engine(i) for i in range(rollout_cfg.num_engines)]
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         qcfg = dict(qwen3_cfg.__dict__)
@@ -170,7 +174,8 @@ class Cluster:
 
     def _new_engine(self, i: int):
         return EngineActor.options(scheduling_strategy=self._bundle(i), num_cpus=0).remote(
-            *self._engine_args, hf_weights=self._weights_ref, **self._engine_kwargs)
+            *self._engine_args, hf_weights=self._weights_ref, **self._engine_kwargs,
+            sglang={**self._sglang, "index": i})
 
     def _get(self, refs, names: list[str], what: str) -> list:
         """ray.get, fail-fast: the first actor that dies or raises ends the wait (see module doc)."""

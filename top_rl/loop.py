@@ -51,7 +51,9 @@ def run(cfg: RunConfig) -> dict:
     # SIGINT/SIGTERM stop the run after a checkpointed step; a dead trainer stops it naming the checkpoint.
     with faults.RunGuard(run_dir) as guard, contextlib.ExitStack() as cleanup:
         policy = cfg.model.build(task.vocab_size, task.eos_token_id)
-        cluster = Cluster(cfg.cluster, backend, cfg.rollout, cfg.trainer, policy.cfg, hf_state_dict(policy))
+        cluster = Cluster(cfg.cluster, backend, cfg.rollout, cfg.trainer, policy.cfg, hf_state_dict(policy),
+                          sglang_context={"trainer_attention_backend": cfg.top.attention_backend,
+                                          "model_path": cfg.model.path, "top": cfg.top.enabled})
         cleanup.callback(cluster.shutdown)
         guard.catch_signals()  # after Ray started (it installs a SIGTERM handler of its own)
         if state is not None:  # engines get the resumed weights before the first rollout

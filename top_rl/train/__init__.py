@@ -13,7 +13,16 @@ send/recv), optim (CPU AdamW / Megatron optimizer), weights (HF <-> Megatron), p
 spawn), recompute (non-reentrant checkpoint), ulysses (context parallelism), cpu_shims (no-CUDA).
 """
 
-from top_rl.train.batch import TrainSequence
-from top_rl.train.trainer import LossFn, Trainer, TrainerConfig
+from top_rl.train.config import TrainerConfig
+from top_rl.train.sequence import TrainSequence
+
+
+def __getattr__(name: str):
+    # The Trainer pulls in Megatron-core (seconds of import); the driver and Hydra only need the config.
+    if name in ("Trainer", "LossFn"):
+        from top_rl.train import trainer
+
+        return getattr(trainer, name)
+    raise AttributeError(f"module 'top_rl.train' has no attribute {name!r}")
 
 __all__ = ["LossFn", "TrainSequence", "Trainer", "TrainerConfig"]

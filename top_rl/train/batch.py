@@ -16,28 +16,7 @@ from dataclasses import dataclass
 import torch
 from megatron.core.packed_seq_params import PackedSeqParams as MegatronPackedSeqParams
 
-
-@dataclass(frozen=True)
-class TrainSequence:
-    tokens: Sequence[int]
-    prompt_len: int
-    temperature: float | None = None
-
-    def __post_init__(self):
-        if not 1 <= self.prompt_len < len(self.tokens):
-            raise ValueError(f"prompt_len={self.prompt_len} must be in [1, {len(self.tokens)}): at least one "
-                             "prompt token and one scored token")
-        if self.temperature is not None and self.temperature <= 1e-6:
-            raise ValueError(f"temperature={self.temperature}: the sampler path needs temperature > 1e-6")
-
-    @property
-    def num_scored(self) -> int:
-        return len(self.tokens) - self.prompt_len
-
-    @classmethod
-    def from_sample(cls, sample, temperature: float | None = None) -> "TrainSequence":
-        """From a rollout sample (prompt_ids, response_ids); temperature None scores the prefill kind."""
-        return cls(tuple(sample.prompt_ids) + tuple(sample.response_ids), len(sample.prompt_ids), temperature)
+from top_rl.train.sequence import TrainSequence
 
 
 def plan(batch: Sequence[TrainSequence], *, dp_rank: int, dp_size: int, micro_batch_size: int | None,

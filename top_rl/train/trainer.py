@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,29 +19,12 @@ from top_rl.contract import as_dtype
 from top_rl.model.config import NotDenseQwen3, Qwen3Config
 from top_rl.train import cpu_shims, parallel, recompute, spec, weights
 from top_rl.train.batch import TrainSequence, pack, plan
+from top_rl.train.config import TrainerConfig
 from top_rl.train.logprobs import make_output_processor, split_per_sample
 from top_rl.train.optim import CpuAdamW, MegatronAdam
 from top_rl.train.schedule import StageRunner
 
 LossFn = Callable[[list[torch.Tensor], list[int]], torch.Tensor]
-
-
-@dataclass
-class TrainerConfig:
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1  # Ulysses context parallelism (top_rl.train.ulysses)
-    micro_batch_size: int | None = 8  # samples per micro-batch, used when micro_batch_tokens is None
-    micro_batch_tokens: int | None = None  # packed-token budget per micro-batch
-    lr: float = 1e-6
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0  # 0 disables clipping
-    recompute: bool = False  # full recompute of every layer, non-reentrant (top_rl.train.recompute)
-    seed: int = 0
-    dtype: str = "bfloat16"  # compute dtype; embedding, norms and residual stream stay fp32 (contract)
-    megatron_rope: bool = False  # Megatron's unfused RoPE instead of kernels.rope: eager engines only (spec.py)
 
 
 class Trainer:

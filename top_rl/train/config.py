@@ -1,0 +1,23 @@
+"""The trainer's config, importable without Megatron (the driver and Hydra need it, not the model)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class TrainerConfig:
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1  # Ulysses context parallelism (top_rl.train.ulysses)
+    micro_batch_size: int | None = 8  # samples per micro-batch, used when micro_batch_tokens is None
+    micro_batch_tokens: int | None = None  # packed-token budget per micro-batch
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0  # 0 disables clipping
+    recompute: bool = False  # full recompute of every layer, non-reentrant (top_rl.train.recompute)
+    seed: int = 0
+    dtype: str = "bfloat16"  # compute dtype; embedding, norms and residual stream stay fp32 (contract)
+    megatron_rope: bool = False  # Megatron's unfused RoPE instead of kernels.rope: eager engines only (spec.py)
