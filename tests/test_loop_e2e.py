@@ -35,6 +35,16 @@ def test_top_job_gates_every_step(tmp_path):
     assert list((tmp_path / "checkpoints").glob("step_000003")), "final checkpoint missing"
 
 
+def test_rollout_chunking_changes_no_number(tmp_path):
+    """Sending the rollout in engine calls of 5 samples gives the same run, number for number: under TOP a
+    sample depends only on its prompt, seed and the weights."""
+    one, rows_one = _run(tmp_path / "one", "steps=2", "cluster.rollout_chunk=0")
+    chunked, rows_chunked = _run(tmp_path / "chunked", "steps=2", "cluster.rollout_chunk=5")
+    assert one.returncode == 0 and chunked.returncode == 0, (one.stderr[-2000:], chunked.stderr[-2000:])
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]  # noqa: E731
+    assert len(rows_one) == 2 and strip(rows_one) == strip(rows_chunked)
+
+
 def test_baseline_without_top_shows_the_mismatch(tmp_path):
     """top.enabled=false: plain kernels, parity logged but not gated - and on this CPU it is not zero."""
     out, rows = _run(tmp_path, "steps=3", "top.enabled=false")

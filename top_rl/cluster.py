@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
 
 import ray
@@ -22,6 +23,7 @@ import torch
 from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from tqdm import tqdm
 
 from top_rl import faults
 from top_rl.faults import ActorFailed
@@ -37,6 +39,9 @@ class ClusterConfig:
     trainer_gpus: float = 0.0
     torch_threads: int = 0  # per actor; 0 = the machine's cores (rollout and training alternate)
     max_engine_restarts: int = 3  # rollout engines that die are replaced this many times per run
+    # Samples per engine call; a step's rollout is sent in waves of this size per engine so the progress
+    # bar moves. 0: one call per engine. Batch invariance makes the samples the same either way.
+    rollout_chunk: int = 0
 
 
 def _threads(cfg: ClusterConfig) -> int:
@@ -154,6 +159,7 @@ class Cluster:
         threads = _threads(cfg)
         self.qwen3_cfg, self.compute_dtype = qwen3_cfg, trainer_cfg.dtype
         self.restarts_left, self.max_restarts = cfg.max_engine_restarts, cfg.max_engine_restarts
+        self.rollout_chunk = cfg.rollout_chunk
         # The policy the engines hold (and a restarted engine must get): initial, then each sync's.
         self._weights_ref = ray.put(initial_weights)
         self._engine_args = (rollout_cfg.engine, kernel_backend, threads, qwen3_cfg.to_hf_dict())
@@ -221,14 +227,23 @@ class Cluster:
         self.engines[failure.index] = engine
 
     def generate(self, prompts, seeds, params):
-        """Split samples over engines contiguously; a sample's result does not depend on its engine."""
-        chunk = -(-len(prompts) // len(self.engines))
+        """Split samples over engines (in waves of cluster.rollout_chunk per engine); a sample's result
+        depends only on its prompt, seed and the weights, never on its engine or batch."""
+        n_eng = len(self.engines)
+        wave = self.rollout_chunk * n_eng if self.rollout_chunk > 0 else len(prompts)
+        out = []
+        with tqdm(total=len(prompts), desc="rollout", unit="sample", leave=False,
+                  disable=not sys.stderr.isatty()) as bar:
+            for w in range(0, len(prompts), wave):
+                p, s = prompts[w : w + wave], seeds[w : w + wave]
+                chunk = -(-len(p) // n_eng)
 
-        def submit(i, engine):
-            return engine.generate.remote(prompts[i * chunk : (i + 1) * chunk], seeds[i * chunk : (i + 1) * chunk],
-                                          params)
+                def submit(i, engine, p=p, s=s, chunk=chunk):
+                    return engine.generate.remote(p[i * chunk : (i + 1) * chunk], s[i * chunk : (i + 1) * chunk], params)
 
-        return [s for part in self._on_engines(submit, "rollout", fault="kill_engine") for s in part]
+                out += [x for part in self._on_engines(submit, "rollout", fault="kill_engine") for x in part]
+                bar.update(len(p))
+        return out
 
     def sync_weights(self) -> None:
         self._weights_ref = ray.put(self.trainer_call("export_hf_weights"))
