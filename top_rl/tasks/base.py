@@ -111,3 +111,32 @@ class Task(abc.ABC):
     # --- reward --------------------------------------------------------------------------------
     @abc.abstractmethod
     def reward(self, item: PromptItem, response_text: str) -> float: ...
+
+
+class HFTokenizerTask(Task):
+    """A task whose tokenizer is a Hugging Face tokenizer held in `self._tok` (gsm8k, dapo)."""
+
+    _tok: Any
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tok
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tok)
+
+    @property
+    def eos_token_id(self) -> int:
+        return self._tok.eos_token_id
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = self._tok.pad_token_id
+        return self._tok.eos_token_id if pad is None else pad
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def save_tokenizer(self, directory: str) -> None:
+        self._tok.save_pretrained(directory)

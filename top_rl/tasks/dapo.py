@@ -21,7 +21,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from top_rl.tasks.base import PromptItem, Task
+from top_rl.tasks.base import HFTokenizerTask, PromptItem
 from top_rl.tasks.gsm8k import _last_boxed
 
 HF_DATASET = "BytedTsinghua-SIA/DAPO-Math-17k"
@@ -152,7 +152,7 @@ def _gold(row: dict) -> str | None:
     return gold.strip() if isinstance(gold, str) and gold.strip() else None
 
 
-class DapoTask(Task):
+class DapoTask(HFTokenizerTask):
     name = "dapo"
 
     def __init__(self, cfg: DapoConfig | None = None, tokenizer: Any = None):
@@ -212,29 +212,6 @@ class DapoTask(Task):
         msgs, gold = self.rows[uid]
         text, ids = self.format_prompt(msgs)
         return PromptItem(uid, text, list(ids), gold)
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tok
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self._tok)
-
-    @property
-    def eos_token_id(self) -> int:
-        return self._tok.eos_token_id
-
-    @property
-    def pad_token_id(self) -> int:
-        pad = self._tok.pad_token_id
-        return self._tok.eos_token_id if pad is None else pad
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
-
-    def save_tokenizer(self, directory: str) -> None:
-        self._tok.save_pretrained(directory)
 
     def reward(self, item: PromptItem, response_text: str) -> float:
         pred = extract_answer(response_text)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from top_rl.tasks.base import PromptItem, Task
+from top_rl.tasks.base import HFTokenizerTask, PromptItem
 
 _NUM = r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+"
 
@@ -77,7 +77,7 @@ def gold_answer(solution: str) -> str | None:
     return g if to_number(g) is not None else None
 
 
-class Gsm8kTask(Task):
+class Gsm8kTask(HFTokenizerTask):
     name = "gsm8k"
 
     def __init__(self, cfg: Gsm8kConfig | None = None, tokenizer: Any = None):
@@ -154,29 +154,6 @@ class Gsm8kTask(Task):
 
     def solution(self, uid: int) -> str:
         return self.rows[uid][1]
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tok
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self._tok)
-
-    @property
-    def eos_token_id(self) -> int:
-        return self._tok.eos_token_id
-
-    @property
-    def pad_token_id(self) -> int:
-        pad = self._tok.pad_token_id
-        return self._tok.eos_token_id if pad is None else pad
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
-
-    def save_tokenizer(self, directory: str) -> None:
-        self._tok.save_pretrained(directory)
 
     def reward(self, item: PromptItem, response_text: str) -> float:
         pred = extract_answer(response_text)
