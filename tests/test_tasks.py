@@ -8,7 +8,10 @@ from top_rl.tasks import DataPosition, get_task
 from top_rl.tasks.arith import VOCAB_SIZE, ArithConfig, ArithTask
 from top_rl.tasks.gsm8k import Gsm8kConfig, Gsm8kTask, extract_answer
 
-GSM = Path("/work/shared/data/gsm8k/test.jsonl")
+# The steering repo's shared/ lies beside the checkout (and beside CI's clone); /work/shared on this machine.
+GSM = next((p for p in (Path(__file__).resolve().parents[2] / "shared/data/gsm8k/test.jsonl",
+                        Path("/work/shared/data/gsm8k/test.jsonl")) if p.is_file()),
+           Path("../shared/data/gsm8k/test.jsonl"))
 
 
 # ---------------------------------------------------------------- arith
