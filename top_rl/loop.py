@@ -76,12 +76,13 @@ def run(cfg: RunConfig) -> dict:
             t0 = time.perf_counter()
             items, position, prompt_counts = prompts.next_prompts(task, cfg.rollout.prompts_per_step, cfg.seed,
                                                                   position, max_prompt_len, cfg.rollout.on_long_prompt)
-            prompt_ids = [it.prompt_ids for it in items for _ in range(n)]
+            group_items = [it for it in items for _ in range(n)]  # sample i belongs to prompt i // n
+            prompt_ids = [it.prompt_ids for it in group_items]
             samples = cluster.generate(prompt_ids, [sample_seed(cfg.seed, step, i) for i in range(len(prompt_ids))],
                                        params)
             t_rollout = time.perf_counter() - t0
-            rewards = torch.tensor([task.reward(items[i // n], task.response_text(s.response_ids))
-                                    for i, s in enumerate(samples)])
+            rewards = torch.tensor([task.reward(it, task.response_text(s.response_ids))
+                                    for it, s in zip(group_items, samples)])
             advantages = grpo_advantages(rewards, n, cfg.algo.normalize_std)
 
             # Recompute exactly what the engine reported, and refuse to train on a step where it differs.
@@ -89,7 +90,7 @@ def run(cfg: RunConfig) -> dict:
             trainer_lps = cluster.trainer_call("logprobs", scored)
             rollout_lps = [torch.tensor(s.logprobs, dtype=lp.dtype) for s, lp in zip(samples, trainer_lps)]
             parity = gate.check(trainer_lps, rollout_lps, step, gate_cfg, str(run_dir / "parity"),
-                                sample_ids=[it.uid for it in items for _ in range(n)],
+                                sample_ids=[it.uid for it in group_items],
                                 tokens=[s.tokens for s in scored], metadata={"run_dir": str(run_dir)})
 
             # The loss sees the distribution tokens were drawn from: the sampler path at the temperature.
