@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from top_rl.kernels.tiled_gemm import TILING, _pad_to, acc_dtype
+from top_rl.kernels.tiled_gemm import TILING, pad_to, acc_dtype
 
 
 def attend_rows(q, pos, n_keys, kv_index, k_all, v_all, scale):
@@ -125,8 +125,8 @@ def decode_attention(q, k_cache, v_cache, lengths, scale):
     acc = acc_dtype(q.dtype)
     b, hq, d = q.shape
     hkv = k_cache.shape[2]
-    k_all = _pad_to(k_cache.to(acc).permute(0, 2, 1, 3).reshape(b * hkv, -1, d), 1, TILING.attn_kv_block)
-    v_all = _pad_to(v_cache.to(acc).permute(0, 2, 1, 3).reshape(b * hkv, -1, d), 1, TILING.attn_kv_block)
+    k_all = pad_to(k_cache.to(acc).permute(0, 2, 1, 3).reshape(b * hkv, -1, d), 1, TILING.attn_kv_block)
+    v_all = pad_to(v_cache.to(acc).permute(0, 2, 1, 3).reshape(b * hkv, -1, d), 1, TILING.attn_kv_block)
     rows, kv_head = _rows(q.to(acc), hkv)
     row_seq = torch.arange(b, device=q.device).repeat_interleave(hq)
     lengths = lengths.to(q.device)

@@ -23,7 +23,7 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _pad_to(t: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
+def pad_to(t: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
     size = t.shape[dim]
     extra = (-size) % multiple
     if extra == 0:
@@ -37,8 +37,8 @@ def k_partials(x2d: torch.Tensor, w: torch.Tensor, tiling=TILING) -> torch.Tenso
     """[C, M, N] partial products of x2d[M, K] @ w[N, K].T over K-chunks, in the accumulation dtype."""
     acc = acc_dtype(torch.promote_types(x2d.dtype, w.dtype))
     m, n = x2d.shape[0], w.shape[0]
-    a = _pad_to(_pad_to(x2d.to(acc), 0, tiling.row_tile), 1, tiling.k_chunk)
-    b = _pad_to(_pad_to(w.to(acc), 0, tiling.col_tile), 1, tiling.k_chunk)
+    a = pad_to(pad_to(x2d.to(acc), 0, tiling.row_tile), 1, tiling.k_chunk)
+    b = pad_to(pad_to(w.to(acc), 0, tiling.col_tile), 1, tiling.k_chunk)
     kc, ct = tiling.k_chunk, tiling.col_tile
     n_chunks = a.shape[1] // kc
     out = a.new_empty((n_chunks, a.shape[0], b.shape[0]))
