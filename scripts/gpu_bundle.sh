@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
-# Download the wheels the lent GPU machine lacks into .gpu_bundle/ (git-ignored), for `run(carry=[".gpu_bundle"])`.
-# That machine has no network; it has Python 3.12, torch 2.11 (cu130), triton 3.6 and transformers (so
-# numpy, safetensors, tokenizers, PyYAML, httpx, requests, tqdm too). This bundle adds the pinned SGLang
-# wheel (installed there without its dependencies: sglang-kernel and its torch pin cannot be carried), the
-# pure-Python packages needed to import sglang.srt.batch_invariant_ops and
-# sglang.srt.layers.attention.triton_ops.*, Megatron-core, and Hydra/OmegaConf for top_rl's configs.
-# On the device:  pip install --no-deps --no-index .gpu_bundle/*.whl && pip install --no-deps --no-build-isolation -e .
+# Download the wheels the lent GPU machine lacks into .gpu_bundle/GROUP/ (git-ignored), for
+# `run(carry=[".gpu_bundle/core", ...])`. That machine has no network; it has Python 3.12, torch 2.11 (cu130),
+# triton 3.6 and transformers (so numpy, safetensors, tokenizers, PyYAML, httpx, requests, tqdm, aiohttp, click,
+# msgpack, protobuf too). One call carries at most 64 MiB (working tree included), so the wheels come in groups:
+#   core        the pinned SGLang wheel (installed there without its dependencies: sglang-kernel and its torch
+#               pin cannot be carried), the pure-Python packages `import sglang.srt...` needs, Megatron-core,
+#               Hydra/OmegaConf for top_rl's configs                                          (~22 MiB)
+#   ray         Ray 2.60.0 slimmed (no jars, rllib, serve, data, llm, tune, train, dashboard UI) + jsonschema
+#               and friends: the GPU job (`scripts/gpu_run.sh e2e`)                           (~38 MiB)
+#   flashinfer  flashinfer-python (JIT-compiles on the device) + apache-tvm-ffi + cuda-tile   (~12 MiB)
+#   sglang_ref  what SGLang's own Qwen3ForCausalLM imports beyond core (tests/gpu/test_sglang_reference.py)
+# Usage: bash scripts/gpu_bundle.sh [GROUP ...]   (default: core). gpu_run.sh installs every carried group.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] && PY="${PYTHON:-.venv/bin/python}"
-DEST=.gpu_bundle
-MAX_MIB=40
+ROOT=.gpu_bundle
+MAX_MIB=62  # what the named groups may add up to (64 MiB per call, the working tree included)
 
-PKGS=(
+CORE=(
   sglang==0.5.10.post1
   megatron-core==0.19.2
   # sglang import chain (sglang.utils, sglang.lang, sglang.srt.utils, server_args)
@@ -29,22 +34,62 @@ PKGS=(
   # top_rl configs
   hydra-core==1.3.8 omegaconf==2.3.1
 )
-# hydra-core 1.3 needs antlr4-python3-runtime 4.9.*, published as an sdist only: built here into a
-# pure-Python wheel (py3-none-any), so the device installs it offline.
-ANTLR=antlr4-python3-runtime==4.9.3
+RAY=(ray==2.60.0 jsonschema==4.25.1 referencing==0.36.2 jsonschema-specifications==2025.9.1 rpds-py==0.27.1)
+RAY_DROP=(ray/jars ray/rllib ray/serve ray/data ray/llm ray/tune ray/train ray/dashboard/client/build)
+FLASHINFER=(flashinfer-python==0.6.7.post3 apache-tvm-ffi==0.1.15.post2 cuda-tile==1.7.0)
+SGLANG_REF=()  # filled in by tests/gpu/test_sglang_reference.py's needs
 
-mkdir -p "$DEST"
-"$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  --platform any -d "$DEST" "${PKGS[@]}"
+download() {  # download DEST PKG...
+  local dest=$1; shift
+  [ "$#" -gt 0 ] || return 0
+  mkdir -p "$dest"
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform any -d "$dest" "$@"
+}
 
-if ! ls "$DEST"/antlr4_python3_runtime-4.9.3-*.whl >/dev/null 2>&1; then
-  "$PY" -m pip wheel --no-deps -w "$DEST" "$ANTLR"
-fi
+slim_ray() {  # rewrite the Ray wheel without the subpackages a local ray.init + actors never import
+  local whl
+  whl=$(ls "$ROOT"/ray/ray-2.60.0-*.whl)
+  "$PY" - "$whl" "${RAY_DROP[@]}" <<'PYEOF'
+import sys, zipfile, os
+path, drop = sys.argv[1], tuple(d.rstrip("/") + "/" for d in sys.argv[2:])
+with zipfile.ZipFile(path) as z:
+    if not any(n.startswith(drop) for n in z.namelist()):
+        sys.exit(0)  # already slim
+    tmp = path + ".tmp"
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as out:
+        for info in z.infolist():
+            if info.filename.startswith(drop):
+                continue
+            data = z.read(info)
+            if info.filename.endswith(".dist-info/RECORD"):  # keep RECORD true to the files shipped
+                data = b"\n".join(l for l in data.split(b"\n") if not l.decode().startswith(drop)) + b"\n"
+            out.writestr(info, data)
+os.replace(tmp, path)
+PYEOF
+}
 
-total=$(du -sb "$DEST" | cut -f1)
-echo "gpu bundle: $(ls "$DEST" | wc -l) files, $((total / 1024 / 1024)) MiB ($total bytes) in $DEST"
+groups=("$@")
+[ "${#groups[@]}" -gt 0 ] || groups=(core)
+total=0
+for g in "${groups[@]}"; do
+  case "$g" in
+    core) download "$ROOT/core" "${CORE[@]}"
+          # hydra-core 1.3 needs antlr4-python3-runtime 4.9.*, an sdist only: built here into a pure-Python wheel.
+          ls "$ROOT"/core/antlr4_python3_runtime-4.9.3-*.whl >/dev/null 2>&1 ||
+            "$PY" -m pip wheel -q --no-deps -w "$ROOT/core" antlr4-python3-runtime==4.9.3 ;;
+    ray) download "$ROOT/ray" "${RAY[@]}"; slim_ray ;;
+    flashinfer) download "$ROOT/flashinfer" "${FLASHINFER[@]}" ;;
+    sglang_ref) download "$ROOT/sglang_ref" "${SGLANG_REF[@]}" ;;
+    *) echo "gpu_bundle.sh: unknown group '$g' (core, ray, flashinfer, sglang_ref)" >&2; exit 2 ;;
+  esac
+  size=$(du -sb "$ROOT/$g" 2>/dev/null | cut -f1 || echo 0)
+  total=$((total + size))
+  echo "gpu bundle $g: $(ls "$ROOT/$g" 2>/dev/null | wc -l) files, $((size / 1024 / 1024)) MiB in $ROOT/$g"
+done
+echo "gpu bundle: ${groups[*]} = $((total / 1024 / 1024)) MiB (carry: $(printf "$ROOT/%s " "${groups[@]}"))"
 if [ "$total" -gt $((MAX_MIB * 1024 * 1024)) ]; then
-  echo "gpu bundle: over ${MAX_MIB} MiB (a device call carries at most 64 MiB)" >&2
+  echo "gpu bundle: over ${MAX_MIB} MiB together (a device call carries at most 64 MiB)" >&2
   exit 1
 fi

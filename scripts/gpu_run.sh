@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one entry point on the lent GPU machine (device `run` tool, carry=[".gpu_bundle"]):
+# The one entry point on the lent GPU machine (device `run` tool, carry=[".gpu_bundle/core", ...]):
 #   bash scripts/gpu_run.sh [all|tests|bench]
 # installs the wheels of .gpu_bundle/ (made here by scripts/gpu_bundle.sh) into a private target dir,
 # runs `pytest tests/gpu` and bench/*.py, and writes logs plus summary.md to $OUT (at most 8 files come
@@ -17,12 +17,12 @@ PY=python3
 T0=$(date +%s)
 
 SITE=/tmp/top_rl_site
-if compgen -G ".gpu_bundle/*.whl" >/dev/null; then
+if compgen -G ".gpu_bundle/*/*.whl" >/dev/null; then  # every group carried (scripts/gpu_bundle.sh)
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-    .gpu_bundle/*.whl >"$OUT/install.log" 2>&1 || echo "gpu_run: wheel install failed (see install.log)"
+    .gpu_bundle/*/*.whl >"$OUT/install.log" 2>&1 || echo "gpu_run: wheel install failed (see install.log)"
   export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 else
-  echo "gpu_run: no .gpu_bundle/*.whl (run scripts/gpu_bundle.sh here and carry .gpu_bundle)" | tee "$OUT/install.log"
+  echo "gpu_run: no .gpu_bundle/*/*.whl (run scripts/gpu_bundle.sh here and carry .gpu_bundle/core)" | tee "$OUT/install.log"
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
