@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one entry point on the lent GPU machine (device `run` tool, carry=[".gpu_bundle/core", ...]):
-#   bash scripts/gpu_run.sh [all|tests|bench]
+#   bash scripts/gpu_run.sh [all|tests|bench|e2e]
 # installs the wheels of .gpu_bundle/ (made here by scripts/gpu_bundle.sh) into a private target dir,
 # runs `pytest tests/gpu` and bench/*.py, and writes logs plus summary.md to $OUT (at most 8 files come
 # back). Each stage has its own timeout so the summary is written even when one stage hangs; the whole
@@ -46,6 +46,33 @@ if [[ "$WHAT" == all || "$WHAT" == tests ]]; then
   timeout "${PYTEST_TIMEOUT:-330}" "$PY" -m pytest tests/gpu -q -rfEsxX -p no:cacheprovider \
     --junitxml="$OUT/junit.xml" ${PYTEST_ARGS:-} >"$OUT/pytest.log" 2>&1
   echo "pytest exit code: $? ($(( $(date +%s) - T0 )) s since start): $(tail -n 1 "$OUT/pytest.log")" >>"$OUT/summary.md"
+fi
+
+if [[ "$WHAT" == e2e ]]; then
+  # The GPU job through Ray on two GPUs (conf/experiment/one_node_qwen3_0.6b_arith.yaml; carry .gpu_bundle/core
+  # and .gpu_bundle/ray): (a) engine GPU + trainer GPU, (b) trainer DP=2 over both GPUs with the engine sharing
+  # the last rank's GPU, (c) the engine killed mid-run (TOP_RL_FAULT, the loop's test hook) and restarted.
+  # Runs write under /tmp (checkpoints are GBs); metrics and log tails come back in $OUT.
+  JOB=("$PY" -m top_rl.cli +experiment=one_node_qwen3_0.6b_arith tracking.wandb_mode=disabled tracking.console=true)
+  B=(trainer.dp=2 cluster.colocate=true cluster.engine_gpus=0.5 cluster.trainer_gpus=0.5)
+  : >"$OUT/e2e.log"
+  for run in ${E2E_RUNS:-a b c}; do
+    case $run in
+      a) args=(steps="${E2E_A_STEPS:-55}") ;;
+      b) args=(steps="${E2E_B_STEPS:-22}" "${B[@]}") ;;
+      c) args=(steps="${E2E_C_STEPS:-8}") ;;
+    esac
+    rm -rf "/tmp/e2e_$run"
+    start=$(date +%s)
+    if [[ $run == c ]]; then fault="kill_engine:${E2E_C_KILL_AT:-4}"; else fault=""; fi
+    TOP_RL_FAULT="$fault" timeout "${E2E_TIMEOUT:-240}" "${JOB[@]}" run_dir="/tmp/e2e_$run" "${args[@]}" \
+      >"/tmp/e2e_$run.log" 2>&1
+    rc=$?
+    echo "e2e $run: exit $rc in $(( $(date +%s) - start )) s: ${args[*]} ${fault:+TOP_RL_FAULT=$fault}" >>"$OUT/summary.md"
+    { echo "===== e2e $run (exit $rc) ====="; grep -v -i "warn" "/tmp/e2e_$run.log" | tail -n 60; } >>"$OUT/e2e.log"
+    [ -f "/tmp/e2e_$run/metrics.jsonl" ] && cp "/tmp/e2e_$run/metrics.jsonl" "$OUT/metrics_$run.jsonl"
+  done
+  ls "$OUT"/metrics_*.jsonl >/dev/null 2>&1 && "$PY" bench/rl_step.py "$OUT"/metrics_*.jsonl >>"$OUT/summary.md" 2>&1
 fi
 
 if [[ "$WHAT" == all || "$WHAT" == bench ]]; then

@@ -53,7 +53,7 @@ def test_dead_trainer_rank_stops_naming_the_actor_and_a_resumable_checkpoint(tmp
     out = rl_runs.run(tmp_path, *BASE, f"steps={STEPS}", fault="kill_trainer:3")
     assert out.returncode == 1, out.stderr[-3000:]
     err = out.stderr
-    assert "top-rl: trainer rank 0 died during trainer.train_step" in err and "TrainerActor" in err
+    assert "top-rl: trainer rank 0 died during trainer.rl_step" in err and "TrainerActor" in err
     ckpt = tmp_path / "checkpoints" / "step_000002"
     assert f"Last complete checkpoint: {ckpt} (step 2)" in err
     assert "resume=true" in err and "Traceback" not in err

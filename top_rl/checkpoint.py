@@ -6,8 +6,8 @@
                        (Trainer.state_dict) and that rank's RNG
   driver.pt            the driver's RNG
   hf/                  the policy as a Hugging Face Qwen3 checkpoint (config.json, safetensors,
-                       tokenizer): the exact weights the engines sample with, so `top-rl-export` is a
-                       copy and needs neither the trainer nor its layout
+                       tokenizer), written by trainer rank 0: the exact weights the engines sample
+                       with, so `top-rl-export` is a copy and needs neither the trainer nor its layout
   state.json           step, data position, wandb run id, resolved config; written last
 A checkpoint is written into `step_NNNNNN.tmp/` (then fsynced) and renamed when complete, so a
 crash mid-write leaves the previous one as the latest. Sampling seeds and data order are pure
@@ -131,7 +131,8 @@ def save(run_dir: Path, cfg, step: int, position: DataPosition, cluster, run_id:
     cluster.save_trainer_states([str((tmp / _shard(r)).resolve()) for r in range(len(cluster.trainers))])
     _write(tmp / "driver.pt", lambda f: torch.save({"rng": rng_state()}, f))
     faults.inject("kill_in_checkpoint", step)
-    _save_hf(tmp / "hf", cluster, task)
+    cluster.save_hf(str((tmp / "hf").resolve()))  # written by trainer rank 0
+    task.save_tokenizer(str(tmp / "hf"))
     state = {"format": FORMAT, "step": step, "position": position.state_dict(), "run_id": run_id,
              "config": cfg.as_dict(), "world": len(cluster.trainers)}
     _write(tmp / "state.json", lambda f: f.write(json.dumps(state, indent=2).encode()))  # last: marks complete
@@ -144,16 +145,6 @@ def save(run_dir: Path, cfg, step: int, position: DataPosition, cluster, run_id:
     for stale in complete_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(stale, ignore_errors=True)
     return final
-
-
-def _save_hf(path: Path, cluster, task) -> None:
-    """The engines' current weights (= the trainer's after its last update) as an HF checkpoint."""
-    from top_rl.model import Qwen3, load_hf_state_dict, save_model
-
-    model = Qwen3(cluster.qwen3_cfg, cluster.compute_dtype)
-    load_hf_state_dict(model, cluster.policy_weights(), source="trainer export")
-    save_model(model, path, max_shard_bytes=5 << 30)
-    task.save_tokenizer(str(path))
 
 
 # ------------------------------------------------------------------------------------------- resume
@@ -172,8 +163,8 @@ def prepare(run_dir: Path, cfg) -> dict | None:
         return None
     state = json.loads((found / "state.json").read_text())
     check_compatible(state["config"], cfg.as_dict(), cfg.resume_allow_changes)
-    saved_layout = {k: state["config"]["trainer"][k] for k in ("tp", "pp", "cp")}
-    if saved_layout != {k: getattr(cfg.trainer, k) for k in ("tp", "pp", "cp")}:  # even with allow_changes
+    saved_layout = {k: state["config"]["trainer"].get(k, 1) for k in ("dp", "tp", "pp", "cp")}
+    if saved_layout != {k: getattr(cfg.trainer, k) for k in ("dp", "tp", "pp", "cp")}:  # even with allow_changes
         raise ResumeRefused(f"{found} holds trainer shards for {saved_layout}; they load only on that layout "
                             "(resharding a checkpoint is not supported)")
     # Paths, not tensors: each rank loads its own shard (absolute: an actor's cwd is not the driver's).

@@ -43,19 +43,23 @@ def launch_plan(cfg) -> dict:
         else:
             engines.append({"kind": "native", "in_process": True, "kernels": cfg.top.kernels if cfg.top.enabled
                             else "plain", "logprob_source": cfg.rollout.logprob_source, "dtype": cfg.model.dtype})
+    from top_rl import placement
+
     t = cfg.trainer
+    world = t.dp * t.tp * t.pp * t.cp
+    plan = placement.plan(cfg.rollout.num_engines, world, cfg.cluster)
     return {
         "run_dir": cfg.run_dir,
         "steps": cfg.steps,
         "top": {"enabled": cfg.top.enabled, "contract": top.describe() if cfg.top.enabled else None,
                 "on_violation": cfg.top.on_violation},
         "engines": engines,
-        "trainer": {"framework": "megatron-core", "tp": t.tp, "pp": t.pp, "cp": t.cp, "world_size": t.tp * t.pp * t.cp,
+        "trainer": {"framework": "megatron-core", "dp": t.dp, "tp": t.tp, "pp": t.pp, "cp": t.cp, "world_size": world,
                     "dtype": t.dtype, "recompute": "full, non-reentrant" if t.recompute else "off",
                     "kernels": cfg.top.kernels if cfg.top.enabled else "plain"},
-        "ray": {"address": cfg.cluster.address or "local", "engine_bundle": {"CPU": cfg.cluster.engine_cpus,
-                "GPU": cfg.cluster.engine_gpus}, "trainer_bundle": {"CPU": cfg.cluster.trainer_cpus,
-                "GPU": cfg.cluster.trainer_gpus}},
+        "ray": {"address": cfg.cluster.address or "local", "placement": plan.describe(), "bundles": plan.bundles,
+                "engine_bundle": plan.engine_bundle, "trainer_bundle": plan.trainer_bundle,
+                "weight_transport": cfg.cluster.weight_transport},
         "model": cfg.model.path or "tiny random Qwen3 (model.* fields)",
         "task": cfg.task,
     }
@@ -80,13 +84,14 @@ def _hydra_entry():
         from top_rl.checkpoint import ResumeRefused
         from top_rl.faults import RunStopped
         from top_rl.model.config import NotDenseQwen3
+        from top_rl.placement import PlacementError
         from top_rl.prompts import BadInput
         from top_rl.rl.gate import ParityViolation
 
         try:
             last = loop.run(cfg)
         # Refusals and stops whose message is the whole story: no traceback.
-        except (RunStopped, ResumeRefused, NotDenseQwen3, BadInput, ParityViolation) as e:
+        except (RunStopped, ResumeRefused, NotDenseQwen3, BadInput, ParityViolation, PlacementError) as e:
             print(f"top-rl: {e}", file=sys.stderr, flush=True)
             sys.exit(getattr(e, "exit_code", 1))
         print(json.dumps({"run_dir": cfg.run_dir, "final": last}, default=str))

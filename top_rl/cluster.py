@@ -1,187 +1,129 @@
-"""Ray placement and actors: rollout engines and trainer ranks, driven by the loop on the driver.
+"""Ray placement and the calls the RL loop makes: rollout engines and the trainer group (top_rl.actors).
 
-Locally this is `ray.init()` with the machine's CPUs; on a cluster (`cluster.address` or RAY_ADDRESS) it
-joins the running Ray. One placement group holds a bundle per engine and per trainer rank. Trainer ranks
-are SPMD: every call goes to every rank with the same arguments and rank 0's answer is returned.
+Locally this is `ray.init()` on this machine; on a cluster (`cluster.address` or RAY_ADDRESS) it joins the
+running Ray. One placement group holds the bundles `top_rl.placement` plans; every actor asks Ray for its
+GPUs, so each gets its own device (or its share of one, colocated). The trainer ranks meet at rank 0's
+node address. Trainer calls are SPMD: every rank gets the same call (batches travel once, as one object),
+rank 0 answers.
 
 Faults (top_rl.faults): results are awaited fail-fast, so the first actor that dies or raises surfaces
 as `ActorFailed` naming it, without waiting on its SPMD peers (which may be blocked in a collective with
-it). A rollout engine that dies is replaced in its bundle by a fresh one holding the current weights,
-and the call is repeated (at most `cluster.max_engine_restarts` times per run): a rollout is a pure
-function of prompts, seeds and weights, so the repeat returns what the lost call would have.
+it). A rollout engine that dies is replaced in its bundle by a fresh one, trainer rank 0 sends it the
+current weights, and the call is repeated (at most `cluster.max_engine_restarts` times per run): a rollout
+is a pure function of prompts, seeds and weights, so the repeat returns what the lost call would have.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import sys
-from dataclasses import dataclass
 
 import ray
-import torch
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tqdm import tqdm
 
-from top_rl import faults
+from top_rl import faults, placement, weight_sync
+from top_rl.actors import EngineActor, TrainerActor
 from top_rl.faults import ActorFailed
+from top_rl.placement import ClusterConfig, PlacementError
 
-
-@dataclass
-class ClusterConfig:
-    address: str | None = None  # None: RAY_ADDRESS if set, else a local Ray on this machine
-    num_cpus: int | None = None  # local Ray only; None = all cores
-    engine_cpus: float = 1.0
-    trainer_cpus: float = 1.0
-    engine_gpus: float = 0.0
-    trainer_gpus: float = 0.0
-    torch_threads: int = 0  # per actor; 0 = the machine's cores (rollout and training alternate)
-    max_engine_restarts: int = 3  # rollout engines that die are replaced this many times per run
-    # Samples per engine call; a step's rollout is sent in waves of this size per engine so the progress
-    # bar moves. 0: one call per engine. Batch invariance makes the samples the same either way.
-    rollout_chunk: int = 0
+WEIGHT_BUCKET_BYTES = 512 << 20
 
 
 def _threads(cfg: ClusterConfig) -> int:
     return cfg.torch_threads or os.cpu_count() or 1
 
 
-@ray.remote
-class EngineActor:
-    """Hosts one rollout engine (native in-process, or an SGLang server it launches)."""
-
-    def __init__(self, kind: str, kernel_backend: str, threads: int, hf_config: dict, hf_weights: dict,
-                 dtype: str, logprob_source: str, sglang: dict | None = None):
-        """`sglang`: for kind "sglang", the keyword arguments of SglangEngine.from_config (the run's
-        rollout.sglang mapping plus the trainer's attention backend, model path, TOP switch, engine index)."""
-        torch.set_num_threads(threads)
-        from top_rl import kernels
-
-        kernels.set_backend(kernel_backend)
-        if kind == "native":
-            from top_rl.model import Qwen3, Qwen3Config, load_hf_state_dict
-            from top_rl.rollout.native import NativeEngine
-
-            model = Qwen3(Qwen3Config.from_hf_dict(hf_config), dtype)
-            load_hf_state_dict(model, hf_weights, source="initial weights")
-            self.engine = NativeEngine(model, logprob_source)
-        elif kind == "sglang":
-            from top_rl.rollout.sglang import SglangEngine
-
-            self.engine = SglangEngine.from_config(logprob_source=logprob_source, **(sglang or {}))
-        else:
-            raise ValueError(f"rollout.engine={kind!r}; choose native or sglang")
-
-    def generate(self, prompts, seeds, params):
-        return self.engine.generate(prompts, seeds, params)
-
-    def update_weights(self, hf_weights):
-        self.engine.update_weights(hf_weights)
-
-    def health(self):
-        return self.engine.health()
-
-    def shutdown(self):
-        self.engine.shutdown()
-
-
-@ray.remote
-class TrainerActor:
-    """One trainer rank (Megatron-core over the kernel seam)."""
-
-    def __init__(self, rank: int, world: int, init_method: str, kernel_backend: str, threads: int,
-                 qwen3_config: dict, trainer_cfg):
-        torch.set_num_threads(threads)
-        from top_rl import kernels
-        from top_rl.model import Qwen3Config
-        from top_rl.train import Trainer
-        from top_rl.train.parallel import init_process_group
-
-        from top_rl.checkpoint import seed_process
-
-        kernels.set_backend(kernel_backend)
-        seed_process(trainer_cfg.seed)  # every RNG this rank checkpoints starts from a known state
-        init_process_group(rank, world, init_method if world > 1 else None)
-        self.trainer = Trainer(Qwen3Config(**qwen3_config), trainer_cfg)
-
-    def call(self, method: str, *args):
-        return getattr(self.trainer, method)(*args)
-
-    def save_checkpoint(self, path: str) -> None:
-        """This rank's shard, written by the rank itself (run_dir must be on storage every node sees)."""
-        from top_rl.checkpoint import rng_state
-
-        torch.save({"trainer": self.trainer.state_dict(), "rng": rng_state()}, path)
-
-    def load_checkpoint(self, path: str) -> None:
-        from top_rl.checkpoint import set_rng_state
-
-        state = torch.load(path, weights_only=False)
-        self.trainer.load_state_dict(state["trainer"])
-        set_rng_state(state["rng"])
-
-    def train_step(self, batch, loss_fn):
-        """train_step whose loss_fn returns (loss, metrics): metrics come back sample-weighted."""
-        seen: list[tuple[int, dict]] = []
-
-        def scalar_loss(lps, idx):
-            loss, metrics = loss_fn(lps, idx)
-            seen.append((len(idx), metrics))
-            return loss
-
-        out = self.trainer.train_step(batch, scalar_loss)
-        total = sum(n for n, _ in seen) or 1
-        for key in {k for _, m in seen for k in m}:
-            out[f"loss/{key}"] = sum(n * m.get(key, 0.0) for n, m in seen) / total
-        return out
+def start_ray(cfg: ClusterConfig) -> None:
+    if ray.is_initialized():
+        return
+    address = cfg.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+    else:
+        ray.init(num_cpus=cfg.num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=True,
+                 configure_logging=False)
 
 
 class Cluster:
-    def __init__(self, cfg: ClusterConfig, kernel_backend: str, rollout_cfg, trainer_cfg, qwen3_cfg,
-                 initial_weights: dict, sglang_context: dict | None = None):
-        """`sglang_context`: run-level settings SGLang engines are checked against (attention backend of
-        the trainer, model path, TOP on/off); unused by the native engine."""
-        if not ray.is_initialized():
-            address = cfg.address or os.environ.get("RAY_ADDRESS")
-            if address:
-                ray.init(address=address, log_to_driver=True)
-            else:
-                ray.init(num_cpus=cfg.num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=True,
-                         configure_logging=False)
-        world = trainer_cfg.tp * trainer_cfg.pp * trainer_cfg.cp
-        bundles = [{"CPU": cfg.engine_cpus, **({"GPU": cfg.engine_gpus} if cfg.engine_gpus else {})}] * (
-            rollout_cfg.num_engines
-        ) + [{"CPU": cfg.trainer_cpus, **({"GPU": cfg.trainer_gpus} if cfg.trainer_gpus else {})}] * world
-        self.pg = placement_group(bundles, strategy="PACK")
-        ray.get(self.pg.ready(), timeout=120)
+    def __init__(self, cfg: ClusterConfig, *, kernel_backend: str, attention_backend: str, rollout_cfg, trainer_cfg,
+                 step_cfg, model_cfg, qwen3_cfg, vocab_size: int, eos_token_id: int | None,
+                 sglang_context: dict | None = None):
+        """`sglang_context`: run-level settings SGLang engines are checked against (attention backend of the
+        trainer, model path, TOP on/off); unused by the native engine."""
+        start_ray(cfg)
+        world = trainer_cfg.dp * trainer_cfg.tp * trainer_cfg.pp * trainer_cfg.cp
+        self.plan = placement.plan(rollout_cfg.num_engines, world, cfg)
+        placement.check(self.plan, ray.cluster_resources(), "the Ray cluster")
+        self.pg = placement_group(self.plan.bundles, strategy="PACK")
+        try:
+            ray.get(self.pg.ready(), timeout=cfg.placement_timeout_s)
+        except GetTimeoutError:
+            remove_placement_group(self.pg)
+            free = ray.available_resources()
+            raise PlacementError(
+                f"Ray could not place {self.plan.describe()} within {cfg.placement_timeout_s:g} s (cluster."
+                f"placement_timeout_s); available now: {', '.join(f'{v:g} {k}' for k, v in sorted(free.items()) if k in ('CPU', 'GPU'))}"
+                "; a bundle must fit on one node") from None
         threads = _threads(cfg)
-        self.qwen3_cfg, self.compute_dtype = qwen3_cfg, trainer_cfg.dtype
+        self.cfg, self.qwen3_cfg, self.compute_dtype = cfg, qwen3_cfg, trainer_cfg.dtype
         self.restarts_left, self.max_restarts = cfg.max_engine_restarts, cfg.max_engine_restarts
         self.rollout_chunk = cfg.rollout_chunk
-        # The policy the engines hold (and a restarted engine must get): initial, then each sync's.
-        self._weights_ref = ray.put(initial_weights)
-        self._engine_args = (rollout_cfg.engine, kernel_backend, threads, qwen3_cfg.to_hf_dict())
-        self._engine_kwargs = dict(dtype=trainer_cfg.dtype, logprob_source=rollout_cfg.logprob_source)
-        self._sglang = dict(sglang=rollout_cfg.sglang, **(sglang_context or {}))
-        self.engines = [self._new_engine(i) for i in range(rollout_cfg.num_engines)]
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
-        qcfg = dict(qwen3_cfg.__dict__)
+        self.weight_version = 0
+        self.is_sglang = rollout_cfg.engine == "sglang"
+
         self.trainers = [
-            TrainerActor.options(scheduling_strategy=self._bundle(rollout_cfg.num_engines + r), num_cpus=0).remote(
-                r, world, init_method, kernel_backend, threads, qcfg, trainer_cfg)
+            TrainerActor.options(scheduling_strategy=self._bundle(self.plan.trainer_bundle[r]), num_cpus=0,
+                                 num_gpus=self.plan.trainer_gpus).remote(r, world, kernel_backend, attention_backend,
+                                                                         threads)
             for r in range(world)
         ]
-        self.trainer_call("load_hf", self._weights_ref)
+        host, port = ray.get(self.trainers[0].free_address.remote())
+        self._on_trainers("setup", [(f"tcp://{host}:{port}", dict(qwen3_cfg.__dict__), trainer_cfg, step_cfg, model_cfg,
+                                     vocab_size, eos_token_id)] * world, "trainer setup")
+        self.trainer_endpoint = ray.get(self.trainers[0].endpoint.remote())
+
+        self._engine_args = (rollout_cfg.engine, kernel_backend, attention_backend, threads, qwen3_cfg.to_hf_dict())
+        self._engine_kwargs = dict(dtype=trainer_cfg.dtype, logprob_source=rollout_cfg.logprob_source)
+        self._sglang = dict(sglang=rollout_cfg.sglang, trainer_attention_backend=attention_backend,
+                            **(sglang_context or {}))
+        self.engines = [self._new_engine(i) for i in range(rollout_cfg.num_engines)]
+        self.transports = [self._connect(i) for i in range(len(self.engines))]
+        self.push_weights()
 
     def _bundle(self, index: int):
         return PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=index)
 
     def _new_engine(self, i: int):
-        return EngineActor.options(scheduling_strategy=self._bundle(i), num_cpus=0).remote(
-            *self._engine_args, hf_weights=self._weights_ref, **self._engine_kwargs,
-            sglang={**self._sglang, "index": i})
+        return EngineActor.options(scheduling_strategy=self._bundle(self.plan.engine_bundle[i]), num_cpus=0,
+                                   num_gpus=self.plan.engine_gpus).remote(
+            *self._engine_args, **self._engine_kwargs, sglang={**self._sglang, "index": i})
+
+    def _connect(self, i: int) -> str:
+        """Engine i's weight transport; a broadcast group is opened by rank 0 and joined by the engine."""
+        if self.is_sglang:
+            if (self._sglang["sglang"] or {}).get("weight_sync", "disk") != "distributed":
+                return "object_store"  # the engine actor writes / serialises for its server (disk, tensor)
+            host, port = ray.get(self.trainers[0].free_address.remote())
+            backend = "nccl" if self.trainer_endpoint.gpu else "gloo"
+            tp = int((self._sglang["sglang"] or {}).get("tp_size", 1))
+            name = f"top_rl_sglang_{i}_{port}"
+            self._get([self.trainers[0].open_sglang_group.remote(i, host, port, 1 + tp, name, backend),
+                       self.engines[i].sglang_join_group.remote(host, port, backend, name)],
+                      ["trainer rank 0", f"rollout engine {i}"], "weight group setup")
+            flat = ray.get(self.engines[i].sglang_flattened.remote())
+            return "sglang_distributed_flat" if flat else "sglang_distributed"
+        endpoint = self._get([self.engines[i].endpoint.remote()], [f"rollout engine {i}"], "start")[0]
+        transport = weight_sync.choose(self.cfg.weight_transport, self.trainer_endpoint, endpoint)
+        if transport == "broadcast":
+            host, port = ray.get(self.trainers[0].free_address.remote())
+            name = f"top_rl_weights_{i}_{port}"
+            self._get([self.trainers[0].open_group.remote(i, host, port, name),
+                       self.engines[i].join_group.remote(host, port, name)],
+                      ["trainer rank 0", f"rollout engine {i}"], "weight group setup")
+        return transport
 
     def _get(self, refs, names: list[str], what: str) -> list:
         """ray.get, fail-fast: the first actor that dies or raises ends the wait (see module doc)."""
@@ -211,20 +153,21 @@ class Cluster:
             except ActorFailed as e:
                 if not e.died:
                     raise
-                self._replace_engine(e, what)
+                self._replace_engine(e.index, str(e), what)
 
-    def _replace_engine(self, failure: ActorFailed, what: str) -> None:
+    def _replace_engine(self, i: int, failure: str, what: str) -> None:
+        name = f"rollout engine {i}"
         if self.restarts_left <= 0:
             raise ActorFailed(f"{failure}\nNo engine restarts left (cluster.max_engine_restarts={self.max_restarts}).",
-                              failure.actor, True, failure.index) from failure
+                              name, True, i)
         self.restarts_left -= 1
-        print(f"[top-rl] {failure}\n[top-rl] restarting {failure.actor} with the current weights and repeating the "
-              f"{what} (restart {self.max_restarts - self.restarts_left} of {self.max_restarts})", flush=True)
-        ray.kill(self.engines[failure.index], no_restart=True)  # it may only be unreachable
-        engine = self._new_engine(failure.index)
-        # The native engine loaded the weights in its constructor; an SGLang engine starts from model.path.
-        self._get([engine.update_weights.remote(self._weights_ref)], [failure.actor], "restart")
-        self.engines[failure.index] = engine
+        print(f"[top-rl] {failure}\n[top-rl] restarting {name} with the current weights (version "
+              f"{self.weight_version}) and repeating the {what} (restart {self.max_restarts - self.restarts_left} of "
+              f"{self.max_restarts})", flush=True)
+        ray.kill(self.engines[i], no_restart=True)  # it may only be unreachable
+        self.engines[i] = self._new_engine(i)
+        self.transports[i] = self._connect(i)
+        self.push_weights([i])
 
     def generate(self, prompts, seeds, params):
         """Split samples over engines (in waves of cluster.rollout_chunk per engine); a sample's result
@@ -245,13 +188,18 @@ class Cluster:
                 bar.update(len(p))
         return out
 
-    def sync_weights(self) -> None:
-        self._weights_ref = ray.put(self.trainer_call("export_hf_weights"))
-        self._on_engines(lambda i, e: e.update_weights.remote(self._weights_ref), "engine weight update")
-
-    def policy_weights(self) -> dict:
-        """HF-named weights the engines sample with: the trainer's after its last `sync_weights`."""
-        return ray.get(self._weights_ref)
+    def push_weights(self, only: list[int] | None = None) -> None:
+        """Trainer rank 0 sends the current policy to the engines (all, or `only`); the driver holds none of it.
+        An engine that died meanwhile is restarted (and sent the weights itself)."""
+        indices = list(range(len(self.engines))) if only is None else only
+        if only is None:
+            self.weight_version += 1
+        args = ([self.engines[i] for i in indices], indices, [self.transports[i] for i in indices],
+                self.weight_version, WEIGHT_BUCKET_BYTES)
+        results = self._on_trainers("push_weights", [args] * len(self.trainers), "weight push")[0]
+        for i, error in results:
+            if error is not None:
+                self._replace_engine(i, f"rollout engine {i} failed to take weights: {error}", "weight push")
 
     # ---------------------------------------------------------------- trainer ranks
     def _on_trainers(self, method: str, args_per_rank, what: str, fault: str | None = None) -> list:
@@ -260,12 +208,10 @@ class Cluster:
             faults.inject(fault, actor=self.trainers[0])
         return self._get(refs, [f"trainer rank {r}" for r in range(len(refs))], what)
 
-    def trainer_call(self, method: str, *args):
-        return self._on_trainers("call", [(method, *args)] * len(self.trainers), f"trainer.{method}")[0]
-
-    def train_step(self, batch, loss_fn):
-        return self._on_trainers("train_step", [(batch, loss_fn)] * len(self.trainers), "trainer.train_step",
-                                 fault="kill_trainer")[0]
+    def rl_step(self, batch):
+        """The RL step on every rank (top_rl.train.rl_step); rank 0's StepReport."""
+        ref = ray.put(batch)  # one copy for all ranks
+        return self._on_trainers("rl_step", [(ref,)] * len(self.trainers), "trainer.rl_step", fault="kill_trainer")[0]
 
     def save_trainer_states(self, paths: list[str]) -> None:
         """Each rank writes its shard (Trainer.state_dict() and its RNG) to its path: no state via the driver."""
@@ -276,6 +222,10 @@ class Cluster:
             raise ValueError(f"checkpoint has {len(paths)} trainer shards, this run has {len(self.trainers)} ranks")
         self._on_trainers("load_checkpoint", [(p,) for p in paths], "checkpoint load")
 
+    def save_hf(self, path: str) -> None:
+        """The policy as an HF checkpoint, written by trainer rank 0."""
+        self._on_trainers("save_hf", [(path,)] * len(self.trainers), "HF export")
+
     def shutdown(self) -> None:
         for e in self.engines:
             try:
@@ -285,9 +235,3 @@ class Cluster:
         for actor in self.engines + self.trainers:  # a rank whose peer died may be blocked in a collective
             ray.kill(actor, no_restart=True)
         remove_placement_group(self.pg)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

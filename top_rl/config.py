@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from top_rl import contract, kernels
 from top_rl.checkpoint import CheckpointConfig
-from top_rl.cluster import ClusterConfig
+from top_rl.placement import ClusterConfig
 from top_rl.model.source import ModelConfig
 from top_rl.rl.algo import AlgoConfig
 from top_rl.rollout.config import RolloutConfig
@@ -51,6 +51,11 @@ class RunConfig:
         return _plain(dataclasses.asdict(self))
 
 
+def kernel_backend(cfg: RunConfig) -> str:
+    """The kernel backend every actor runs: the contract's kernels under TOP, stock torch for the baseline."""
+    return cfg.top.kernels if cfg.top.enabled else "plain"
+
+
 def _plain(v):
     if isinstance(v, dict):
         return {k: _plain(x) for k, x in v.items()}
@@ -71,6 +76,7 @@ _CHOICES = {
     "rollout.engine": ("native", "sglang"),
     "rollout.logprob_source": ("prefill", "decode"),
     "rollout.on_long_prompt": ("error", "truncate", "skip"),
+    "cluster.weight_transport": ("auto", "broadcast", "object_store"),
     "model.dtype": ("bfloat16", "float32"),
     "trainer.dtype": ("bfloat16", "float32"),
     "algo.name": ("grpo",),
@@ -78,7 +84,8 @@ _CHOICES = {
     "tracking.wandb_mode": ("auto", "online", "offline", "disabled"),
 }
 _POSITIVE = ("steps", "rollout.prompts_per_step", "rollout.n_samples", "rollout.max_new_tokens",
-             "rollout.num_engines", "trainer.tp", "trainer.pp", "trainer.cp", "checkpoint.keep")
+             "rollout.num_engines", "trainer.dp", "trainer.tp", "trainer.pp", "trainer.cp", "checkpoint.keep",
+             "algo.updates_per_rollout")
 
 
 def _get(cfg, dotted):
@@ -104,6 +111,21 @@ def validate(cfg: RunConfig) -> RunConfig:
     if cfg.model.dtype != cfg.trainer.dtype:
         errors.append(f"model.dtype={cfg.model.dtype} and trainer.dtype={cfg.trainer.dtype} must match: engine and "
                       "trainer compute in one dtype under the TOP contract")
+    if cfg.algo.loss.kl_coef != 0:
+        errors.append(f"algo.loss.kl_coef={cfg.algo.loss.kl_coef}: the loop keeps no reference policy, so a KL penalty "
+                      "cannot be computed; set algo.loss.kl_coef=0 (GRPO/DAPO-style runs train without it)")
+    batch = cfg.rollout.prompts_per_step * cfg.rollout.n_samples
+    if cfg.algo.updates_per_rollout > batch:
+        errors.append(f"algo.updates_per_rollout={cfg.algo.updates_per_rollout} exceeds the {batch} samples of a step "
+                      "(rollout.prompts_per_step x rollout.n_samples): each update needs at least one")
+    source_ok = getattr(contract.CONTRACTS.get(cfg.top.contract), "decode_equals_extend", ())
+    if (cfg.top.enabled and kernel_backend(cfg) == "sglang" and cfg.rollout.logprob_source == "decode"
+            and cfg.top.attention_backend not in source_ok):
+        errors.append(f"rollout.logprob_source=decode with top.kernels=sglang and top.attention_backend="
+                      f"{cfg.top.attention_backend}: that backend's decode kernel reduces differently from its "
+                      "prefill (extend) kernel, so the sampler's log-probs would fail the gate at step 1; use "
+                      "rollout.logprob_source=prefill" + (f" or an attention backend proven equal ({', '.join(source_ok)})"
+                                                           if source_ok else ""))
     if not isinstance(cfg.task, dict) or "name" not in cfg.task:
         errors.append("task must be a mapping with a 'name' (pick a group: task=arith | gsm8k | dapo)")
     if errors:

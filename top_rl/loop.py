@@ -1,25 +1,23 @@
-"""The RL loop, top to bottom: prompts -> rollout -> rewards -> advantages -> trainer log-probs -> gate
--> policy update -> weight sync -> metrics -> checkpoint. Synchronous; each stage is one call on the
-cluster, so rollout and training can later overlap without restructuring."""
+"""The RL loop, top to bottom: prompts -> rollout -> rewards -> advantages -> the trainer's RL step (its
+training forward is the gate's recompute; the gate is decided before the optimizer step) -> weights pushed
+by the trainer to the engines -> metrics -> checkpoint. Synchronous: each stage is one call on the cluster.
+The driver holds no weights and computes no log-probs."""
 
 from __future__ import annotations
 
 import contextlib
 import time
-from functools import partial
 from pathlib import Path
 
 import torch
 
-from top_rl import checkpoint, faults, kernels, prompts
+from top_rl import checkpoint, faults, placement, prompts
 from top_rl.cluster import Cluster
-from top_rl.config import RunConfig
-from top_rl.model import hf_state_dict
-from top_rl.rl import gate, grpo_advantages, policy_loss
-from top_rl.rl.losses import pack
+from top_rl.config import RunConfig, kernel_backend
+from top_rl.rl import gate, grpo_advantages
+from top_rl.rl.batch import RLBatch, RLSample, RLStepConfig
 from top_rl.rollout.base import SamplingParams
 from top_rl.tracking import Tracker
-from top_rl.train import TrainSequence
 
 
 def sample_seed(run_seed: int, step: int, index: int) -> int:
@@ -27,46 +25,36 @@ def sample_seed(run_seed: int, step: int, index: int) -> int:
     return (run_seed * 1_000_003 + step) * 65_537 + index
 
 
-def grpo_loss_fn(old, advantages, loss_cfg, total_tokens, total_samples, lps, indices):
-    """Loss of one micro-batch: PPO-clip on the sampler-path log-probs, normalised by the whole step."""
-    new, lengths = pack([lp.float() for lp in lps])
-    denom = total_tokens if loss_cfg.loss_agg == "token_mean" else total_samples
-    loss, metrics = policy_loss(new, torch.cat([old[i] for i in indices]), advantages[indices], lengths,
-                                loss_cfg, denominator=denom)
-    return loss, metrics
-
-
 def run(cfg: RunConfig) -> dict:
     run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    backend = cfg.top.kernels if cfg.top.enabled else "plain"
-    kernels.set_backend(backend)
     # Refusals come before anything starts or anything in run_dir changes.
+    placement.check_before_start(cfg.rollout.num_engines, cfg.trainer, cfg.cluster)
+    run_dir.mkdir(parents=True, exist_ok=True)
     task = prompts.load_task(cfg.task)
     state = checkpoint.prepare(run_dir, cfg)  # None: a fresh run (which never overwrites checkpoints)
     model_cfg = cfg.model.qwen3_config(task.vocab_size, task.eos_token_id)  # refuses all but dense Qwen3
     prompts.check_tokenizer(task, model_cfg)
     max_prompt_len = model_cfg.max_position_embeddings - cfg.rollout.max_new_tokens
     checkpoint.seed_process(cfg.seed)
+    gate_cfg = gate.GateConfig(enabled=cfg.top.enabled, on_violation=cfg.top.on_violation)
+    step_cfg = RLStepConfig(loss=cfg.algo.loss, gate=gate_cfg, dump_dir=str((run_dir / "parity").resolve()))
     # SIGINT/SIGTERM stop the run after a checkpointed step; a dead trainer stops it naming the checkpoint.
     with faults.RunGuard(run_dir) as guard, contextlib.ExitStack() as cleanup:
-        policy = cfg.model.build(task.vocab_size, task.eos_token_id)
-        cluster = Cluster(cfg.cluster, backend, cfg.rollout, cfg.trainer, policy.cfg, hf_state_dict(policy),
-                          sglang_context={"trainer_attention_backend": cfg.top.attention_backend,
-                                          "model_path": cfg.model.path, "top": cfg.top.enabled})
+        cluster = Cluster(cfg.cluster, kernel_backend=kernel_backend(cfg), attention_backend=cfg.top.attention_backend,
+                          rollout_cfg=cfg.rollout, trainer_cfg=cfg.trainer, step_cfg=step_cfg, model_cfg=cfg.model,
+                          qwen3_cfg=model_cfg, vocab_size=task.vocab_size, eos_token_id=task.eos_token_id,
+                          sglang_context={"model_path": cfg.model.path, "top": cfg.top.enabled})
         cleanup.callback(cluster.shutdown)
         guard.catch_signals()  # after Ray started (it installs a SIGTERM handler of its own)
         if state is not None:  # engines get the resumed weights before the first rollout
             cluster.load_trainer_states(state["trainer"])  # each rank: its weights, optimizer and RNG
-            cluster.sync_weights()
+            cluster.push_weights()
         start_step, position = checkpoint.resume_point(state)
         tracker = cleanup.enter_context(Tracker(str(run_dir), cfg.tracking, config=cfg.as_dict(),
                                                 run_id=state["run_id"] if state else None,
                                                 resume_from_step=start_step if state else None))
         params = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, (task.eos_token_id,))
         n = cfg.rollout.n_samples
-        gate_cfg = gate.GateConfig(enabled=cfg.top.enabled, on_violation=cfg.top.on_violation)
-        gate_temperature = None if cfg.rollout.logprob_source == "prefill" else cfg.rollout.temperature
         last = {}
         if start_step >= cfg.steps:
             print(f"[top-rl] {run_dir} is already at step {start_step} (steps={cfg.steps}): nothing to do", flush=True)
@@ -77,40 +65,41 @@ def run(cfg: RunConfig) -> dict:
             items, position, prompt_counts = prompts.next_prompts(task, cfg.rollout.prompts_per_step, cfg.seed,
                                                                   position, max_prompt_len, cfg.rollout.on_long_prompt)
             group_items = [it for it in items for _ in range(n)]  # sample i belongs to prompt i // n
-            prompt_ids = [it.prompt_ids for it in group_items]
-            samples = cluster.generate(prompt_ids, [sample_seed(cfg.seed, step, i) for i in range(len(prompt_ids))],
-                                       params)
+            samples = cluster.generate([it.prompt_ids for it in group_items],
+                                       [sample_seed(cfg.seed, step, i) for i in range(len(group_items))], params)
             t_rollout = time.perf_counter() - t0
             rewards = torch.tensor([task.reward(it, task.response_text(s.response_ids))
                                     for it, s in zip(group_items, samples)])
             advantages = grpo_advantages(rewards, n, cfg.algo.normalize_std)
 
-            # Recompute exactly what the engine reported, and refuse to train on a step where it differs.
-            scored = [TrainSequence.from_sample(s, gate_temperature) for s in samples]
-            trainer_lps = cluster.trainer_call("logprobs", scored)
-            rollout_lps = [torch.tensor(s.logprobs, dtype=lp.dtype) for s, lp in zip(samples, trainer_lps)]
-            parity = gate.check(trainer_lps, rollout_lps, step, gate_cfg, str(run_dir / "parity"),
-                                sample_ids=[it.uid for it in group_items],
-                                tokens=[s.tokens for s in scored], metadata={"run_dir": str(run_dir)})
-
-            # The loss sees the distribution tokens were drawn from: the sampler path at the temperature.
-            old = [torch.tensor(s.sample_logprobs, dtype=torch.float32) for s in samples]
-            batch = [TrainSequence.from_sample(s, cfg.rollout.temperature) for s in samples]
-            loss_fn = partial(grpo_loss_fn, old, advantages, cfg.algo.loss, sum(map(len, old)), len(old))
+            # The trainer recomputes what the engine reported inside its training forward, and refuses to
+            # step on a batch where it differs (top_rl.train.rl_step).
+            batch = RLBatch([RLSample.from_rollout(s, float(a), it.uid)
+                             for s, a, it in zip(samples, advantages, group_items)],
+                            cfg.rollout.temperature, cfg.rollout.logprob_source, step + 1, cfg.algo.updates_per_rollout)
             t1 = time.perf_counter()
-            train_metrics = cluster.train_step(batch, loss_fn)
-            cluster.sync_weights()
+            report = cluster.rl_step(batch)
             t_train = time.perf_counter() - t1
+            if report.violation is not None:
+                gate.act(gate.Verdict(None, report.violation, report.dump_path), step + 1, gate_cfg)
+            t2 = time.perf_counter()
+            cluster.push_weights()
+            t_push = time.perf_counter() - t2
 
             last = {
-                **(parity.to_dict(prefix="train/") if parity is not None else {}),
+                **report.parity,
                 "rollout/reward_mean": float(rewards.mean()),
                 "rollout/response_len_mean": sum(len(s.response_ids) for s in samples) / len(samples),
                 **prompt_counts,
                 "data/rows_skipped": getattr(task, "skipped", 0),
-                **{f"train/{k}": v for k, v in train_metrics.items() if isinstance(v, (int, float))},
+                **{f"train/{k}": v for k, v in report.losses.items()},
+                "train/micro_batches": report.extra["micro_batches"],
+                "train/tokens": report.extra["tokens"],
+                "train/lr": cfg.trainer.lr,
+                **{f"perf/trainer/{k}_s": v for k, v in report.timings.items()},
                 "perf/rollout_time": t_rollout,
                 "perf/train_time": t_train,
+                "perf/weight_push_time": t_push,
                 "perf/step_time": time.perf_counter() - t0,
             }
             # Log before checkpointing: a crash in between replays this step on resume, never loses its row.

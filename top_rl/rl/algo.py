@@ -11,4 +11,6 @@ from top_rl.rl.losses import PolicyLossConfig
 class AlgoConfig:
     name: str = "grpo"
     normalize_std: bool = True  # GRPO divides by the group's std; Dr.GRPO-style runs turn it off
+    updates_per_rollout: int = 1  # optimizer steps per rollout batch (consecutive mini-batches; the gate
+    #                               still sees every sample under the weights it was sampled with)
     loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)

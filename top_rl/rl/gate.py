@@ -57,26 +57,33 @@ def _dump(dump_dir: str, step: int, payload: dict[str, Any]) -> str:
     return path
 
 
-def check(
+@dataclass
+class Verdict:
+    metrics: ParityMetrics | None  # None only when a length mismatch made them uncomputable
+    message: str | None  # the violation report; None when TOP holds (or the gate is off)
+    dump_path: str | None
+
+
+def evaluate(
     trainer: Sequence[torch.Tensor],
     rollout: Sequence[torch.Tensor],
     step: int,
     cfg: GateConfig = GateConfig(),
-    dump_dir: str = ".",
+    dump_dir: str | None = ".",
     sample_ids: Sequence[Any] | None = None,
     tokens: Sequence[Sequence[int] | torch.Tensor] | None = None,
     metadata: dict[str, Any] | None = None,
     update_logprobs: Sequence[torch.Tensor] | None = None,
-) -> ParityMetrics | None:
-    """Compute the parity metrics of one step and enforce TOP.
+) -> Verdict:
+    """The parity metrics of one step and TOP's verdict, without acting on it.
 
     ``trainer`` / ``rollout``: one 1-D tensor of response log-probs per sample (same lengths).
     ``update_logprobs``: optional first-update forward, checked against ``trainer`` as well.
-    ``tokens`` / ``sample_ids`` / ``metadata`` only go into the dump (and the message).
+    ``tokens`` / ``sample_ids`` / ``metadata`` only go into the dump (and the message). ``dump_dir`` None:
+    no dump (every trainer rank evaluates the gate; one writes the dump).
 
     Violation: abs_diff != 0, ess_ratio != 1, any non-finite value, any unequal token, or a length
-    mismatch between the two sides. Returns the metrics (None only when a length mismatch made them
-    uncomputable and on_violation is "warn"); raises ParityViolation under "halt".
+    mismatch between the two sides.
     """
     if cfg.on_violation not in ("halt", "warn"):
         raise ValueError(f"on_violation must be 'halt' or 'warn', got {cfg.on_violation!r}")
@@ -88,26 +95,41 @@ def check(
             raise
         m, error = None, str(e)
     if not cfg.enabled or (m is not None and not m.violation):
-        return m
+        return Verdict(m, None, None)
 
     def _cpu(ts):
         return None if ts is None else [torch.as_tensor(t).detach().cpu() for t in ts]
 
-    path = _dump(dump_dir, step, {
-        "step": step,
-        "sample_ids": list(sample_ids) if sample_ids is not None else None,
-        "tokens": _cpu(tokens),
-        "trainer_logprobs": _cpu(trainer),
-        "rollout_logprobs": _cpu(rollout),
-        "update_logprobs": _cpu(update_logprobs),
-        "metrics": None if m is None else {**m.to_dict(), "first_diff": (
-            asdict(m.first_diff) if m.first_diff else None)},
-        "error": error,
-        "metadata": metadata or {},
-    })
-    msg = _describe(step, m, error, sample_ids, path)
+    path = None
+    if dump_dir is not None:
+        path = _dump(dump_dir, step, {
+            "step": step,
+            "sample_ids": list(sample_ids) if sample_ids is not None else None,
+            "tokens": _cpu(tokens),
+            "trainer_logprobs": _cpu(trainer),
+            "rollout_logprobs": _cpu(rollout),
+            "update_logprobs": _cpu(update_logprobs),
+            "metrics": None if m is None else {**m.to_dict(), "first_diff": (
+                asdict(m.first_diff) if m.first_diff else None)},
+            "error": error,
+            "metadata": metadata or {},
+        })
+    return Verdict(m, _describe(step, m, error, sample_ids, path or "(not written by this rank)"), path)
+
+
+def check(trainer, rollout, step, cfg: GateConfig = GateConfig(), dump_dir: str = ".", sample_ids=None,
+          tokens=None, metadata=None, update_logprobs=None) -> ParityMetrics | None:
+    """`evaluate`, then act: under "halt" a violation raises ParityViolation, under "warn" it is logged.
+    Returns the metrics (None only when a length mismatch made them uncomputable and on_violation is "warn")."""
+    v = evaluate(trainer, rollout, step, cfg, dump_dir, sample_ids, tokens, metadata, update_logprobs)
+    if v.message is not None:
+        act(v, step, cfg)
+    return v.metrics
+
+
+def act(v: Verdict, step: int, cfg: GateConfig) -> None:
+    """What a violation does: raise under "halt", warn under "warn"."""
     if cfg.on_violation == "halt":
-        raise ParityViolation(msg, step, m, path)
-    log.warning(msg)
-    warnings.warn(msg, RuntimeWarning, stacklevel=2)
-    return m
+        raise ParityViolation(v.message, step, v.metrics, v.dump_path or "")
+    log.warning(v.message)
+    warnings.warn(v.message, RuntimeWarning, stacklevel=3)

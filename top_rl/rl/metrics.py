@@ -19,25 +19,46 @@ import torch
 Tensors = Sequence[torch.Tensor]
 
 
-def _pairs(trainer: Tensors, rollout: Tensors):
-    if len(trainer) != len(rollout):
-        raise ValueError(f"{len(trainer)} trainer samples vs {len(rollout)} rollout samples")
-    for i, (t, r) in enumerate(zip(trainer, rollout)):
-        t, r = t.detach().reshape(-1).double(), r.detach().reshape(-1).double()
-        if t.numel() != r.numel():
-            raise ValueError(f"sample {i}: trainer has {t.numel()} log-probs, rollout {r.numel()}")
-        yield t, r
+class _Packed:
+    """Both sides packed once (float64): flat tensors, per-token sample index, per-sample lengths."""
 
+    def __init__(self, trainer: Tensors, rollout: Tensors):
+        if len(trainer) != len(rollout):
+            raise ValueError(f"{len(trainer)} trainer samples vs {len(rollout)} rollout samples")
+        ts = [t.detach().reshape(-1) for t in trainer]
+        rs = [r.detach().reshape(-1) for r in rollout]
+        for i, (t, r) in enumerate(zip(ts, rs)):
+            if t.numel() != r.numel():
+                raise ValueError(f"sample {i}: trainer has {t.numel()} log-probs, rollout {r.numel()}")
+        self.lengths = torch.tensor([t.numel() for t in ts], dtype=torch.long)
+        empty = torch.zeros(0, dtype=torch.float64)
+        self.t = torch.cat([t.double().cpu() for t in ts]) if ts else empty
+        self.r = torch.cat([r.double().cpu() for r in rs]) if rs else empty
+        self.seg = torch.repeat_interleave(torch.arange(len(ts)), self.lengths)
 
-def _sample_mean(per_token: list[torch.Tensor]) -> float:
-    # Mean over samples of each sample's token mean; samples without response tokens are skipped.
-    means = [float(x.mean()) for x in per_token if x.numel() > 0]
-    return sum(means) / len(means) if means else 0.0
+    def sample_sums(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(len(self.lengths), dtype=x.dtype).index_add_(0, self.seg, x)
+
+    def sample_mean(self, per_token: torch.Tensor) -> float:
+        """Mean over samples of each sample's token mean; samples without response tokens are skipped."""
+        has = self.lengths > 0
+        if not bool(has.any()):
+            return 0.0
+        return float((self.sample_sums(per_token)[has] / self.lengths[has]).mean())
+
+    def ess(self, num: torch.Tensor, den: torch.Tensor) -> float:
+        has = self.lengths > 0
+        if not bool(has.any()):
+            return 1.0
+        w = torch.exp(num - den)
+        sw, sw2 = self.sample_sums(w)[has], self.sample_sums(w * w)[has]
+        return float((sw * sw / (self.lengths[has] * sw2)).mean())
 
 
 def train_rollout_logprob_abs_diff(trainer: Tensors, rollout: Tensors) -> float:
     """mean_samples(mean_tokens |trainer - rollout|). NaN/inf inputs give NaN/inf, never 0."""
-    return _sample_mean([(t - r).abs() for t, r in _pairs(trainer, rollout)])
+    p = _Packed(trainer, rollout)
+    return p.sample_mean((p.t - p.r).abs())
 
 
 def ess_ratio(logp_num: Tensors, logp_den: Tensors) -> float:
@@ -48,13 +69,13 @@ def ess_ratio(logp_num: Tensors, logp_den: Tensors) -> float:
     For the gate, num = trainer and den = rollout. (miles computes it between the trainer's first
     update forward and its old log-probs; pass those to get that variant.) float64 throughout.
     """
-    vals = []
-    for num, den in _pairs(logp_num, logp_den):
-        if num.numel() == 0:
-            continue
-        w = torch.exp(num - den)
-        vals.append(float(w.sum() ** 2 / (w.numel() * (w * w).sum())))
-    return sum(vals) / len(vals) if vals else 1.0
+    p = _Packed(logp_num, logp_den)
+    return p.ess(p.t, p.r)
+
+
+def _k3(d: torch.Tensor) -> torch.Tensor:
+    k3 = (torch.exp(d) - 1.0 - d).clamp(-10.0, 10.0)
+    return torch.where(torch.isfinite(d), k3, torch.full_like(k3, math.nan))
 
 
 def train_rollout_kl(trainer: Tensors, rollout: Tensors) -> float:
@@ -64,12 +85,24 @@ def train_rollout_kl(trainer: Tensors, rollout: Tensors) -> float:
     does; reduced like abs_diff (sample mean, then mean). A non-finite d gives NaN (the clamp would
     otherwise turn -inf into a harmless-looking 10).
     """
-    per = []
-    for t, r in _pairs(trainer, rollout):
-        d = t - r
-        k3 = (torch.exp(d) - 1.0 - d).clamp(-10.0, 10.0)
-        per.append(torch.where(torch.isfinite(d), k3, torch.full_like(k3, math.nan)))
-    return _sample_mean(per)
+    p = _Packed(trainer, rollout)
+    return p.sample_mean(_k3(p.t - p.r))
+
+
+def _first_difference(p: _Packed) -> "FirstDiff | None":
+    bad = (p.t != p.r) | ~torch.isfinite(p.t) | ~torch.isfinite(p.r)
+    if not bool(bad.any()):
+        return None
+    k = int(bad.nonzero()[0])
+    i = int(p.seg[k])
+    start = int(p.lengths[:i].sum())
+    return FirstDiff(i, k - start, float(p.t[k]), float(p.r[k]))
+
+
+def first_difference(trainer: Tensors, rollout: Tensors) -> "FirstDiff | None":
+    """First (sample, position) in sample-major order where the values are not equal, or where
+    either side is non-finite (two NaNs are a difference, not a match). None if all equal."""
+    return _first_difference(_Packed(trainer, rollout))
 
 
 @dataclass
@@ -78,17 +111,6 @@ class FirstDiff:
     position: int  # response-token position within the sample
     trainer: float
     rollout: float
-
-
-def first_difference(trainer: Tensors, rollout: Tensors) -> FirstDiff | None:
-    """First (sample, position) in sample-major order where the values are not equal, or where
-    either side is non-finite (two NaNs are a difference, not a match). None if all equal."""
-    for i, (t, r) in enumerate(_pairs(trainer, rollout)):
-        bad = (t != r) | ~torch.isfinite(t) | ~torch.isfinite(r)
-        if bad.any():
-            p = int(bad.nonzero()[0])
-            return FirstDiff(i, p, float(t[p]), float(r[p]))
-    return None
 
 
 @dataclass
@@ -131,24 +153,28 @@ class ParityMetrics:
 
 def parity_metrics(trainer: Tensors, rollout: Tensors,
                    update_logprobs: Tensors | None = None) -> ParityMetrics:
-    """All parity metrics for one batch. ``update_logprobs`` (optional): the trainer's log-probs
-    from the first training forward, giving ``ess_ratio_update`` against ``trainer``."""
-    pairs = list(_pairs(trainer, rollout))
-    n_tok = sum(t.numel() for t, _ in pairs)
-    diffs = [(t - r).abs() for t, r in pairs]
-    nonfinite = sum(int((~torch.isfinite(t) | ~torch.isfinite(r)).sum()) for t, r in pairs)
-    equal = sum(int(((t == r) & torch.isfinite(t)).sum()) for t, r in pairs)
-    dmax = max((float(d.max()) for d in diffs if d.numel()), default=0.0)
-    if any(torch.isnan(d).any() for d in diffs):
+    """All parity metrics for one batch, from one packed pass. ``update_logprobs`` (optional): the
+    trainer's log-probs from the first training forward, giving ``ess_ratio_update`` against ``trainer``."""
+    p = _Packed(trainer, rollout)
+    d = p.t - p.r
+    finite = torch.isfinite(p.t) & torch.isfinite(p.r)
+    adiff = d.abs()
+    dmax = float(adiff.max()) if adiff.numel() else 0.0
+    if bool(torch.isnan(adiff).any()):
         dmax = math.nan  # max() over tensors with NaN is unreliable across versions; be explicit
+    n_tok = int(p.t.numel())
+    update = None
+    if update_logprobs is not None:
+        u = _Packed(update_logprobs, trainer)
+        update = u.ess(u.t, u.r)
     return ParityMetrics(
-        abs_diff=_sample_mean(diffs),
+        abs_diff=p.sample_mean(adiff),
         abs_diff_max=dmax,
-        ess_ratio=ess_ratio(trainer, rollout),
-        kl=train_rollout_kl(trainer, rollout),
-        frac_equal=equal / n_tok if n_tok else 1.0,
+        ess_ratio=p.ess(p.t, p.r),
+        kl=p.sample_mean(_k3(d)),
+        frac_equal=int(((p.t == p.r) & torch.isfinite(p.t)).sum()) / n_tok if n_tok else 1.0,
         n_tokens=n_tok,
-        n_nonfinite=nonfinite,
-        first_diff=first_difference(trainer, rollout),
-        ess_ratio_update=None if update_logprobs is None else ess_ratio(update_logprobs, trainer),
+        n_nonfinite=int((~finite).sum()),
+        first_diff=_first_difference(p),
+        ess_ratio_update=update,
     )

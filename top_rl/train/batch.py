@@ -67,6 +67,7 @@ class MicroBatch:
     sample_targets: torch.Tensor
     sample_temps: torch.Tensor
     sample_dest: torch.Tensor
+    sample_gate_prefill: torch.Tensor  # bool per sample row: its sample also wants the fp32 prefill value
     num_scored: int  # length of the flat vector (all CP ranks together)
     scored_sizes: list[int]  # per sample
 
@@ -103,6 +104,7 @@ def pack(batch: Sequence[TrainSequence], indices: list[int], *, cp_size: int = 1
 
     rows = {"prefill": ([], [], []), "sample": ([], [], [])}
     temps: list[float] = []
+    gate_prefill: list[bool] = []
     dest = 0
     sizes = []
     for s, start in zip(seqs, cu[:-1]):
@@ -116,6 +118,7 @@ def pack(batch: Sequence[TrainSequence], indices: list[int], *, cp_size: int = 1
                 d.append(dest)
                 if kind == "sample":
                     temps.append(s.temperature)
+                    gate_prefill.append(s.gate_prefill)
             dest += 1
         sizes.append(s.num_scored)
 
@@ -135,6 +138,7 @@ def pack(batch: Sequence[TrainSequence], indices: list[int], *, cp_size: int = 1
         prefill_rows=lt(rows["prefill"][0]), prefill_targets=lt(rows["prefill"][1]), prefill_dest=lt(rows["prefill"][2]),
         sample_rows=lt(rows["sample"][0]), sample_targets=lt(rows["sample"][1]), sample_dest=lt(rows["sample"][2]),
         sample_temps=torch.tensor(temps, dtype=torch.float32, device=device),
+        sample_gate_prefill=torch.tensor(gate_prefill, dtype=torch.bool, device=device),
         num_scored=dest,
         scored_sizes=sizes,
     )

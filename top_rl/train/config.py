@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 @dataclass
 class TrainerConfig:
+    dp: int = 1  # data parallel: each replica trains on its share of the batch; world = dp*tp*pp*cp
     tp: int = 1
     pp: int = 1
     cp: int = 1  # Ulysses context parallelism (top_rl.train.ulysses)

@@ -54,11 +54,16 @@ def gather_vocab(logits: torch.Tensor, tp_group) -> torch.Tensor:
 
 
 def scored_logprobs(hidden: torch.Tensor, mb: MicroBatch, output_layer, output_weight, tp_group,
-                    cp_group) -> torch.Tensor:
-    """The micro-batch's flat fp32 vector of scored log-probs (sampler-kind entries hold compute-dtype
-    values widened exactly to fp32; `split_per_sample` narrows them back)."""
+                    cp_group) -> tuple[torch.Tensor, torch.Tensor]:
+    """(flat, gate) for the micro-batch. `flat`: the fp32 vector of scored log-probs, each row by its
+    sample's kind (sampler-kind entries hold compute-dtype values widened exactly to fp32;
+    `split_per_sample` narrows them back); gradients flow through it. `gate` (no grad): the numbers the
+    TOP gate compares, from the same logits - `flat`'s values, except the rows of `gate_prefill` samples,
+    which hold the fp32 prefill log-probs (the engine re-scored those samples; the loss still differentiates
+    the sampler path). So the training forward is the gate's recompute: no second forward."""
     h = hidden.reshape(hidden.shape[0], -1)
     flat = hidden.new_zeros(mb.num_scored, dtype=torch.float32)
+    gate_prefill: list[tuple[torch.Tensor, torch.Tensor]] = []  # (dest, fp32 prefill values)
     for rows, targets, dest, temps in ((mb.prefill_rows, mb.prefill_targets, mb.prefill_dest, None),
                                        (mb.sample_rows, mb.sample_targets, mb.sample_dest, mb.sample_temps)):
         for lo in range(0, rows.numel(), LOGIT_ROWS):  # bounded [rows, vocab] logits; rows are invariant
@@ -69,10 +74,19 @@ def scored_logprobs(hidden: torch.Tensor, mb: MicroBatch, output_layer, output_w
                 lp = kernels.prefill_logprobs(logits, targets[sl])
             else:
                 lp = kernels.sample_logprobs(logits, targets[sl], temps[sl])
+                want = mb.sample_gate_prefill[sl]
+                if bool(want.any()):
+                    with torch.no_grad():  # row-invariant log-softmax: selecting rows first changes no bit
+                        gate_prefill.append((dest[sl][want], kernels.prefill_logprobs(logits.detach()[want],
+                                                                                       targets[sl][want])))
             flat = flat.index_put((dest[sl],), lp.to(torch.float32))
+    gate = flat.detach().clone()
+    for d, values in gate_prefill:
+        gate[d] = values.to(torch.float32)
     if cp_group is not None and dist.get_world_size(cp_group) > 1:
         flat = _SumOverGroup.apply(flat, cp_group)
-    return flat
+        gate = _SumOverGroup.apply(gate, cp_group)
+    return flat, gate
 
 
 def split_per_sample(flat: torch.Tensor, batch, indices, compute_dtype) -> list[torch.Tensor]:
@@ -84,7 +98,7 @@ def split_per_sample(flat: torch.Tensor, batch, indices, compute_dtype) -> list[
 
 
 def make_output_processor(tp_group, cp_group):
-    """GPTModel output_processor; the micro-batch travels as `output_processor_context`."""
+    """GPTModel output_processor returning (flat, gate); the micro-batch travels as `output_processor_context`."""
 
     def processor(*, hidden_states, output_layer, output_weight, context, **_):
         return scored_logprobs(hidden_states, context, output_layer, output_weight, tp_group, cp_group)

@@ -54,7 +54,7 @@ class StageRunner:
         )
 
     def forward_only(self, mbs: list[MicroBatch]) -> list[torch.Tensor | None]:
-        """Each micro-batch's flat scored log-probs on the last stage (None elsewhere)."""
+        """Each micro-batch's output-processor result (flat, gate) on the last stage (None elsewhere)."""
         lay, outs = self.layout, []
         for mb in mbs:
             x = None if lay.first_stage else self._recv(self._shape(mb), ps.get_pipeline_model_parallel_prev_rank())
@@ -68,7 +68,7 @@ class StageRunner:
 
     def forward_backward(self, mbs: list[MicroBatch], loss_of: Callable[[MicroBatch, torch.Tensor], torch.Tensor],
                          after_backward: Callable[[], None]) -> list[float]:
-        """Forward and backward of every micro-batch in order; `loss_of(mb, flat_logprobs)` runs on the
+        """Forward and backward of every micro-batch in order; `loss_of(mb, (flat, gate))` runs on the
         last stage and its value is returned there. `after_backward` runs once per micro-batch."""
         lay, losses = self.layout, []
         for mb in mbs:

@@ -12,6 +12,9 @@ class TrainSequence:
     tokens: Sequence[int]
     prompt_len: int
     temperature: float | None = None
+    # With a temperature: also return the fp32 prefill log-probs of the scored tokens, computed from the same
+    # logits (the gate's number when the engine reports prefill re-scores while the loss uses the sampler path).
+    gate_prefill: bool = False
 
     def __post_init__(self):
         if not 1 <= self.prompt_len < len(self.tokens):
@@ -19,6 +22,8 @@ class TrainSequence:
                              "prompt token and one scored token")
         if self.temperature is not None and self.temperature <= 1e-6:
             raise ValueError(f"temperature={self.temperature}: the sampler path needs temperature > 1e-6")
+        if self.gate_prefill and self.temperature is None:
+            raise ValueError("gate_prefill needs a temperature: a prefill-kind sequence already scores the prefill path")
 
     @property
     def num_scored(self) -> int:

@@ -149,7 +149,7 @@ class Trainer:
             starts.append(starts[-1] + n)
         total = torch.zeros(starts[-1], dtype=torch.float64, device=self.device)
         if self._owns_results():
-            for mb, flat in zip(mbs, flats):
+            for mb, (flat, _) in zip(mbs, flats):
                 for i, part in zip(mb.indices, flat.split(mb.scored_sizes)):
                     total[starts[i] : starts[i + 1]] = part.double()
         if dist.get_world_size() > 1:
@@ -166,14 +166,36 @@ class Trainer:
         step minimises the sum of those scalars over micro-batches (and DP ranks), so loss_fn must
         normalise by the global batch itself."""
         losses, n_mbs = self._backward(batch, loss_fn)
-        metrics = self.optimizer.step()
-        self.step += 1
+        grad_norm = self.optimizer_step()
         loss = torch.tensor([sum(losses) if self._owns_results() else 0.0], dtype=torch.float64, device=self.device)
         if dist.get_world_size() > 1:
             dist.all_reduce(loss)
         n_tokens = sum(len(s.tokens) for s in batch)
-        return {"loss": float(loss), **metrics, "step": self.step, "micro_batches": n_mbs,
+        return {"loss": float(loss), "grad_norm": grad_norm, "step": self.step, "micro_batches": n_mbs,
                 "tokens": n_tokens, "lr": self.cfg.lr}
+
+    def rl_step(self, batch, cfg=None):
+        """One RL step with the gate in the training forward (top_rl.train.rl_step): rank 0 returns the
+        StepReport, the other ranks None."""
+        from top_rl.rl.batch import RLStepConfig
+        from top_rl.train.rl_step import run
+
+        return run(self, batch, cfg or RLStepConfig())
+
+    def optimizer_step(self) -> float:
+        """Apply the accumulated gradients; returns the gradient norm."""
+        metrics = self.optimizer.step()
+        self.step += 1
+        return metrics["grad_norm"]
+
+    def backward_micro_batches(self, batch: Sequence[TrainSequence], loss_of) -> tuple[list[float], int]:
+        """Zero the gradients, then forward and backward this rank's micro-batches of `batch`, accumulating
+        gradients (no step). `loss_of(micro_batch, (flat, gate))` runs where the logits are
+        (top_rl.train.schedule); returns its values there and the number of micro-batches."""
+        self.model.train()
+        self.optimizer.zero_grad()
+        mbs = list(self._micro_batches(batch))
+        return self.runner.forward_backward(mbs, loss_of, self.optimizer.accumulate), len(mbs)
 
     def set_lr(self, lr: float) -> None:
         """Learning rate for the following steps (schedules live in the RL loop)."""
@@ -189,14 +211,10 @@ class Trainer:
         return grads
 
     def _backward(self, batch, loss_fn) -> tuple[list[float], int]:
-        self.model.train()
-        self.optimizer.zero_grad()
-        mbs = list(self._micro_batches(batch))
+        def loss_of(mb, out):
+            return loss_fn(split_per_sample(out[0], batch, mb.indices, self.compute_dtype), mb.indices)
 
-        def loss_of(mb, flat):
-            return loss_fn(split_per_sample(flat, batch, mb.indices, self.compute_dtype), mb.indices)
-
-        return self.runner.forward_backward(mbs, loss_of, self.optimizer.accumulate), len(mbs)
+        return self.backward_micro_batches(batch, loss_of)
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:

@@ -1,0 +1,119 @@
+"""The RL step on the trainer (top_rl.train.rl_step): the gate rides the training forward.
+
+- Its gate values are the engine's numbers bit for bit, for both log-prob sources, and equal what a separate
+  scoring forward (`Trainer.logprobs`) gives: the training forward is the recompute.
+- A violation under `halt` applies no update (weights unchanged); under `warn` the step trains.
+- With several updates per rollout batch, every sample's gate value comes from the pre-update weights.
+- The step equals the same update driven through `train_step` with the same loss (same new weights).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from test_train_common import TEMPERATURE, reference_model, rollouts, tiny_config
+from top_rl.model import hf_state_dict
+from top_rl.rl import gate
+from top_rl.rl.batch import RLBatch, RLSample, RLStepConfig
+from top_rl.rl.losses import PolicyLossConfig
+from top_rl.rollout.native import NativeEngine
+from top_rl.rollout.base import SamplingParams
+from top_rl.train import Trainer, TrainerConfig, TrainSequence
+from top_rl.train.rl_step import minibatches
+
+
+def _setup(source: str, dtype="bfloat16", seed=21, n=6, mbs=2):
+    cfg = tiny_config(seed, tied=seed % 2 == 0)
+    model = reference_model(cfg, dtype, seed)
+    engine = NativeEngine(model, source)
+    prompts = [[(7 * i + j) % cfg.vocab_size for j in range(1 + i % 4)] for i in range(n)]
+    samples = engine.generate(prompts, [seed * 10 + i for i in range(n)], SamplingParams(5, TEMPERATURE))
+    trainer = Trainer(cfg, TrainerConfig(dtype=dtype, lr=1e-2, micro_batch_size=mbs))
+    trainer.load_hf(hf_state_dict(model))
+    advantages = [(-1.0) ** i * (0.5 + 0.1 * i) for i in range(n)]
+    return trainer, samples, advantages
+
+
+def _batch(samples, advantages, source, updates=1, step=1):
+    return RLBatch([RLSample.from_rollout(s, a, uid=f"s{i}") for i, (s, a) in enumerate(zip(samples, advantages))],
+                   TEMPERATURE, source, step, updates)
+
+
+def _weights(trainer):
+    return {k: v.clone() for k, v in trainer.export_hf_weights().items()}
+
+
+@pytest.mark.parametrize("source", ["prefill", "decode"])
+def test_gate_from_the_training_forward_is_the_engine_number(source, tmp_path):
+    trainer, samples, adv = _setup(source)
+    separate = trainer.logprobs([TrainSequence.from_sample(s, None if source == "prefill" else TEMPERATURE)
+                                 for s in samples])
+    before = _weights(trainer)
+    report = trainer.rl_step(_batch(samples, adv, source), RLStepConfig(dump_dir=str(tmp_path)))
+    assert report.violation is None and report.updated
+    assert report.parity["train/train_rollout_logprob_abs_diff"] == 0.0
+    assert report.parity["train/ess_ratio"] == 1.0
+    for s, lp in zip(samples, separate):  # the separate forward agrees with the engine too
+        assert torch.equal(lp, torch.tensor(s.logprobs, dtype=lp.dtype))
+    after = _weights(trainer)
+    assert any(not torch.equal(before[k], after[k]) for k in before), "the step did not update the weights"
+    for key in ("loss/pg_loss", "loss/pg_clipfrac", "loss/ppo_kl", "loss/ratio_max", "loss/ratio_min", "grad_norm"):
+        assert key in report.losses, key
+    assert set(report.timings) >= {"forward_backward", "gate", "optimizer"}
+
+
+def test_violation_halts_before_the_optimizer_step(tmp_path):
+    trainer, samples, adv = _setup("prefill")
+    bad = dataclasses.replace(samples[3], logprobs=[*samples[3].logprobs[:-1], samples[3].logprobs[-1] + 2.0**-20])
+    samples = [*samples[:3], bad, *samples[4:]]
+    before = _weights(trainer)
+    report = trainer.rl_step(_batch(samples, adv, "prefill", step=7), RLStepConfig(dump_dir=str(tmp_path)))
+    assert not report.updated
+    assert "step 7" in report.violation and "sample 3 (id s3)" in report.violation
+    assert f"token position {len(bad.logprobs) - 1}" in report.violation
+    assert report.dump_path and torch.load(report.dump_path, weights_only=False)["step"] == 7
+    after = _weights(trainer)
+    assert all(torch.equal(before[k], after[k]) for k in before), "a halted step changed the weights"
+    # under warn the same step trains
+    warn = RLStepConfig(gate=gate.GateConfig(on_violation="warn"), dump_dir=str(tmp_path))
+    assert trainer.rl_step(_batch(samples, adv, "prefill"), warn).updated
+
+
+@pytest.mark.parametrize("source", ["prefill", "decode"])
+def test_several_updates_gate_every_sample_before_the_first(source, tmp_path):
+    trainer, samples, adv = _setup(source, seed=22, n=7)
+    report = trainer.rl_step(_batch(samples, adv, source, updates=3), RLStepConfig(dump_dir=str(tmp_path)))
+    assert report.violation is None and report.updated, report.violation
+    assert trainer.step == 3
+    assert report.timings["scoring"] > 0
+
+
+def test_rl_step_update_equals_train_step_with_the_same_loss():
+    """Same weights after one rl_step as after train_step with the PPO loss over the sampler path."""
+    from top_rl.rl.losses import pack, policy_loss
+
+    a, samples, adv = _setup("decode", dtype="float32", seed=23)
+    b, _, _ = _setup("decode", dtype="float32", seed=23)
+    a.rl_step(_batch(samples, adv, "decode"), RLStepConfig(loss=PolicyLossConfig()))
+    batch = [TrainSequence.from_sample(s, TEMPERATURE) for s in samples]
+    old = [torch.tensor(s.sample_logprobs, dtype=torch.float32) for s in samples]
+    n_tok = sum(len(o) for o in old)
+
+    def loss_fn(lps, idx):
+        new, lengths = pack([lp.float() for lp in lps])
+        return policy_loss(new, torch.cat([old[i] for i in idx]), torch.tensor([adv[i] for i in idx]), lengths,
+                           PolicyLossConfig(), denominator=n_tok)[0]
+
+    b.train_step(batch, loss_fn)
+    wa, wb = _weights(a), _weights(b)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_minibatches_are_consecutive_and_cover_the_batch():
+    assert minibatches(7, 3) == [[0, 1], [2, 3, 4], [5, 6]]
+    assert minibatches(4, 1) == [[0, 1, 2, 3]]
+    with pytest.raises(ValueError, match="3 updates need at least as many samples"):
+        minibatches(2, 3)

@@ -1,0 +1,68 @@
+"""What the driver hands the trainer for one RL step, and what comes back. Plain data (no torch, no
+Megatron): the driver builds it from rollout samples and advantages; every trainer rank runs the step.
+
+Under TOP the training forward is the recompute: one forward per micro-batch gives the log-probs the loss
+differentiates (the sampler path at the rollout temperature) and the ones the gate compares with the
+engine's (the same numbers for `decode` rollouts; the fp32 prefill log-softmax of the same logits for
+`prefill` rollouts). The gate is decided on the trainer before `optimizer.step()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from top_rl.rl.gate import GateConfig
+from top_rl.rl.losses import PolicyLossConfig
+
+
+@dataclass(frozen=True)
+class RLSample:
+    tokens: tuple[int, ...]  # prompt + response
+    prompt_len: int
+    rollout_logprobs: tuple[float, ...]  # what the engine reported for the gate (its log-prob source)
+    old_logprobs: tuple[float, ...]  # the sampler's log-probs the response was drawn with (PPO's old policy)
+    advantage: float
+    uid: Any = None  # names the sample in a parity report (task item id)
+
+    @property
+    def num_scored(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @classmethod
+    def from_rollout(cls, sample, advantage: float, uid: Any = None) -> "RLSample":
+        """From a rollout.base.RolloutSample."""
+        return cls(tuple(sample.prompt_ids) + tuple(sample.response_ids), len(sample.prompt_ids),
+                   tuple(sample.logprobs), tuple(sample.sample_logprobs), float(advantage), uid)
+
+
+@dataclass(frozen=True)
+class RLBatch:
+    samples: list[RLSample]
+    temperature: float  # the rollout's sampling temperature: the loss's log-probs are taken at it
+    logprob_source: str  # "prefill" | "decode": which engine number rollout_logprobs holds (the gate's kind)
+    step: int  # 1-based step number, for reports and dumps
+    updates: int = 1  # optimizer steps over this batch: consecutive equal mini-batches, in order
+
+
+@dataclass
+class StepReport:
+    """Rank 0's account of one RL step. `violation` is the gate's report when TOP parity failed; under
+    `top.on_violation=halt` the trainer then applied no update (`updated` is False)."""
+
+    parity: dict[str, float]  # train/... parity metrics (the gate's numbers); empty when TOP is off and unmeasured
+    losses: dict[str, float]  # loss metrics reduced over ranks (DP mean, last PP stage)
+    timings: dict[str, float]  # seconds: forward_backward, gate, optimizer, scoring (later mini-batches)
+    updated: bool
+    violation: str | None = None
+    dump_path: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RLStepConfig:
+    """How the trainer runs every RL step of a run (set once, at trainer start)."""
+
+    loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
+    dump_dir: str | None = None  # where rank 0 writes a violation's dump (run_dir/parity)
