@@ -64,7 +64,7 @@ with zipfile.ZipFile(path) as z:
                 continue
             data = z.read(info)
             if info.filename.endswith(".dist-info/RECORD"):  # keep RECORD true to the files shipped
-                data = b"\n".join(l for l in data.split(b"\n") if not l.decode().startswith(drop)) + b"\n"
+                data = b"".join(l + b"\n" for l in data.split(b"\n") if l and not l.decode().startswith(drop))
             out.writestr(info, data)
 os.replace(tmp, path)
 PYEOF

@@ -59,6 +59,7 @@ if [[ "$WHAT" == e2e ]]; then
   for run in ${E2E_RUNS:-a b c}; do
     case $run in
       a) args=(steps="${E2E_A_STEPS:-55}") ;;
+      a2) args=(steps="${E2E_A_STEPS:-55}" ${E2E_A2_ARGS:-}) ;;  # (a) again with other settings
       b) args=(steps="${E2E_B_STEPS:-22}" "${B[@]}") ;;
       c) args=(steps="${E2E_C_STEPS:-8}") ;;
     esac
