@@ -68,3 +68,31 @@ def test_cli_dry_run_prints_plan_and_exits(tmp_path):
     assert plan["top"]["contract"]["name"] == "qwen3_dense_top_v1"
     assert plan["engines"][0]["kind"] == "native" and plan["trainer"]["framework"] == "megatron-core"
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_settings_the_loop_cannot_run_are_refused_naming_the_key():
+    with pytest.raises(ConfigError, match=r"algo\.loss\.kl_coef=0\.1: the loop keeps no reference policy"):
+        compose(["algo.loss.kl_coef=0.1"])
+    with pytest.raises(ConfigError, match=r"algo\.updates_per_rollout=1000 exceeds the 256 samples"):
+        compose(["algo.updates_per_rollout=1000"])
+    with pytest.raises(ConfigError, match=r"trainer\.dp=0 must be >= 1"):
+        compose(["trainer.dp=0"])
+    with pytest.raises(ConfigError, match=r"cluster\.weight_transport='nccl'"):
+        compose(["cluster.weight_transport=nccl"])
+
+
+def test_decode_logprobs_on_gpu_kernels_are_refused_before_start():
+    """triton's decode kernel reduces differently from its extend kernel (measured on the H200), so the
+    sampler's own log-probs would fail the gate at step 1: refused, with the reason and the fix."""
+    with pytest.raises(ConfigError, match=r"rollout\.logprob_source=decode with top\.kernels=sglang.*prefill"):
+        compose(["top.kernels=sglang", "rollout.logprob_source=decode"])
+    compose(["top.kernels=sglang", "rollout.logprob_source=prefill"])  # the GPU experiment's setting
+    compose(["rollout.logprob_source=decode"])  # reference kernels: decode == prefill, proven on CPU
+
+
+def test_dry_run_plan_shows_the_placement():
+    cfg = compose(["+experiment=one_node_qwen3_0.6b_arith", "trainer.dp=2", "cluster.colocate=true",
+                   "cluster.engine_gpus=0.5", "cluster.trainer_gpus=0.5"])
+    plan = launch_plan(cfg)
+    assert plan["trainer"]["world_size"] == 2 and plan["ray"]["engine_bundle"] == [1]
+    assert plan["ray"]["bundles"] == [{"CPU": 2.0, "GPU": 1.0}, {"CPU": 4.0, "GPU": 1.0}]

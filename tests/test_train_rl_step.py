@@ -117,3 +117,16 @@ def test_minibatches_are_consecutive_and_cover_the_batch():
     assert minibatches(4, 1) == [[0, 1, 2, 3]]
     with pytest.raises(ValueError, match="3 updates need at least as many samples"):
         minibatches(2, 3)
+
+
+def test_the_gate_costs_no_extra_forward(tmp_path):
+    """One model forward per micro-batch in an RL step: the gate's numbers come from the training forward."""
+    trainer, samples, adv = _setup("prefill", n=6, mbs=2)
+    calls = []
+    handle = trainer.model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        report = trainer.rl_step(_batch(samples, adv, "prefill"), RLStepConfig(dump_dir=str(tmp_path)))
+    finally:
+        handle.remove()
+    assert report.violation is None
+    assert len(calls) == report.extra["micro_batches"] == 3  # 6 samples, 2 per micro-batch, one forward each

@@ -93,6 +93,7 @@ def run(cfg: RunConfig) -> dict:
                 **prompt_counts,
                 "data/rows_skipped": getattr(task, "skipped", 0),
                 **{f"train/{k}": v for k, v in report.losses.items()},
+                "train/step": report.extra["trainer_step"],
                 "train/micro_batches": report.extra["micro_batches"],
                 "train/tokens": report.extra["tokens"],
                 "train/lr": cfg.trainer.lr,

@@ -100,6 +100,7 @@ def run(trainer, batch: RLBatch, cfg: RLStepConfig) -> StepReport | None:
             grad_norms.append(trainer.optimizer_step())
             t = clock.lap("optimizer", t)
     losses = meter.reduce()
+    losses["loss"] = losses["loss/pg_loss"]  # the whole objective: kl_coef is 0 (config.validate)
     if grad_norms:
         losses["grad_norm"] = sum(grad_norms) / len(grad_norms)
     if not rank0:
@@ -107,7 +108,8 @@ def run(trainer, batch: RLBatch, cfg: RLStepConfig) -> StepReport | None:
     parity = verdict.metrics.to_dict(prefix="train/") if verdict.metrics is not None else {}
     return StepReport(parity=parity, losses=losses, timings=clock.times, updated=not halt,
                       violation=verdict.message, dump_path=verdict.dump_path,
-                      extra={"micro_batches": meter.micro_batches, "tokens": sum(len(s.tokens) for s in samples)})
+                      extra={"micro_batches": meter.micro_batches, "tokens": sum(len(s.tokens) for s in samples),
+                             "trainer_step": trainer.step})
 
 
 def _forward_backward(trainer, seqs, samples, part: list[int], loss_cfg: PolicyLossConfig,
