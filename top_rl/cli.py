@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+from top_rl import quiet
+
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 
@@ -95,17 +97,20 @@ def _hydra_entry():
 
 
 def main() -> None:
+    quiet.install()
     _register_schema()
     _hydra_entry()()
 
 
 def export_main(argv: list[str] | None = None) -> int:
+    quiet.install()
     from top_rl.export import main as export
 
     return export(sys.argv[1:] if argv is None else argv)
 
 
 def parity_probe_main(argv: list[str] | None = None) -> int:
+    quiet.install()
     from top_rl.parity_probe import main as probe
 
     return probe(sys.argv[1:] if argv is None else argv)
