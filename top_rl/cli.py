@@ -20,7 +20,7 @@ HYDRA_SETTINGS = {
     "job": {"name": "top-rl"},
     "sweep": {"dir": "${run_dir}", "subdir": "${hydra.job.num}"},
     "help": {"header": "${hydra.help.app_name}: true on-policy RL for dense Qwen3 (trainer log-probs bitwise equal to "
-                       "the rollout engine's).\n\nusage: ${hydra.help.app_name} [key=value ...]       one run in run_dir"
+                       "the rollout engine's).\n\nusage: ${hydra.help.app_name} [key=value ...]     one run, in run_dir"
                        "\n       ${hydra.help.app_name} -m [key=a,b ...]    a sweep: job N runs in <run_dir>/N\n"},
 }
 
