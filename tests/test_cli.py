@@ -57,6 +57,9 @@ def test_key_value_parser():
     assert (args.a, args.n, args.f) == ("x=y", 3, True)
     with pytest.raises(UsageError, match="a= is required"):
         cli.parse(["n=1"])
+    with pytest.raises(UsageError, match="a= needs a value"):
+        cli.parse(["a="])
+    assert cli.parse(["a=1", "n="]).n == 3  # an empty optional key is its default
     with pytest.raises(UsageError, match="n= given twice"):
         cli.parse(["a=1", "n=1", "n=2"])
     with pytest.raises(UsageError, match="f='maybe': expected true or false"):

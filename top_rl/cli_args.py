@@ -73,7 +73,9 @@ class KeyValueCli:
                 raise UsageError(f"unexpected argument {a!r}; keys: {', '.join(self.args)}")
             if key in values:
                 raise UsageError(f"{key}= given twice")
-            values[key] = self.args[key].convert(text)
+            if not text and self.args[key].required:
+                raise UsageError(f"{key}= needs a value")
+            values[key] = self.args[key].convert(text) if text else self.args[key].default
         missing = [n for n, a in self.args.items() if a.required and n not in values]
         if missing:
             raise UsageError(f"{', '.join(m + '=' for m in missing)} {'is' if len(missing) == 1 else 'are'} required")
