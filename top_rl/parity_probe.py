@@ -4,8 +4,8 @@ Given the server's URL and the HF checkpoint it serves, the probe
 1. reads /server_info and lists every deviation from the TOP contract (release, determinism flags, backend);
 2. gets sequences: prompts (a file, or random ids) completed by the server with one seed per sample, or
    prompt+response pairs from a file (e.g. a parity-gate dump), which are only re-scored;
-3. asks the server for its log-probs: `prefill` (re-scoring, fp32, no temperature, docs/numerics.md §6.1) and/or `decode` (the
-   sampler's output_token_logprobs, compute dtype, tempered, §6.2);
+3. asks the server for its log-probs: `prefill` (re-scoring, fp32, no temperature, docs/numerics.md §6.1) and/or
+   `decode` (the sampler's output_token_logprobs, compute dtype, tempered, §6.2);
 4. recomputes both with the trainer's model and kernels (`backend=reference` on CPU, `sglang` on a GPU with the
    server's attention backend) and reports, per source and sample, the mean and max |trainer - engine|, the share
    of bitwise-equal tokens, and the first differing (sample, position, token, both values). A NaN or inf on
