@@ -36,15 +36,15 @@ def server(ckpts):
         yield srv
 
 
-def _run(capsys, *argv):
-    rc = main([str(a) for a in argv])
+def _run(capsys, **keys):
+    rc = main([f"{k}={v}" for k, v in keys.items()])
     out = capsys.readouterr()
     return rc, json.loads(out.out), out.err
 
 
 def test_same_checkpoint_is_bitwise_equal(server, ckpts, capsys, tmp_path):
-    rc, rep, err = _run(capsys, "--url", server.url, "--model", ckpts / "a", "--num-prompts", 3, "--prompt-len", 5,
-                        "--max-new-tokens", 6, "--temperature", 0.7, "--out", tmp_path / "r.json")
+    rc, rep, err = _run(capsys, url=server.url, model=ckpts / "a", num_prompts=3, prompt_len=5,
+                        max_new_tokens=6, temperature=0.7, out=tmp_path / "r.json")
     assert rc == 0, err
     assert rep["bitwise_equal"] and rep["server_contract_violations"] == [] and rep["dtype"] == "bfloat16"
     for src in ("prefill", "decode"):
@@ -55,8 +55,7 @@ def test_same_checkpoint_is_bitwise_equal(server, ckpts, capsys, tmp_path):
 
 
 def test_other_weights_name_the_first_difference(server, ckpts, capsys):
-    rc, rep, err = _run(capsys, "--url", server.url, "--model", ckpts / "b", "--num-prompts", 2, "--prompt-len", 4,
-                        "--max-new-tokens", 3)
+    rc, rep, err = _run(capsys, url=server.url, model=ckpts / "b", num_prompts=2, prompt_len=4, max_new_tokens=3)
     assert rc == 1
     fd = rep["sources"]["prefill"]["first_diff"]
     assert (fd["sample"], fd["position"], fd["absolute_position"]) == (0, 0, 4)
@@ -68,22 +67,22 @@ def test_rescore_pairs_from_a_file(server, ckpts, capsys, tmp_path):
     f = tmp_path / "pairs.jsonl"
     f.write_text(json.dumps({"prompt_ids": [4, 5, 6], "response_ids": [7, 8, 95]}) + "\n"
                  + json.dumps({"prompt_ids": [9], "response_ids": [10]}) + "\n\n")
-    rc, rep, _ = _run(capsys, "--url", server.url, "--model", ckpts / "a", "--prompts", f, "--source", "prefill")
+    rc, rep, _ = _run(capsys, url=server.url, model=ckpts / "a", prompts=f, source="prefill")
     assert rc == 0 and set(rep["sources"]) == {"prefill"} and rep["sources"]["prefill"]["tokens"] == 4
     f.write_text("[1, 2]\n{oops\n")
-    rc = main(["--url", server.url, "--model", str(ckpts / "a"), "--prompts", str(f)])
+    rc = main([f"url={server.url}", f"model={ckpts / 'a'}", f"prompts={f}"])
     assert rc == 2 and "pairs.jsonl:2: invalid JSON" in capsys.readouterr().err
 
 
 def test_server_off_contract_and_unreachable(ckpts, capsys):
     with StandinServer(str(ckpts / "a"), server_args={"enable_deterministic_inference": False}) as srv:
-        rc, rep, err = _run(capsys, "--url", srv.url, "--model", ckpts / "a", "--num-prompts", 1, "--max-new-tokens", 2)
+        rc, rep, err = _run(capsys, url=srv.url, model=ckpts / "a", num_prompts=1, max_new_tokens=2)
         assert rc == 3 and rep["bitwise_equal"]
         assert rep["server_contract_violations"] == ["enable_deterministic_inference=False (TOP needs True)"]
-        rc, _, _ = _run(capsys, "--url", srv.url, "--model", ckpts / "a", "--num-prompts", 1, "--max-new-tokens", 2,
-                        "--no-server-check")
+        rc, _, _ = _run(capsys, url=srv.url, model=ckpts / "a", num_prompts=1, max_new_tokens=2,
+                        server_check="false")
         assert rc == 0
-    assert main(["--url", "http://127.0.0.1:9", "--model", str(ckpts / "a"), "--timeout", "2"]) == 2
+    assert main(["url=http://127.0.0.1:9", f"model={ckpts / 'a'}", "timeout=2"]) == 2
     assert "cannot read" in capsys.readouterr().err
 
 

@@ -1,4 +1,5 @@
-"""Entry points: `top-rl [hydra overrides]`, `top-rl-export run_dir=... out=DIR`, `top-rl-parity-probe`."""
+"""Entry points, all taking `key=value` arguments and `--help`: `top-rl [hydra overrides]` (`-m` sweeps),
+`top-rl-export run_dir=... out=DIR`, `top-rl-parity-probe url=... model=DIR` (top_rl/cli_args.py)."""
 
 from __future__ import annotations
 
@@ -6,15 +7,46 @@ import json
 import sys
 from pathlib import Path
 
+from top_rl import quiet
+
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+# Hydra's own settings for `top-rl`, carried by the schema node that the config's defaults list starts with.
+# The app is named after the command (Hydra would name it after this file, "cli"), and a multirun
+# (`top-rl -m steps=1,2`) puts job N's run_dir at <run_dir>/N instead of sharing run_dir and writing
+# ./multirun/DATE/TIME into the working directory.
+HYDRA_SETTINGS = {
+    "job": {"name": "top-rl"},
+    "sweep": {"dir": "${run_dir}", "subdir": "${hydra.job.num}"},
+    "help": {"header": "${hydra.help.app_name}: true on-policy RL for dense Qwen3 (trainer log-probs bitwise equal to "
+                       "the rollout engine's).\n\nusage: ${hydra.help.app_name} [key=value ...]     one run, in run_dir"
+                       "\n       ${hydra.help.app_name} -m [key=a,b ...]    a sweep: job N runs in <run_dir>/N\n"},
+}
 
 
 def _register_schema() -> None:
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf, open_dict
 
     from top_rl.config import RunConfig
 
-    ConfigStore.instance().store(name="run_schema", node=RunConfig)
+    node = OmegaConf.structured(RunConfig)
+    with open_dict(node):
+        node.hydra = HYDRA_SETTINGS
+    ConfigStore.instance().store(name="run_schema", node=node)
+
+
+def _job_run_dir(dict_cfg) -> None:
+    """In a multirun, each job's run_dir is its own directory under the sweep's (see HYDRA_SETTINGS)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import open_dict
+
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        with open_dict(dict_cfg):
+            dict_cfg.run_dir = hydra_cfg.runtime.output_dir
 
 
 def compose(overrides: list[str]):
@@ -72,6 +104,7 @@ def _hydra_entry():
 
     @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
     def _main(dict_cfg) -> None:
+        _job_run_dir(dict_cfg)
         try:
             cfg = from_hydra(dict_cfg)
         except ConfigError as e:
@@ -100,17 +133,20 @@ def _hydra_entry():
 
 
 def main() -> None:
+    quiet.install()
     _register_schema()
     _hydra_entry()()
 
 
 def export_main(argv: list[str] | None = None) -> int:
+    quiet.install()
     from top_rl.export import main as export
 
     return export(sys.argv[1:] if argv is None else argv)
 
 
 def parity_probe_main(argv: list[str] | None = None) -> int:
+    quiet.install()
     from top_rl.parity_probe import main as probe
 
     return probe(sys.argv[1:] if argv is None else argv)

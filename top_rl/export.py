@@ -17,41 +17,34 @@ import sys
 from pathlib import Path
 
 from top_rl import checkpoint
+from top_rl.cli_args import Arg, KeyValueCli, UsageError
 
-USAGE = "usage: top-rl-export run_dir=RUN out=DIR [step=N] [overwrite=true]"
-_KEYS = {"run_dir", "out", "step", "overwrite"}
+CLI = KeyValueCli("top-rl-export", "Copy a run's checkpoint (its Hugging Face `hf/` directory) to a directory that "
+                  "transformers loads.", [
+    Arg("run_dir", "the run directory (top-rl's run_dir=)", required=True),
+    Arg("out", "the directory to write", required=True),
+    Arg("step", "the checkpoint's step (default: the latest complete checkpoint)", int),
+    Arg("overwrite", "replace `out` if it exists and is not empty", bool, False),
+])
 
 
 class ExportError(ValueError):
     pass
 
 
-def _parse(argv: list[str]) -> dict[str, str]:
-    args = {}
-    for a in argv:
-        key, eq, value = a.lstrip("+").partition("=")
-        if not eq or key not in _KEYS:
-            raise ExportError(f"unexpected argument {a!r}; accepted keys: {', '.join(sorted(_KEYS))}")
-        args[key] = value
-    for key in ("run_dir", "out"):
-        if not args.get(key):
-            raise ExportError(f"{key}= is required")
-    return args
-
-
-def _checkpoint(run_dir: Path, step: str | None) -> Path:
+def _checkpoint(run_dir: Path, step: int | None) -> Path:
     found = checkpoint.complete_checkpoints(run_dir)
     if not found:
         raise ExportError(f"{run_dir} has no complete checkpoint (looked in {run_dir / 'checkpoints'})")
     if step is None:
         return found[-1]
     by_step = {checkpoint.step_of(p): p for p in found}
-    if not step.isdigit() or int(step) not in by_step:
+    if step not in by_step:
         raise ExportError(f"{run_dir} has no complete checkpoint at step {step}; it has steps {sorted(by_step)}")
-    return by_step[int(step)]
+    return by_step[step]
 
 
-def export(run_dir: str | Path, out: str | Path, step: str | None = None, overwrite: bool = False) -> dict:
+def export(run_dir: str | Path, out: str | Path, step: int | None = None, overwrite: bool = False) -> dict:
     run_dir, out = Path(run_dir), Path(out)
     ckpt = _checkpoint(run_dir, step)
     src = ckpt / "hf"
@@ -75,11 +68,12 @@ def export(run_dir: str | Path, out: str | Path, step: str | None = None, overwr
 
 def main(argv: list[str]) -> int:
     try:
-        args = _parse(argv)
-        info = export(args["run_dir"], args["out"], args.get("step"),
-                      args.get("overwrite", "false").lower() in ("1", "true", "yes"))
-    except ExportError as e:
-        print(f"top-rl-export: {e}\n{USAGE}", file=sys.stderr)
+        args = CLI.parse(argv)
+        if args is None:  # --help
+            return 0
+        info = export(args.run_dir, args.out, args.step, args.overwrite)
+    except (UsageError, ExportError) as e:
+        print(f"top-rl-export: {e}\n{CLI.usage()}", file=sys.stderr)
         return 2
     print(json.dumps(info))
     return 0

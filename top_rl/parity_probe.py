@@ -4,19 +4,18 @@ Given the server's URL and the HF checkpoint it serves, the probe
 1. reads /server_info and lists every deviation from the TOP contract (release, determinism flags, backend);
 2. gets sequences: prompts (a file, or random ids) completed by the server with one seed per sample, or
    prompt+response pairs from a file (e.g. a parity-gate dump), which are only re-scored;
-3. asks the server for its log-probs: `prefill` (re-scoring, fp32, no temperature, §6.1) and/or `decode` (the
-   sampler's output_token_logprobs, compute dtype, tempered, §6.2);
-4. recomputes both with the trainer's model and kernels (`--backend reference` on CPU, `sglang` on a GPU with the
+3. asks the server for its log-probs: `prefill` (re-scoring, fp32, no temperature, docs/numerics.md §6.1) and/or
+   `decode` (the sampler's output_token_logprobs, compute dtype, tempered, §6.2);
+4. recomputes both with the trainer's model and kernels (`backend=reference` on CPU, `sglang` on a GPU with the
    server's attention backend) and reports, per source and sample, the mean and max |trainer - engine|, the share
    of bitwise-equal tokens, and the first differing (sample, position, token, both values). A NaN or inf on
    either side counts as a difference, never as zero.
-Prints a JSON report (also to --out). Exit code: 0 all equal and the server runs the contract, 1 a log-prob
+Prints a JSON report (also to `out=`). Exit code: 0 all equal and the server runs the contract, 1 a log-prob
 differs, 2 usage or connection error, 3 all equal but the server's flags deviate from the contract.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -24,6 +23,7 @@ import sys
 from pathlib import Path
 
 from top_rl import contract, kernels
+from top_rl.cli_args import Arg, KeyValueCli, UsageError
 from top_rl.rollout.sglang_client import SglangClient, SglangError
 from top_rl.rollout.sglang_protocol import generate_payload, items, parse_generation, parse_scores, score_payload
 
@@ -108,33 +108,42 @@ def _trainer_logprobs(model, prompts, responses, temperature, batch: int) -> lis
     return out
 
 
-def _args(argv):
-    ap = argparse.ArgumentParser(prog="top-rl-parity-probe", description=__doc__.splitlines()[0])
-    ap.add_argument("--url", required=True, help="the SGLang server, e.g. http://127.0.0.1:30000")
-    ap.add_argument("--model", required=True, help="the HF Qwen3 checkpoint directory the server serves")
-    ap.add_argument("--prompts", help="JSONL of prompts or prompt/response pairs (default: random prompts)")
-    ap.add_argument("--num-prompts", type=int, default=8)
-    ap.add_argument("--prompt-len", type=int, default=16)
-    ap.add_argument("--seed", type=int, default=0, help="random prompts and the per-sample sampling seeds")
-    ap.add_argument("--max-new-tokens", type=int, default=32)
-    ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--source", choices=["prefill", "decode", "both"], default="both")
-    ap.add_argument("--backend", default="reference", choices=kernels.available_backends(),
-                    help="trainer kernels: reference (CPU) or sglang (GPU)")
-    ap.add_argument("--attention-backend", default=None, help="sglang backend's attention (default: the server's)")
-    ap.add_argument("--dtype", default=None, help="compute dtype (default: the checkpoint's torch_dtype)")
-    ap.add_argument("--device", default=None, help="default: cuda for --backend sglang, else cpu")
-    ap.add_argument("--batch-size", type=int, default=8, help="sequences per trainer forward")
-    ap.add_argument("--timeout", type=float, default=600.0)
-    ap.add_argument("--out", default=None, help="also write the JSON report here")
-    ap.add_argument("--no-server-check", action="store_true", help="do not fail on contract deviations of the server")
-    return ap.parse_args(argv)
+def _cli() -> KeyValueCli:
+    return KeyValueCli("top-rl-parity-probe", __doc__.split("\n\n")[0].removeprefix(
+        "`top-rl-parity-probe`: ").strip(), [
+        Arg("url", "the SGLang server, e.g. http://127.0.0.1:30000", required=True),
+        Arg("model", "the HF Qwen3 checkpoint directory the server serves", required=True),
+        Arg("prompts", "JSONL of prompts or prompt/response pairs (default: random prompts)"),
+        Arg("num_prompts", "random prompts", int, 8),
+        Arg("prompt_len", "tokens per random prompt", int, 16),
+        Arg("seed", "random prompts and the per-sample sampling seeds", int, 0),
+        Arg("max_new_tokens", "tokens the server generates per prompt", int, 32),
+        Arg("temperature", "sampling temperature (> 1e-6)", float, 1.0),
+        Arg("source", "which engine log-probs to compare", str, "both", choices=("prefill", "decode", "both")),
+        Arg("backend", "trainer kernels: reference (CPU) or sglang (GPU)", str, "reference",
+            choices=tuple(kernels.available_backends())),
+        Arg("attention_backend", "the sglang backend's attention (default: the server's)"),
+        Arg("dtype", "compute dtype (default: the checkpoint's torch_dtype)"),
+        Arg("device", "default: cuda for backend=sglang, else cpu"),
+        Arg("batch_size", "sequences per trainer forward", int, 8),
+        Arg("timeout", "seconds per server request", float, 600.0),
+        Arg("out", "also write the JSON report here"),
+        Arg("server_check", "false: do not fail (exit 3) on contract deviations of the server", bool, True),
+    ], epilog="Exit code: 0 all equal and the server runs the contract, 1 a log-prob differs, 2 usage or "
+              "connection error,\n3 all equal but the server's flags deviate from the contract.")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _args(argv)
+    cli = _cli()
+    try:
+        args = cli.parse(sys.argv[1:] if argv is None else argv)
+    except UsageError as e:
+        print(f"top-rl-parity-probe: {e}\n{cli.usage()}", file=sys.stderr)
+        return 2
+    if args is None:  # --help
+        return 0
     if args.temperature <= 1e-6:
-        print("error: --temperature must be > 1e-6 (SGLang turns lower values into greedy decoding)", file=sys.stderr)
+        print("error: temperature must be > 1e-6 (SGLang turns lower values into greedy decoding)", file=sys.stderr)
         return 2
     client = SglangClient(args.url, args.timeout, max_retries=2)
     try:
@@ -221,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"server deviates from the TOP contract: {v}", file=sys.stderr)
     if not equal:
         return 1
-    return 3 if violations and not args.no_server_check else 0
+    return 3 if violations and args.server_check else 0
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ class ModelConfig:
         )
 
     def build(self, vocab_size: int, eos_token_id: int | None) -> Qwen3:
-        """The initial policy (rank 0 builds it once; everyone else receives its weights)."""
+        """The initial policy, built once per run; every engine and trainer rank receives its weights."""
         if self.path:
             return load_model(self.path, self.dtype)
         return Qwen3(self.qwen3_config(vocab_size, eos_token_id), self.dtype).init_random(self.init_seed, self.init_std)
