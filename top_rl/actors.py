@@ -20,6 +20,9 @@ from top_rl.weight_sync import Endpoint
 
 
 def _setup_process(kernel_backend: str, attention_backend: str | None, threads: int) -> None:
+    from top_rl import quiet
+
+    quiet.install()  # third-party start-up notices, once per actor (top_rl/quiet.py)
     if not ray.get_gpu_ids():
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before anything initialises CUDA in this process
     torch.set_num_threads(threads)

@@ -40,8 +40,9 @@ def start_ray(cfg: ClusterConfig) -> None:
     if ray.is_initialized():
         return
     address = cfg.address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=True)
+    if address:  # a cluster's workers do not inherit this process's warning filters: install them there too
+        ray.init(address=address, log_to_driver=True,
+                 runtime_env={"worker_process_setup_hook": "top_rl.quiet.install"})
     else:
         ray.init(num_cpus=cfg.num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=True,
                  configure_logging=False)
