@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+CONF_DIR = str(Path(__file__).resolve().parent / "conf")  # package data: ships in the wheel
 
 
 def _register_schema() -> None:

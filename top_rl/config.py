@@ -1,5 +1,5 @@
 """The run's typed config: one dataclass per component (owned by that component), composed here and
-registered with Hydra as the schema of conf/config.yaml. Unknown keys fail at compose time; values are
+registered with Hydra as the schema of top_rl/conf/config.yaml. Unknown keys fail at compose time; values are
 checked by `validate` before any work starts, each error naming the key and what it accepts."""
 
 from __future__ import annotations
