@@ -25,7 +25,7 @@ COPY pyproject.toml README.md ./
 COPY top_rl ./top_rl
 COPY launch ./launch
 # Editable, so launch/ stays next to the package (the Hydra tree, top_rl/conf/, is package data either way).
-RUN python3 -m pip install -c /opt/top-rl-constraints.txt "${MEGATRON_CORE}" -e ".[math]"
+RUN python3 -m pip install -c /opt/top-rl-constraints.txt "${MEGATRON_CORE}" -e .
 RUN python3 launch/check_image.py /opt/top-rl-constraints.txt \
  && top-rl-parity-probe --help >/dev/null
 

@@ -6,8 +6,8 @@ dataset `BytedTsinghua-SIA/DAPO-Math-17k` (needs network). A row is the verl RL 
 are accepted too. The published parquet repeats every prompt ~100 times, so rows are de-duplicated by prompt.
 
 Reward: 1.0 when the response's final answer equals the gold answer, else 0.0. The answer is the text after the
-last "Answer:" (the dataset's instruction), else the last \\boxed{}. With `math-verify` installed (extra `math`)
-it decides equivalence; otherwise, and as a fast path, answers are compared after normalisation (LaTeX wrappers,
+last "Answer:" (the dataset's instruction), else the last \\boxed{}. `math-verify` (a dependency) decides
+equivalence; as a fast path, and where it is missing, answers are compared after normalisation (LaTeX wrappers,
 spaces, units of degrees/percent removed) and as exact fractions when both are numbers.
 """
 
