@@ -83,10 +83,41 @@ def test_sigterm_finishes_the_step_checkpoints_it_and_exits_nonzero(tmp_path):
     assert rl_runs.without_timing(rows[:n]) == rl_runs.without_timing(rl_runs.rows(rl_runs.baseline())[:n])
 
 
+def _fake_checkpoint(run_dir: Path, step: int) -> Path:
+    """A checkpoint with every file a resume needs (tiny stand-in contents) and its manifest."""
+    from top_rl import checkpoint_manifest
+
+    ckpt = run_dir / "checkpoints" / f"step_{step:06d}"
+    ckpt.mkdir(parents=True)
+    (ckpt / "state.json").write_text(json.dumps({"format": 2, "step": step, "world": 1}))
+    (ckpt / "trainer_rank000.pt").write_bytes(b"weights" * 100)
+    (ckpt / "driver.pt").write_bytes(b"rng")
+    checkpoint_manifest.write(ckpt)
+    return ckpt
+
+
+def test_stop_message_never_recommends_a_checkpoint_that_fails_verification(tmp_path):
+    """Issue 14: the newest checkpoint has a truncated shard; the stop message names it and recommends the one
+    before, which verifies."""
+    _fake_checkpoint(tmp_path, 7)
+    bad = _fake_checkpoint(tmp_path, 9)
+    with open(bad / "trainer_rank000.pt", "r+b") as f:
+        f.truncate(100)
+    hint = faults.resume_hint(tmp_path)
+    assert f"Last complete checkpoint that verifies: {tmp_path / 'checkpoints' / 'step_000007'} (step 7)." in hint
+    assert "step_000009 fails verification, skipped: trainer_rank000.pt: truncated: 100 bytes, manifest.json " \
+           "says 700" in hint and "resume=true" in hint
+    (bad / "trainer_rank000.pt").unlink()
+    (tmp_path / "checkpoints" / "step_000007" / "driver.pt").write_bytes(b"RNG")  # same size, other bytes
+    hint = faults.resume_hint(tmp_path)
+    assert "has no complete checkpoint that verifies yet" in hint
+    assert "step_000007 fails verification, skipped: driver.pt: its bytes changed" in hint
+    assert "step_000009 fails verification, skipped: trainer_rank000.pt: missing" in hint
+
+
 def test_guard_signals_and_dead_actor_messages(tmp_path):
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    (tmp_path / "checkpoints" / "step_000007").mkdir(parents=True)
-    (tmp_path / "checkpoints" / "step_000007" / "state.json").write_text("{}")
+    _fake_checkpoint(tmp_path, 7)
     with pytest.raises(faults.RunStopped) as stop, faults.RunGuard(tmp_path) as guard:
         guard.catch_signals()
         os.kill(os.getpid(), signal.SIGINT)  # first: finish the step

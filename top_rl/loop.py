@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from top_rl import checkpoint, faults, kernels, prompts
+from top_rl import checkpoint, faults, kernels, preflight, prompts, run_lock
 from top_rl.cluster import Cluster
 from top_rl.config import RunConfig
 from top_rl.model import hf_state_dict
@@ -38,18 +38,16 @@ def grpo_loss_fn(old, advantages, loss_cfg, total_tokens, total_samples, lps, in
 
 def run(cfg: RunConfig) -> dict:
     run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    # Every refusal comes before Ray, wandb or any file write (a refused run leaves no run_dir behind).
+    ready = preflight.check(cfg)
+    task, max_prompt_len = ready.task, ready.max_prompt_len
     backend = cfg.top.kernels if cfg.top.enabled else "plain"
     kernels.set_backend(backend)
-    # Refusals come before anything starts or anything in run_dir changes.
-    task = prompts.load_task(cfg.task)
-    state = checkpoint.prepare(run_dir, cfg)  # None: a fresh run (which never overwrites checkpoints)
-    model_cfg = cfg.model.qwen3_config(task.vocab_size, task.eos_token_id)  # refuses all but dense Qwen3
-    prompts.check_tokenizer(task, model_cfg)
-    max_prompt_len = model_cfg.max_position_embeddings - cfg.rollout.max_new_tokens
     checkpoint.seed_process(cfg.seed)
-    # SIGINT/SIGTERM stop the run after a checkpointed step; a dead trainer stops it naming the checkpoint.
-    with faults.RunGuard(run_dir) as guard, contextlib.ExitStack() as cleanup:
+    # One run per run_dir; SIGINT/SIGTERM stop the run after a checkpointed step; a dead trainer stops it
+    # naming the checkpoint.
+    with run_lock.RunLock(run_dir), faults.RunGuard(run_dir) as guard, contextlib.ExitStack() as cleanup:
+        state = preflight.confirm_under_lock(cfg, ready)  # None: a fresh run (which never overwrites checkpoints)
         policy = cfg.model.build(task.vocab_size, task.eos_token_id)
         cluster = Cluster(cfg.cluster, backend, cfg.rollout, cfg.trainer, policy.cfg, hf_state_dict(policy),
                           sglang_context={"trainer_attention_backend": cfg.top.attention_backend,

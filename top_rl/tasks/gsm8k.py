@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from top_rl.tasks.base import HFTokenizerTask, PromptItem
+from top_rl.tasks.base import HFTokenizerTask, PromptItem, text_lines
 
 _NUM = r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+"
 # `#### <number>`: the marker, optional blanks and `$`, then the digits/commas/dots verl and lm-eval accept.
@@ -143,18 +143,19 @@ class Gsm8kTask(HFTokenizerTask):
             for i, row in enumerate(ds):
                 self._add(f"openai/gsm8k[{self.cfg.split}] row {i}", row)
             return
-        with open(self.cfg.path, encoding="utf-8") as f:
-            for ln, line in enumerate(f, 1):
-                where = f"{self.cfg.path}:{ln}"
-                if not line.strip():
-                    self._bad(where, "empty line")
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    self._bad(where, f"invalid JSON ({e.msg})")
-                    continue
-                self._add(where, row)
+        for where, line in text_lines(self.cfg.path):
+            if isinstance(line, ValueError):
+                self._bad(where, str(line))
+                continue
+            if not line.strip():
+                self._bad(where, "empty line")
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                self._bad(where, f"invalid JSON ({e.msg})")
+                continue
+            self._add(where, row)
 
     def __len__(self) -> int:
         return len(self.rows)
