@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,34 @@ def test_sigterm_finishes_the_step_checkpoints_it_and_exits_nonzero(tmp_path):
     assert checkpoint.step_of(checkpoint.latest(tmp_path)) == stopped < 50
     n = min(stopped, STEPS)
     assert rl_runs.without_timing(rows[:n]) == rl_runs.without_timing(rl_runs.rows(rl_runs.baseline())[:n])
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_start_up_stops_the_run_cleanly_and_leaves_nothing(tmp_path):
+    """Issue 14: Ctrl-C while the run starts stops it at once with a message, also when the shell started it
+    with SIGINT ignored (a background job); a run stopped before it wrote anything leaves no run_dir."""
+    run_dir = tmp_path / "during_imports"
+    proc = rl_runs.start(run_dir, *BASE, "steps=50", ignore_sigint=True)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out = rl_runs.finish(proc, timeout=60)
+    assert out.returncode == 130, out.stderr[-3000:]
+    assert "top-rl: interrupted (SIGINT" in out.stderr and "Traceback" not in out.stderr
+    assert not run_dir.exists()
+
+    run_dir = tmp_path / "while_ray_starts"  # the lock is the run's first write: Ray starts right after it
+    proc = rl_runs.start(run_dir, *BASE, "steps=50", ignore_sigint=True)
+    try:
+        t_end = time.time() + 60
+        while not (run_dir / "run.lock").exists():
+            assert proc.poll() is None and time.time() < t_end, "the run never took its lock"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+    finally:
+        out = rl_runs.finish(proc, timeout=120)
+    assert out.returncode == 130, out.stderr[-3000:]
+    assert "top-rl: interrupted (SIGINT while the run was starting)" in out.stderr, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and not run_dir.exists()
 
 
 def _fake_checkpoint(run_dir: Path, step: int) -> Path:

@@ -53,3 +53,26 @@ def test_lock_of_a_killed_process_is_taken_over_with_a_message(tmp_path, capsys)
         assert json.loads((run_dir / NAME).read_text())["pid"] == os.getpid()
     assert not (run_dir / NAME).exists()
 
+
+
+@pytest.mark.slow
+def test_a_second_top_rl_on_a_running_run_dir_is_refused_and_the_first_goes_on(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import rl_runs
+    from rl_runs import BASE
+
+    first = rl_runs.start(tmp_path, *BASE, "steps=50", "checkpoint.every=0")
+    try:
+        rl_runs.wait_for_row(tmp_path, 1, first)
+        second = rl_runs.run(tmp_path, *BASE, "steps=50", "checkpoint.every=0", "resume=true", timeout=120)
+        assert second.returncode == 1, second.stderr[-3000:]
+        assert f"top-rl: {tmp_path} is in use by another top-rl run: pid {first.pid} on host " \
+               f"{socket.gethostname()}" in second.stderr and "Traceback" not in second.stderr
+        rl_runs.wait_for_row(tmp_path, rl_runs.rows(tmp_path)[-1]["step"] + 1, first)  # the first goes on
+        first.send_signal(signal.SIGINT)
+    finally:
+        out = rl_runs.finish(first)
+    assert out.returncode == 130, out.stderr[-3000:]
+    steps = [r["step"] for r in rl_runs.rows(tmp_path)]
+    assert steps == list(range(1, len(steps) + 1))  # one writer: every step once, in order
+    assert not (tmp_path / NAME).exists()
