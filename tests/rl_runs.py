@@ -34,10 +34,10 @@ def start(run_dir: Path, *overrides: str, fault: str | None = None, wandb: str =
     env.pop("TOP_RL_FAULT", None)
     if fault:
         env["TOP_RL_FAULT"] = fault
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None
     return subprocess.Popen([sys.executable, "-m", "top_rl.cli", f"run_dir={run_dir}", *overrides],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True,
-                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None)
+                            start_new_session=True, preexec_fn=ignore)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 400) -> subprocess.CompletedProcess:

@@ -81,7 +81,8 @@ def test_every_file_of_a_checkpoint_is_in_its_manifest(run_dir):
     ckpt = _ckpt(run_dir, STEPS)
     manifest = json.loads((ckpt / "manifest.json").read_text())["files"]
     on_disk = {str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file()} - {"manifest.json"}
-    assert set(manifest) == on_disk and {"trainer_rank000.pt", "driver.pt", "state.json", "hf/model.safetensors"} <= on_disk
+    assert set(manifest) == on_disk
+    assert {"trainer_rank000.pt", "driver.pt", "state.json", "hf/model.safetensors"} <= on_disk
     assert all(manifest[n]["size"] == (ckpt / n).stat().st_size for n in manifest)
 
 
@@ -138,5 +139,6 @@ def test_resume_from_a_run_whose_newest_checkpoint_is_truncated_is_bitwise_the_s
     assert f"step_{STEPS:06d} fails verification, skipped: trainer_rank000.pt: truncated" in out.stdout
     assert f"resuming from step_{STEPS - 1:06d}, the newest checkpoint that verifies" in out.stdout
     assert rl_runs.without_timing(rl_runs.rows(run_dir)) == rl_runs.without_timing(rl_runs.rows(straight))
-    assert rl_runs.state_hash(rl_runs.final_checkpoint(run_dir)) == rl_runs.state_hash(rl_runs.final_checkpoint(straight))
+    assert rl_runs.state_hash(rl_runs.final_checkpoint(run_dir)) == \
+        rl_runs.state_hash(rl_runs.final_checkpoint(straight))
     checkpoint.load_verified(rl_runs.final_checkpoint(run_dir))  # the replayed step 6 wrote a whole checkpoint

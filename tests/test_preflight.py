@@ -55,8 +55,9 @@ def data(tmp_path_factory):
     (d / "empty.jsonl").write_text("")
     (d / "all_bad.jsonl").write_text("{oops\n\n")
     (d / "latin1.jsonl").write_bytes((row("What is 2+2?") + "\n" + row("Was ist 2+2? Gr\xfc\xdfe")).encode("latin-1"))
-    (d / "long.jsonl").write_text("\n".join([row("What is 2+2?"), row("What is 1+3?"), row("What is " + "1+" * 40 + "1?"),
-                                             row("What is 0+4?")]) + "\n")
+    long_q = "What is " + "1+" * 40 + "1?"
+    rows = [row("What is 2+2?"), row("What is 1+3?"), row(long_q), row("What is 0+4?")]
+    (d / "long.jsonl").write_text("\n".join(rows) + "\n")
     (d / "adir.jsonl").mkdir()
     return d
 

@@ -7,8 +7,8 @@
 - SIGINT / SIGTERM: the first one lets the current step finish, checkpoints it and stops (exit
   128 + signal); a second one abandons the step at once. Before the first step can run (checks,
   imports, Ray starting) one stops the run at once (`interrupt_on_signals`, installed by `top-rl`
-  first thing: also when the shell started it with SIGINT ignored, as a background job). Checkpoints are written atomically
-  (top_rl.checkpoint), so either way the last complete one is intact.
+  first thing: also when the shell started it with SIGINT ignored, as a background job).
+  Checkpoints are written atomically (top_rl.checkpoint), so either way the last complete one is intact.
 
 Test-only fault injection, read only here: TOP_RL_FAULT="point:N[,point:N...]"
   kill_after_step:N     SIGKILL this driver once step N is logged and checkpointed
