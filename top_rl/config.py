@@ -88,15 +88,16 @@ def _get(cfg, dotted):
     return cfg
 
 
-def _non_finite(tree, prefix=""):
-    """Dotted keys of every NaN / inf number in the config (a NaN temperature would reach the sampler)."""
-    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, (list, tuple)) else ()
-    for k, v in items:
-        key = f"{prefix}{k}" if isinstance(tree, dict) else f"{prefix[:-1]}[{k}]."
-        if isinstance(v, float) and not math.isfinite(v):
-            yield key.rstrip("."), v
-        elif isinstance(v, (dict, list, tuple)):
-            yield from _non_finite(v, key + ("." if isinstance(v, dict) else ""))
+def _non_finite(tree, key=""):
+    """(dotted key, value) of every NaN / inf number in the config (a NaN temperature would reach the sampler)."""
+    if isinstance(tree, float) and not math.isfinite(tree):
+        yield key, tree
+    elif isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _non_finite(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            yield from _non_finite(v, f"{key}[{i}]")
 
 
 def _optimizer_errors(t) -> list[str]:
