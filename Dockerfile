@@ -23,10 +23,9 @@ RUN python3 -m pip freeze \
 WORKDIR /opt/top-rl
 COPY pyproject.toml README.md ./
 COPY top_rl ./top_rl
-COPY conf ./conf
 COPY launch ./launch
-# Editable, so the Hydra tree (conf/) and launch/ stay next to the package, where `top-rl` finds them.
-RUN python3 -m pip install -c /opt/top-rl-constraints.txt "${MEGATRON_CORE}" -e ".[math]"
+# Editable, so launch/ stays next to the package (the Hydra tree, top_rl/conf/, is package data either way).
+RUN python3 -m pip install -c /opt/top-rl-constraints.txt "${MEGATRON_CORE}" -e .
 RUN python3 launch/check_image.py /opt/top-rl-constraints.txt \
  && top-rl-parity-probe --help >/dev/null
 

@@ -27,14 +27,17 @@ BASE = ["rollout.prompts_per_step=4", "rollout.n_samples=8", "rollout.max_new_to
 STEPS = 6
 
 
-def start(run_dir: Path, *overrides: str, fault: str | None = None, wandb: str = "disabled") -> subprocess.Popen:
+def start(run_dir: Path, *overrides: str, fault: str | None = None, wandb: str = "disabled",
+          ignore_sigint: bool = False) -> subprocess.Popen:
+    """`ignore_sigint`: start it as a shell starts a background job (SIGINT ignored, inherited)."""
     env = {**os.environ, "WANDB_MODE": wandb, "WANDB_SILENT": "true", "RAY_DEDUP_LOGS": "0"}
     env.pop("TOP_RL_FAULT", None)
     if fault:
         env["TOP_RL_FAULT"] = fault
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None
     return subprocess.Popen([sys.executable, "-m", "top_rl.cli", f"run_dir={run_dir}", *overrides],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=ignore)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 400) -> subprocess.CompletedProcess:

@@ -109,7 +109,7 @@ def test_reward_without_math_verify(rows_file):
 
 
 def test_reward_with_math_verify(rows_file):
-    pytest.importorskip("math_verify")
+    import math_verify  # noqa: F401 - a dependency (pyproject): its absence fails here, never skips
     task = DapoTask(DapoConfig(path=str(rows_file)), tokenizer=CharTokenizer())
     half = task.item(1)
     assert task.reward(half, "Answer: \\sqrt{1/4}") == 1.0 and task.reward(half, "Answer: 0.25") == 0.0

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -83,10 +84,69 @@ def test_sigterm_finishes_the_step_checkpoints_it_and_exits_nonzero(tmp_path):
     assert rl_runs.without_timing(rows[:n]) == rl_runs.without_timing(rl_runs.rows(rl_runs.baseline())[:n])
 
 
+@pytest.mark.slow
+def test_ctrl_c_during_start_up_stops_the_run_cleanly_and_leaves_nothing(tmp_path):
+    """Issue 14: Ctrl-C while the run starts stops it at once with a message, also when the shell started it
+    with SIGINT ignored (a background job); a run stopped before it wrote anything leaves no run_dir."""
+    run_dir = tmp_path / "during_imports"
+    proc = rl_runs.start(run_dir, *BASE, "steps=50", ignore_sigint=True)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out = rl_runs.finish(proc, timeout=60)
+    assert out.returncode == 130, out.stderr[-3000:]
+    assert "top-rl: interrupted (SIGINT" in out.stderr and "Traceback" not in out.stderr
+    assert not run_dir.exists()
+
+    run_dir = tmp_path / "while_ray_starts"  # the lock is the run's first write: Ray starts right after it
+    proc = rl_runs.start(run_dir, *BASE, "steps=50", ignore_sigint=True)
+    try:
+        t_end = time.time() + 60
+        while not (run_dir / "run.lock").exists():
+            assert proc.poll() is None and time.time() < t_end, "the run never took its lock"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+    finally:
+        out = rl_runs.finish(proc, timeout=120)
+    assert out.returncode == 130, out.stderr[-3000:]
+    assert "top-rl: interrupted (SIGINT while the run was starting)" in out.stderr, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and not run_dir.exists()
+
+
+def _fake_checkpoint(run_dir: Path, step: int) -> Path:
+    """A checkpoint with every file a resume needs (tiny stand-in contents) and its manifest."""
+    from top_rl import checkpoint_manifest
+
+    ckpt = run_dir / "checkpoints" / f"step_{step:06d}"
+    ckpt.mkdir(parents=True)
+    (ckpt / "state.json").write_text(json.dumps({"format": 2, "step": step, "world": 1}))
+    (ckpt / "trainer_rank000.pt").write_bytes(b"weights" * 100)
+    (ckpt / "driver.pt").write_bytes(b"rng")
+    checkpoint_manifest.write(ckpt)
+    return ckpt
+
+
+def test_stop_message_never_recommends_a_checkpoint_that_fails_verification(tmp_path):
+    """Issue 14: the newest checkpoint has a truncated shard; the stop message names it and recommends the one
+    before, which verifies."""
+    _fake_checkpoint(tmp_path, 7)
+    bad = _fake_checkpoint(tmp_path, 9)
+    with open(bad / "trainer_rank000.pt", "r+b") as f:
+        f.truncate(100)
+    hint = faults.resume_hint(tmp_path)
+    assert f"Last complete checkpoint that verifies: {tmp_path / 'checkpoints' / 'step_000007'} (step 7)." in hint
+    assert "step_000009 fails verification, skipped: trainer_rank000.pt: truncated: 100 bytes, manifest.json " \
+           "says 700" in hint and "resume=true" in hint
+    (bad / "trainer_rank000.pt").unlink()
+    (tmp_path / "checkpoints" / "step_000007" / "driver.pt").write_bytes(b"RNG")  # same size, other bytes
+    hint = faults.resume_hint(tmp_path)
+    assert "has no complete checkpoint that verifies yet" in hint
+    assert "step_000007 fails verification, skipped: driver.pt: its bytes changed" in hint
+    assert "step_000009 fails verification, skipped: trainer_rank000.pt: missing" in hint
+
+
 def test_guard_signals_and_dead_actor_messages(tmp_path):
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    (tmp_path / "checkpoints" / "step_000007").mkdir(parents=True)
-    (tmp_path / "checkpoints" / "step_000007" / "state.json").write_text("{}")
+    _fake_checkpoint(tmp_path, 7)
     with pytest.raises(faults.RunStopped) as stop, faults.RunGuard(tmp_path) as guard:
         guard.catch_signals()
         os.kill(os.getpid(), signal.SIGINT)  # first: finish the step

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rl_runs  # noqa: E402
 from rl_runs import BASE, STEPS  # noqa: E402
 
-from top_rl import checkpoint  # noqa: E402
+from top_rl import checkpoint, wandb_history  # noqa: E402
 from top_rl.checkpoint import CheckpointConfig, ResumeRefused  # noqa: E402
 from top_rl.tasks import ArithConfig, ArithTask, DataPosition  # noqa: E402
 
@@ -27,7 +27,8 @@ def test_sigkill_after_step_3_then_resume_is_bitwise_the_straight_run(tmp_path):
     assert any(r["train/grad_norm"] > 0 for r in ref[:3]) and any(r["train/grad_norm"] > 0 for r in ref[3:]), \
         "the weights must move before and after the kill, or the comparison proves nothing"
 
-    killed = rl_runs.run(tmp_path, *BASE, f"steps={STEPS}", fault="kill_after_step:3", wandb="offline")
+    proc = rl_runs.start(tmp_path, *BASE, f"steps={STEPS}", fault="kill_after_step:3", wandb="offline")
+    killed, killed_pid = rl_runs.finish(proc), proc.pid
     assert killed.returncode == -9, killed.stderr[-3000:]
     assert [r["step"] for r in rl_runs.rows(tmp_path)] == [1, 2, 3]
     assert checkpoint.step_of(checkpoint.latest(tmp_path)) == 3
@@ -45,8 +46,13 @@ def test_sigkill_after_step_3_then_resume_is_bitwise_the_straight_run(tmp_path):
     assert rl_runs.without_timing(got) == rl_runs.without_timing(ref)
     assert rl_runs.state_hash(rl_runs.final_checkpoint(tmp_path)) == \
         rl_runs.state_hash(rl_runs.final_checkpoint(straight))
-    # wandb continued the same run (offline: two run directories with one id)
-    assert run_id and len(list((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))) == 2
+    # wandb continued the same run (offline: two run directories with one id) and, read back with wandb's own
+    # protobufs, holds every step exactly once: what the killed attempt lost came back from metrics.jsonl
+    files = wandb_history.offline_files(tmp_path, run_id)
+    assert run_id and len(files) == 2
+    assert sorted(s for f in files for s in wandb_history.history_steps(f)) == list(range(1, STEPS + 1))
+    # the SIGKILLed driver left its run_dir lock behind: the resume took it over and said whose it was
+    assert f"taking over {tmp_path / 'run.lock'}: it was left by pid {killed_pid} on host" in resumed.stdout
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == \
         ["step_000004", "step_000005", "step_000006"]  # checkpoint.keep=3
 

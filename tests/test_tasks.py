@@ -6,7 +6,7 @@ import pytest
 
 from top_rl.tasks import DataPosition, get_task
 from top_rl.tasks.arith import VOCAB_SIZE, ArithConfig, ArithTask
-from top_rl.tasks.gsm8k import Gsm8kConfig, Gsm8kTask, extract_answer
+from top_rl.tasks.gsm8k import Gsm8kConfig, Gsm8kTask, extract_lenient, extract_strict
 
 # The steering repo's shared/ lies beside the checkout (and beside CI's clone); /work/shared on this machine.
 GSM = next((p for p in (Path(__file__).resolve().parents[2] / "shared/data/gsm8k/test.jsonl",
@@ -94,8 +94,27 @@ def hf_tok():
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>")
 
 
-def test_extract_answer():
-    F = extract_answer
+def test_strict_reward_is_the_standard_last_hash_answer(hf_tok, tmp_path):
+    """Issue 14: the default grades like verl / lm-eval strict-match: `#### <number>` or nothing."""
+    S = extract_strict
+    assert S("x = 3\n#### 42") == 42 and S("#### 1,234") == 1234 and S("####$18.00") == 18 and S("#### -3.") == -3
+    assert S("#### 5 wait, no\n#### 6") == 6  # the last marker is the answer
+    assert S("I think 41 or 42") is None and S("\\boxed{42}") is None and S("The answer is: 42") is None
+    assert S("#### ,") is None and S("#### 1.2.3") is None
+    p = tmp_path / "one.jsonl"
+    p.write_text(json.dumps({"question": "How many?", "answer": "40 + 2 = 42\n#### 42"}) + "\n")
+    task = Gsm8kTask(Gsm8kConfig(path=str(p)), tokenizer=hf_tok)
+    it = task.item(0)
+    assert [task.reward(it, r) for r in ("I think 41 or 42", "\\boxed{42}", "so\n#### 42", "#### 42\n#### 41",
+                                          "#### 4,2", "#### $42.0")] == [0.0, 0.0, 1.0, 0.0, 1.0, 1.0]
+    lenient = Gsm8kTask(Gsm8kConfig(path=str(p), reward_mode="lenient_last_number"), tokenizer=hf_tok)
+    assert lenient.reward(it, "I think 41 or 42") == 1.0  # the old behaviour, kept under a name that says so
+    with pytest.raises(ValueError, match="task.reward_mode='loose'; choose one of: strict, lenient_last_number"):
+        Gsm8kTask(Gsm8kConfig(path=str(p), reward_mode="loose"), tokenizer=hf_tok)
+
+
+def test_extract_lenient():
+    F = extract_lenient
     assert F("so \\boxed{1,234} but 7") == 1234
     assert F("blah \\boxed{\\$18.00} then 99") == 18
     assert F("x = 3\n#### 42") == 42 and F("The answer is: $7.5 dollars") == 7.5
@@ -124,7 +143,7 @@ def test_gsm8k_chat_template(hf_tok, tmp_path):
     try:
         task = Gsm8kTask(Gsm8kConfig(path=str(GSM)), tokenizer=hf_tok)
         it = task.item(1)
-        assert it.prompt.startswith("<|im_start|>user\nA robe takes") and "\\boxed{}" in it.prompt
+        assert it.prompt.startswith("<|im_start|>user\nA robe takes") and 'after "####"' in it.prompt
         assert it.prompt.endswith("<|im_start|>assistant\n")
         assert it.prompt_ids[0] == hf_tok.convert_tokens_to_ids("<|im_start|>")
         plain = Gsm8kTask(Gsm8kConfig(path=str(GSM), use_chat_template=False), tokenizer=hf_tok)

@@ -54,7 +54,7 @@ def test_jsonl_wandb_offline_console_and_resume(tmp_path, capsys):
     assert _steps(run_dir) == [0, 1, 2]
     last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     assert math.isnan(last["train/train_rollout_logprob_abs_diff"])  # NaN stays NaN, never 0
-    assert len(list((run_dir / "wandb").glob(f"offline-run-*-{rid}"))) == 2
+    assert _wandb_steps(run_dir, rid)[1] == 2  # two attempts (a same-second one is "offline-run-...-<id>-1")
 
 
 def test_fresh_run_replaces_and_modes(tmp_path, monkeypatch):
@@ -72,3 +72,34 @@ def test_fresh_run_replaces_and_modes(tmp_path, monkeypatch):
     assert resolve_wandb_mode("auto") == "online" and resolve_wandb_mode("offline") == "offline"
     with pytest.raises(ValueError):
         resolve_wandb_mode("sometimes")
+
+
+def _wandb_steps(run_dir, run_id):
+    """Every history row of every attempt's offline file, read back with wandb's own protobufs."""
+    from top_rl import wandb_history
+
+    files = wandb_history.offline_files(run_dir, run_id)
+    return sorted(s for f in files for s in wandb_history.history_steps(f)), len(files)
+
+
+def test_resume_restores_wandb_history_from_jsonl_and_never_logs_a_step_twice(tmp_path, capsys):
+    """Issue 14: rows the crashed attempt wrote to metrics.jsonl but wandb lost are restored on resume, and
+    steps wandb already holds (logged past the checkpoint, then replayed) are not sent again."""
+    run_dir, rid = tmp_path / "run", "resumeme1"
+    # attempt 1: its wandb recorded nothing (as after a SIGKILL that lost wandb's buffer); the JSONL has 1..4
+    with Tracker(str(run_dir), TrackingConfig(wandb_mode="disabled", console=False), run_id=rid) as t:
+        for s in range(1, 5):
+            t.log(s, _row(s))
+    # attempt 2 resumes from the step-3 checkpoint: 1..3 come back from the JSONL, then 4 and 5 are new
+    with Tracker(str(run_dir), TrackingConfig(console=False), run_id=rid, resume_from_step=3) as t:
+        for s in (4, 5):
+            t.log(s, _row(s))
+    assert "wandb: restored 3 rows (steps 1..3) from metrics.jsonl" in capsys.readouterr().out
+    assert _wandb_steps(run_dir, rid) == ([1, 2, 3, 4, 5], 1)
+    # attempt 3 resumes from step 4 although wandb holds 5: the replayed step 5 is not sent twice
+    with Tracker(str(run_dir), TrackingConfig(console=False), run_id=rid, resume_from_step=4) as t:
+        for s in (5, 6):
+            t.log(s, _row(s))
+    assert "restored" not in capsys.readouterr().out
+    assert _wandb_steps(run_dir, rid) == ([1, 2, 3, 4, 5, 6], 2)
+    assert _steps(run_dir) == [1, 2, 3, 4, 5, 6]

@@ -8,9 +8,12 @@
   hf/                  the policy as a Hugging Face Qwen3 checkpoint (config.json, safetensors,
                        tokenizer), written by trainer rank 0: the exact weights the engines sample
                        with, so `top-rl-export` is a copy and needs neither the trainer nor its layout
-  state.json           step, data position, wandb run id, resolved config; written last
+  state.json           step, data position, wandb run id, resolved config
+  manifest.json        size and SHA-256 of every file above (top_rl.checkpoint_manifest); written last
 A checkpoint is written into `step_NNNNNN.tmp/` (then fsynced) and renamed when complete, so a
-crash mid-write leaves the previous one as the latest. Sampling seeds and data order are pure
+crash mid-write leaves the previous one as the latest. A checkpoint is trusted only once it verifies
+against its manifest: resume takes the newest one that does and names each one skipped (and the file
+that failed); the stop message and `top-rl-export` do the same. Sampling seeds and data order are pure
 functions of (seed, step, position), so this is the whole state.
 """
 
@@ -27,12 +30,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from top_rl import faults
+from top_rl import checkpoint_manifest, faults
+from top_rl.checkpoint_manifest import CheckpointInvalid
 from top_rl.tasks.base import DataPosition
 
 STEP_PREFIX = "step_"
 _STEP_DIR = re.compile(r"step_(\d+)")
-FORMAT = 1
+FORMAT = 2  # 2: manifest.json (format-1 checkpoints have none and load unverified, with a note)
 # Keys a resume may change freely: they do not enter any computed number.
 RESUME_FREE_KEYS = {"steps", "run_dir", "resume", "resume_allow_changes", "dry_run", "checkpoint", "tracking",
                     "cluster"}
@@ -135,7 +139,8 @@ def save(run_dir: Path, cfg, step: int, position: DataPosition, cluster, run_id:
     task.save_tokenizer(str(tmp / "hf"))
     state = {"format": FORMAT, "step": step, "position": position.state_dict(), "run_id": run_id,
              "config": cfg.as_dict(), "world": len(cluster.trainers)}
-    _write(tmp / "state.json", lambda f: f.write(json.dumps(state, indent=2).encode()))  # last: marks complete
+    _write(tmp / "state.json", lambda f: f.write(json.dumps(state, indent=2).encode()))
+    checkpoint_manifest.write(tmp)  # last: sizes and checksums of everything above
     _fsync_tree(tmp)
     if final.exists():  # should a step be saved twice: never be without one complete copy
         final.rename(old)
@@ -148,20 +153,71 @@ def save(run_dir: Path, cfg, step: int, position: DataPosition, cluster, run_id:
 
 
 # ------------------------------------------------------------------------------------------- resume
+def load_verified(ckpt: Path, driver: bool = True) -> dict:
+    """The checkpoint's state (state.json, plus driver.pt's content under "driver") once every file verifies
+    against manifest.json. Raises CheckpointInvalid naming the bad file."""
+    ckpt = Path(ckpt)
+    if checkpoint_manifest.has_manifest(ckpt):
+        checkpoint_manifest.verify(ckpt)
+    try:
+        state = json.loads((ckpt / "state.json").read_text(encoding="utf-8"))
+        step, world = int(state["step"]), int(state["world"])
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointInvalid(ckpt, "state.json", f"unreadable ({type(e).__name__}: {e})") from None
+    if not checkpoint_manifest.has_manifest(ckpt) and state.get("format", 1) >= 2:
+        raise CheckpointInvalid(ckpt, checkpoint_manifest.NAME, "missing: the checkpoint cannot be verified")
+    if step != step_of(ckpt):
+        raise CheckpointInvalid(ckpt, "state.json", f"says step {step}, the directory name says {step_of(ckpt)}")
+    for name in [_shard(r) for r in range(world)] + ["driver.pt"]:
+        if not (ckpt / name).is_file():
+            raise CheckpointInvalid(ckpt, name, "missing")
+    if driver:
+        try:
+            state["driver"] = torch.load(ckpt / "driver.pt", weights_only=False)
+            state["driver"]["rng"]
+        except Exception as e:  # noqa: BLE001 - any unpickling failure: name the file, never a traceback
+            raise CheckpointInvalid(ckpt, "driver.pt", f"unreadable ({type(e).__name__}: {e})") from None
+    return state
+
+
+def newest_verified(run_dir: Path, driver: bool = True) -> tuple[Path | None, dict | None, list[CheckpointInvalid]]:
+    """The newest complete checkpoint that verifies, its state, and the newer ones that failed (newest first)."""
+    failed: list[CheckpointInvalid] = []
+    for ckpt in reversed(complete_checkpoints(run_dir)):
+        try:
+            return ckpt, load_verified(ckpt, driver), failed
+        except CheckpointInvalid as e:
+            failed.append(e)
+    return None, None, failed
+
+
+def describe_failed(failed: list[CheckpointInvalid]) -> str:
+    return "".join(f"\n  {e.ckpt.name} fails verification, skipped: {e.file}: {e.why}" for e in failed)
+
+
 def prepare(run_dir: Path, cfg) -> dict | None:
     """The state to resume from (config-checked; shard paths for the ranks), or None for a fresh run. A fresh run
-    refuses a run_dir that already holds checkpoints: it would overwrite them."""
-    found = latest(run_dir)
+    refuses a run_dir that already holds checkpoints: it would overwrite them. Reads only: nothing is written."""
     if not cfg.resume:
+        found = latest(run_dir)
         if found is not None:
             raise ResumeRefused(
                 f"{run_dir} already holds checkpoints (latest: {found.name}); a fresh run there would "
                 "overwrite them. Continue it with resume=true, or start elsewhere with run_dir=<new dir>.")
         return None
+    found, state, failed = newest_verified(run_dir)
+    if found is None and failed:
+        raise ResumeRefused(f"resume refused: no checkpoint in {run_dir} verifies:{describe_failed(failed)}\n"
+                            "Restore them from a copy, or move them aside to start again from step 0.")
     if found is None:
         print(f"[top-rl] resume=true but {run_dir} has no complete checkpoint: starting at step 0", flush=True)
         return None
-    state = json.loads((found / "state.json").read_text())
+    if failed:
+        print(f"[top-rl] checkpoints that fail verification:{describe_failed(failed)}\n"
+              f"[top-rl] resuming from {found.name}, the newest checkpoint that verifies", flush=True)
+    if not checkpoint_manifest.has_manifest(found):
+        print(f"[top-rl] {found} has no manifest.json (written by an older top-rl): resuming without verifying it",
+              flush=True)
     check_compatible(state["config"], cfg.as_dict(), cfg.resume_allow_changes)
     saved_layout = {k: state["config"]["trainer"].get(k, 1) for k in ("dp", "tp", "pp", "cp")}
     if saved_layout != {k: getattr(cfg.trainer, k) for k in ("dp", "tp", "pp", "cp")}:  # even with allow_changes
@@ -169,10 +225,6 @@ def prepare(run_dir: Path, cfg) -> dict | None:
                             "(resharding a checkpoint is not supported)")
     # Paths, not tensors: each rank loads its own shard (absolute: an actor's cwd is not the driver's).
     state["trainer"] = [str((found / _shard(r)).resolve()) for r in range(state["world"])]
-    missing = [p for p in state["trainer"] if not Path(p).is_file()]
-    if missing:
-        raise ResumeRefused(f"{found} is missing trainer shards {missing}; move it aside to resume from the one before")
-    state["driver"] = torch.load(found / "driver.pt", weights_only=False)
     state["path"] = str(found)
     print(f"[top-rl] resuming from {found} (step {state['step']})", flush=True)
     return state

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 
 from top_rl import quiet
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+CONF_DIR = str(Path(__file__).resolve().parent / "conf")  # package data: ships in the wheel
 
 
 # Hydra's own settings for `top-rl`, carried by the schema node that the config's defaults list starts with.
@@ -114,17 +115,14 @@ def _hydra_entry():
             print(json.dumps(launch_plan(cfg), indent=2, default=str))
             return
         from top_rl import loop
-        from top_rl.checkpoint import ResumeRefused
         from top_rl.faults import RunStopped
-        from top_rl.model.config import NotDenseQwen3
-        from top_rl.placement import PlacementError
-        from top_rl.prompts import BadInput
+        from top_rl.preflight import REFUSALS
         from top_rl.rl.gate import ParityViolation
 
         try:
             last = loop.run(cfg)
         # Refusals and stops whose message is the whole story: no traceback.
-        except (RunStopped, ResumeRefused, NotDenseQwen3, BadInput, ParityViolation, PlacementError) as e:
+        except (RunStopped, ParityViolation, *REFUSALS) as e:
             print(f"top-rl: {e}", file=sys.stderr, flush=True)
             sys.exit(getattr(e, "exit_code", 1))
         print(json.dumps({"run_dir": cfg.run_dir, "final": last}, default=str))
@@ -133,9 +131,17 @@ def _hydra_entry():
 
 
 def main() -> None:
+    from top_rl import faults
+
     quiet.install()
-    _register_schema()
-    _hydra_entry()()
+    faults.interrupt_on_signals()  # first: Ctrl-C during imports and checks stops the run too
+    try:
+        _register_schema()
+        _hydra_entry()()
+    except KeyboardInterrupt:  # before the run started (inside it, RunGuard reports it as RunStopped)
+        print(f"top-rl: interrupted ({faults.startup_signal_name()}) before the run started; nothing was written",
+              file=sys.stderr, flush=True)
+        sys.exit(128 + int(signal.Signals[faults.startup_signal_name()]))
 
 
 def export_main(argv: list[str] | None = None) -> int:

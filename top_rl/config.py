@@ -1,10 +1,11 @@
 """The run's typed config: one dataclass per component (owned by that component), composed here and
-registered with Hydra as the schema of conf/config.yaml. Unknown keys fail at compose time; values are
+registered with Hydra as the schema of top_rl/conf/config.yaml. Unknown keys fail at compose time; values are
 checked by `validate` before any work starts, each error naming the key and what it accepts."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,8 +95,37 @@ def _get(cfg, dotted):
     return cfg
 
 
-def validate(cfg: RunConfig) -> RunConfig:
+def _non_finite(tree, key=""):
+    """(dotted key, value) of every NaN / inf number in the config (a NaN temperature would reach the sampler)."""
+    if isinstance(tree, float) and not math.isfinite(tree):
+        yield key, tree
+    elif isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _non_finite(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            yield from _non_finite(v, f"{key}[{i}]")
+
+
+def _optimizer_errors(t) -> list[str]:
     errors = []
+    if not t.lr > 0:
+        errors.append(f"trainer.lr={t.lr} must be > 0 (0 never learns; a negative lr climbs the loss)")
+    if not t.eps > 0:
+        errors.append(f"trainer.eps={t.eps} must be > 0 (Adam divides by sqrt(v) + eps)")
+    if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
+        errors.append(f"trainer.betas={list(t.betas)} must be two numbers in [0, 1)")
+    for key in ("weight_decay", "grad_clip"):
+        if not getattr(t, key) >= 0:
+            errors.append(f"trainer.{key}={getattr(t, key)} must be >= 0" + (" (0 disables clipping)"
+                                                                           if key == "grad_clip" else ""))
+    return errors
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    errors = [f"{key}={v} must be a finite number" for key, v in _non_finite(cfg.as_dict())]
+    if errors:  # the checks below would only repeat them
+        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
     for key, allowed in _CHOICES.items():
         if _get(cfg, key) not in allowed:
             errors.append(f"{key}={_get(cfg, key)!r} is not allowed; choose one of: {', '.join(allowed)}")
@@ -108,6 +138,10 @@ def validate(cfg: RunConfig) -> RunConfig:
     if cfg.rollout.temperature <= 1e-6:
         errors.append(f"rollout.temperature={cfg.rollout.temperature} must be > 1e-6 (TOP samples; greedy "
                       "decoding returns another log-prob kind)")
+    errors += _optimizer_errors(cfg.trainer)
+    if cfg.algo.name == "grpo" and cfg.rollout.n_samples < 2:
+        errors.append(f"rollout.n_samples={cfg.rollout.n_samples} must be >= 2 for GRPO: advantages are relative "
+                      "to the prompt's group, so a group of one has advantage 0 and gives no gradient")
     if cfg.model.dtype != cfg.trainer.dtype:
         errors.append(f"model.dtype={cfg.model.dtype} and trainer.dtype={cfg.trainer.dtype} must match: engine and "
                       "trainer compute in one dtype under the TOP contract")

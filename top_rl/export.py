@@ -18,6 +18,7 @@ from pathlib import Path
 
 from top_rl import checkpoint
 from top_rl.cli_args import Arg, KeyValueCli, UsageError
+from top_rl.checkpoint_manifest import CheckpointInvalid
 
 CLI = KeyValueCli("top-rl-export", "Copy a run's checkpoint (its Hugging Face `hf/` directory) to a directory that "
                   "transformers loads.", [
@@ -32,28 +33,38 @@ class ExportError(ValueError):
     pass
 
 
-def _checkpoint(run_dir: Path, step: int | None) -> Path:
+def _checkpoint(run_dir: Path, step: int | None) -> tuple[Path, dict]:
+    """The checkpoint to export and its state, verified against its manifest. Without `step`: the newest one
+    that verifies (each newer one that fails is named on stderr); with `step`: that one, or a refusal."""
     found = checkpoint.complete_checkpoints(run_dir)
     if not found:
         raise ExportError(f"{run_dir} has no complete checkpoint (looked in {run_dir / 'checkpoints'})")
     if step is None:
-        return found[-1]
+        ckpt, state, failed = checkpoint.newest_verified(run_dir, driver=False)
+        if failed:
+            print(f"top-rl-export: checkpoints that fail verification:{checkpoint.describe_failed(failed)}",
+                  file=sys.stderr)
+        if ckpt is None:
+            raise ExportError(f"no checkpoint in {run_dir} verifies; nothing was exported")
+        return ckpt, state
     by_step = {checkpoint.step_of(p): p for p in found}
     if step not in by_step:
         raise ExportError(f"{run_dir} has no complete checkpoint at step {step}; it has steps {sorted(by_step)}")
-    return by_step[step]
+    try:
+        return by_step[step], checkpoint.load_verified(by_step[step], driver=False)
+    except CheckpointInvalid as e:
+        raise ExportError(f"checkpoint step {step} fails verification: {e}; nothing was exported") from None
 
 
 def export(run_dir: str | Path, out: str | Path, step: int | None = None, overwrite: bool = False) -> dict:
     run_dir, out = Path(run_dir), Path(out)
-    ckpt = _checkpoint(run_dir, step)
+    ckpt, state = _checkpoint(run_dir, step)
     src = ckpt / "hf"
     if not (src / "config.json").is_file():
         raise ExportError(f"{ckpt} has no hf/ directory (written by an older top-rl): resume the run for one step "
                           "to write a checkpoint that has it")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ExportError(f"{out} exists and is not empty; pass overwrite=true to replace it")
-    state = json.loads((ckpt / "state.json").read_text())
     tmp = out.with_name(out.name + ".export-tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp)

@@ -5,8 +5,10 @@
 - A trainer rank that dies stops the run: `RunGuard` turns the failure into `RunStopped`, naming the
   actor, the last complete checkpoint and the command that resumes from it.
 - SIGINT / SIGTERM: the first one lets the current step finish, checkpoints it and stops (exit
-  128 + signal); a second one abandons the step at once. Checkpoints are written atomically
-  (top_rl.checkpoint), so either way the last complete one is intact.
+  128 + signal); a second one abandons the step at once. Before the first step can run (checks,
+  imports, Ray starting) one stops the run at once (`interrupt_on_signals`, installed by `top-rl`
+  first thing: also when the shell started it with SIGINT ignored, as a background job).
+  Checkpoints are written atomically (top_rl.checkpoint), so either way the last complete one is intact.
 
 Test-only fault injection, read only here: TOP_RL_FAULT="point:N[,point:N...]"
   kill_after_step:N     SIGKILL this driver once step N is logged and checkpointed
@@ -76,17 +78,46 @@ class RunStopped(RuntimeError):
 
 
 def resume_hint(run_dir: Path) -> str:
+    """How to resume: the newest checkpoint that verifies against its manifest (never one that fails)."""
     from top_rl import checkpoint
 
-    latest = checkpoint.latest(run_dir)
+    try:
+        latest, _, failed = checkpoint.newest_verified(run_dir, driver=False)
+    except Exception as e:  # noqa: BLE001 - the stop message must never fail itself
+        return f"(the checkpoints in {run_dir} could not be checked: {e})"
+    skipped = checkpoint.describe_failed(failed)
     if latest is None:
-        return f"{run_dir} has no complete checkpoint yet: a new run starts from step 0."
+        return f"{run_dir} has no complete checkpoint{' that verifies' if failed else ''} yet: a new run starts " \
+               f"from step 0.{skipped}"
     from_cli = Path(sys.argv[0]).name in ("top-rl", "cli.py")  # the same overrides, plus resume=true
     args = [a for a in sys.argv[1:] if not a.startswith(("resume=", "+resume="))] if from_cli else []
     if not any(a.startswith("run_dir=") for a in args):
         args.insert(0, f"run_dir={run_dir}")
     cmd = shlex.join(["top-rl", *args, "resume=true"]) + ("" if from_cli else "  (with the run's other overrides)")
-    return f"Last complete checkpoint: {latest} (step {checkpoint.step_of(latest)}). Resume with:\n  {cmd}"
+    which = "Last complete checkpoint that verifies" if failed else "Last complete checkpoint"
+    return f"{which}: {latest} (step {checkpoint.step_of(latest)}).{skipped}{chr(10) if skipped else ' '}Resume " \
+           f"with:\n  {cmd}"
+
+
+_startup_signal: int | None = None
+
+
+def _interrupt(signum, frame) -> None:
+    global _startup_signal
+    _startup_signal = signum
+    raise KeyboardInterrupt
+
+
+def interrupt_on_signals() -> None:
+    """SIGINT/SIGTERM raise KeyboardInterrupt from now until `RunGuard.catch_signals` takes over: during
+    start-up there is no step to finish, so the run stops at once (and cleanly: RunGuard and top-rl turn
+    it into a message). Also re-arms SIGINT when the process inherited it ignored."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
+
+
+def startup_signal_name() -> str:
+    return signal.Signals(_startup_signal or signal.SIGINT).name
 
 
 class RunGuard:
@@ -135,7 +166,7 @@ class RunGuard:
         if isinstance(exc, ActorFailed):
             raise RunStopped(f"{exc}\nThe run stopped. {resume_hint(self.run_dir)}") from exc
         if isinstance(exc, KeyboardInterrupt):
-            signum = self.signum or signal.SIGINT
+            signum = self.signum or _startup_signal or signal.SIGINT
             how = "twice: the step in progress was abandoned" if self.signum else "while the run was starting"
             raise RunStopped(f"interrupted ({signal.Signals(signum).name} {how}). {resume_hint(self.run_dir)}",
                              exit_code=128 + signum) from exc

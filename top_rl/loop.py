@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from top_rl import checkpoint, faults, placement, prompts
+from top_rl import checkpoint, faults, preflight, prompts, run_lock
 from top_rl.cluster import Cluster
 from top_rl.config import RunConfig, kernel_backend
 from top_rl.rl import gate, grpo_advantages
@@ -27,19 +27,16 @@ def sample_seed(run_seed: int, step: int, index: int) -> int:
 
 def run(cfg: RunConfig) -> dict:
     run_dir = Path(cfg.run_dir)
-    # Refusals come before anything starts or anything in run_dir changes.
-    placement.check_before_start(cfg.rollout.num_engines, cfg.trainer, cfg.cluster)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    task = prompts.load_task(cfg.task)
-    state = checkpoint.prepare(run_dir, cfg)  # None: a fresh run (which never overwrites checkpoints)
-    model_cfg = cfg.model.qwen3_config(task.vocab_size, task.eos_token_id)  # refuses all but dense Qwen3
-    prompts.check_tokenizer(task, model_cfg)
-    max_prompt_len = model_cfg.max_position_embeddings - cfg.rollout.max_new_tokens
+    # Every refusal comes before Ray, wandb or any file write (a refused run leaves no run_dir behind).
+    ready = preflight.check(cfg)
+    task, model_cfg, max_prompt_len = ready.task, ready.model_cfg, ready.max_prompt_len
     checkpoint.seed_process(cfg.seed)
     gate_cfg = gate.GateConfig(enabled=cfg.top.enabled, on_violation=cfg.top.on_violation)
     step_cfg = RLStepConfig(loss=cfg.algo.loss, gate=gate_cfg, dump_dir=str((run_dir / "parity").resolve()))
-    # SIGINT/SIGTERM stop the run after a checkpointed step; a dead trainer stops it naming the checkpoint.
-    with faults.RunGuard(run_dir) as guard, contextlib.ExitStack() as cleanup:
+    # One run per run_dir; SIGINT/SIGTERM stop the run after a checkpointed step; a dead trainer stops it
+    # naming the checkpoint.
+    with run_lock.RunLock(run_dir), faults.RunGuard(run_dir) as guard, contextlib.ExitStack() as cleanup:
+        state = preflight.confirm_under_lock(cfg, ready)  # None: a fresh run (which never overwrites checkpoints)
         cluster = Cluster(cfg.cluster, kernel_backend=kernel_backend(cfg), attention_backend=cfg.top.attention_backend,
                           rollout_cfg=cfg.rollout, trainer_cfg=cfg.trainer, step_cfg=step_cfg, model_cfg=cfg.model,
                           qwen3_cfg=model_cfg, vocab_size=task.vocab_size, eos_token_id=task.eos_token_id,

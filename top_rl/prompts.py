@@ -60,13 +60,45 @@ def check_tokenizer(task: Task, model_cfg) -> None:
                                 f"[0, {model_cfg.vocab_size}): generation could never stop on it.")
 
 
+def _too_long(item: PromptItem, task: Task, max_prompt_len: int) -> PromptTooLong:
+    return PromptTooLong(
+        f"prompt {item.uid} of task {task.name!r} has {len(item.prompt_ids)} tokens; the model's context "
+        f"leaves {max_prompt_len} for a prompt (max_position_embeddings minus rollout.max_new_tokens). "
+        "Set rollout.on_long_prompt=truncate or skip, or shorten the prompts.")
+
+
+def _no_room(max_prompt_len: int) -> PromptTooLong:
+    return PromptTooLong(f"no room for any prompt: rollout.max_new_tokens leaves {max_prompt_len} tokens of "
+                         "the model's context (max_position_embeddings)")
+
+
+def check_lengths(task: Task, max_prompt_len: int, on_long: str) -> None:
+    """At start (top_rl.preflight), over the whole dataset: under `error` the first prompt too long is refused
+    now, not hours into the run; under `skip` at least one prompt must fit. One pass of the task's tokenizer."""
+    if max_prompt_len < 1:
+        raise _no_room(max_prompt_len)
+    if on_long == "truncate":
+        return
+    fits = False
+    for uid in range(len(task)):
+        item = task.item(uid)
+        if len(item.prompt_ids) <= max_prompt_len:
+            fits = True
+            if on_long == "skip":
+                return
+        elif on_long == "error":
+            raise _too_long(item, task, max_prompt_len)
+    if not fits:
+        raise PromptTooLong(f"every prompt of task {task.name!r} is longer than {max_prompt_len} tokens: "
+                            "nothing left to train on after rollout.on_long_prompt=skip")
+
+
 def next_prompts(task: Task, n: int, seed: int, position: DataPosition, max_prompt_len: int,
                  on_long: str) -> tuple[list[PromptItem], DataPosition, dict[str, int]]:
     """The next `n` prompts from `position` that fit in `max_prompt_len` tokens (see module doc), the
     position after them, and the step's counts of truncated and skipped prompts."""
     if max_prompt_len < 1:
-        raise PromptTooLong(f"no room for any prompt: rollout.max_new_tokens leaves {max_prompt_len} tokens of "
-                            "the model's context (max_position_embeddings)")
+        raise _no_room(max_prompt_len)
     items, truncated, skipped, skipped_in_a_row = [], 0, 0, 0
     stream = task.iterate(seed, position)
     while len(items) < n:
@@ -84,8 +116,5 @@ def next_prompts(task: Task, n: int, seed: int, position: DataPosition, max_prom
                 raise PromptTooLong(f"every prompt of task {task.name!r} is longer than {max_prompt_len} tokens: "
                                     "nothing left to train on after rollout.on_long_prompt=skip")
         else:
-            raise PromptTooLong(
-                f"prompt {item.uid} of task {task.name!r} has {len(item.prompt_ids)} tokens; the model's context "
-                f"leaves {max_prompt_len} for a prompt (max_position_embeddings minus rollout.max_new_tokens). "
-                "Set rollout.on_long_prompt=truncate or skip, or shorten the prompts.")
+            raise _too_long(item, task, max_prompt_len)
     return items, position, {"rollout/prompts_truncated": truncated, "rollout/prompts_skipped": skipped}

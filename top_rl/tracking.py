@@ -9,6 +9,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,12 @@ def _fmt(v: Any, exact: bool = False) -> str:
 class Tracker:
     """``log(step, metrics)`` once per step. Resume: pass the checkpoint's ``resume_from_step``
     and wandb ``run_id``; rows after that step (from the crashed attempt) are dropped so the
-    JSONL never holds a step twice. Without ``resume_from_step`` an existing JSONL is replaced."""
+    JSONL never holds a step twice. Without ``resume_from_step`` an existing JSONL is replaced.
+
+    wandb on resume (top_rl.wandb_history): the rows metrics.jsonl keeps that wandb never recorded
+    (a crash loses wandb's buffered tail) are logged again from the JSONL, and steps wandb already
+    holds (logged past the checkpoint, then replayed) are not sent twice: the wandb run ends up with
+    every step exactly once."""
 
     def __init__(self, run_dir: str, cfg: TrackingConfig = TrackingConfig(), config: Any = None,
                  run_id: str | None = None, resume_from_step: int | None = None):
@@ -88,6 +94,28 @@ class Tracker:
             # every key is plotted against our step, also after a resume
             self.run.define_metric("step")
             self.run.define_metric("*", step_metric="step")
+        self._wandb_has: set[int] = set()  # steps this wandb run recorded before this attempt
+        if self.run is not None and resume_from_step is not None:
+            self._restore_wandb_history()
+
+    def _restore_wandb_history(self) -> None:
+        from top_rl import wandb_history
+
+        if self.mode == "offline":
+            this = Path(self.run.dir).parent / f"run-{self.run_id}.wandb"
+            self._wandb_has = wandb_history.recorded_steps(self.run_dir, self.run_id, exclude=this)
+        else:  # the server's step counter: wandb holds every step below it
+            self._wandb_has = set(range(int(self.run.starting_step or 0)))
+        lost = [row for row in self._jsonl_rows() if row["step"] not in self._wandb_has]
+        for row in lost:
+            self.run.log(row, step=int(row["step"]))
+        if lost:
+            print(f"[top-rl] wandb: restored {len(lost)} rows (steps {lost[0]['step']}..{lost[-1]['step']}) from "
+                  "metrics.jsonl that the interrupted attempt logged but wandb had not recorded", flush=True)
+
+    def _jsonl_rows(self) -> list[dict]:
+        with open(self.path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
 
     def _prepare_jsonl(self, resume_from_step: int | None) -> int | None:
         rows = []
@@ -116,7 +144,7 @@ class Tracker:
         self._f.flush()
         os.fsync(self._f.fileno())  # the JSONL is the run's record: survive a crash right after
         self.last_step = int(step)
-        if self.run is not None:
+        if self.run is not None and int(step) not in self._wandb_has:
             self.run.log(row, step=int(step))
         if self.cfg.console:
             print(self.console_line(row), flush=True)

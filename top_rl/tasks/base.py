@@ -140,3 +140,15 @@ class HFTokenizerTask(Task):
 
     def save_tokenizer(self, directory: str) -> None:
         self._tok.save_pretrained(directory)
+
+
+def text_lines(path: str):
+    """(``"path:line"``, text) for each line of a text file; a line that is not UTF-8 comes as a ValueError naming
+    the byte, so a bad row is reported at its file:line (decoding the whole file would name only an offset)."""
+    with open(path, "rb") as f:
+        for ln, raw in enumerate(f, 1):
+            try:
+                yield f"{path}:{ln}", raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield f"{path}:{ln}", ValueError(f"not UTF-8 text (byte {raw[e.start:e.start + 1]!r} at column "
+                                                 f"{e.start + 1})")

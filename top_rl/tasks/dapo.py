@@ -6,8 +6,8 @@ dataset `BytedTsinghua-SIA/DAPO-Math-17k` (needs network). A row is the verl RL 
 are accepted too. The published parquet repeats every prompt ~100 times, so rows are de-duplicated by prompt.
 
 Reward: 1.0 when the response's final answer equals the gold answer, else 0.0. The answer is the text after the
-last "Answer:" (the dataset's instruction), else the last \\boxed{}. With `math-verify` installed (extra `math`)
-it decides equivalence; otherwise, and as a fast path, answers are compared after normalisation (LaTeX wrappers,
+last "Answer:" (the dataset's instruction), else the last \\boxed{}. `math-verify` (a dependency) decides
+equivalence; as a fast path, and where it is missing, answers are compared after normalisation (LaTeX wrappers,
 spaces, units of degrees/percent removed) and as exact fractions when both are numbers.
 """
 
@@ -21,7 +21,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from top_rl.tasks.base import HFTokenizerTask, PromptItem
+from top_rl.tasks.base import HFTokenizerTask, PromptItem, text_lines
 from top_rl.tasks.gsm8k import _last_boxed
 
 HF_DATASET = "BytedTsinghua-SIA/DAPO-Math-17k"
@@ -122,15 +122,22 @@ def _read_rows(path: str) -> list[tuple[str, Any]]:
             raise ImportError(f"{path}: reading parquet needs pyarrow (pip install pyarrow) or a .jsonl copy") from None
         return [(f"{path} row {i}", r) for i, r in enumerate(pq.read_table(p).to_pylist())]
     if p.suffix == ".json":
-        rows = json.loads(p.read_text(encoding="utf-8"))
+        try:
+            rows = json.loads(p.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}: not UTF-8 text (byte offset {e.start})") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
         return [(f"{path} row {i}", r) for i, r in enumerate(rows if isinstance(rows, list) else [rows])]
     out = []
-    for ln, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
+    for where, line in text_lines(path):
+        if isinstance(line, ValueError):
+            out.append((where, line))
+        elif line.strip():
             try:
-                out.append((f"{path}:{ln}", json.loads(line)))
+                out.append((where, json.loads(line)))
             except json.JSONDecodeError as e:
-                out.append((f"{path}:{ln}", ValueError(f"invalid JSON ({e.msg})")))
+                out.append((where, ValueError(f"invalid JSON ({e.msg})")))
     return out
 
 

@@ -3,6 +3,15 @@
 Rows come from a JSONL file (``question``, ``answer`` fields) or, only when no path is given, from
 the Hugging Face dataset ``openai/gsm8k`` (needs network). The reward is 1.0 when the response's
 final answer equals the gold number (compared exactly as fractions, so "18.00" == "18"), else 0.
+
+Which text is the final answer (``task.reward_mode``):
+  strict               (default) the standard GSM8K grading, as verl's gsm8k reward and lm-eval's
+                       strict-match read it: the number right after the LAST ``####`` marker, commas and
+                       ``$`` removed. A response without ``#### <number>`` scores 0, so accuracies compare
+                       with those tools' numbers.
+  lenient_last_number  forgiving extraction (not comparable with published numbers): the last
+                       ``\\boxed{}``, else the last ``####`` / ``Answer:``, else the last number anywhere
+                       in the text ("41 or 42" counts as 42).
 """
 
 from __future__ import annotations
@@ -13,9 +22,12 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from top_rl.tasks.base import HFTokenizerTask, PromptItem
+from top_rl.tasks.base import HFTokenizerTask, PromptItem, text_lines
 
 _NUM = r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+"
+# `#### <number>`: the marker, optional blanks and `$`, then the digits/commas/dots verl and lm-eval accept.
+_STRICT = re.compile(r"####[ \t]*\$?[ \t]*(-?[0-9.,]+)")
+REWARD_MODES = ("strict", "lenient_last_number")
 
 
 @dataclass
@@ -25,8 +37,10 @@ class Gsm8kConfig:
     split: str = "train"  # only for the Hugging Face dataset
     tokenizer: str | None = None  # HF model name/dir for AutoTokenizer, unless a tokenizer is passed
     on_bad_row: str = "error"  # "error": raise naming file and line; "skip": drop and count
+    reward_mode: str = "strict"  # strict (standard `#### <number>`) | lenient_last_number (see module doc)
     use_chat_template: bool = True  # when the tokenizer has one; else the plain template
-    instruction: str = "Let's think step by step and output the final answer within \\boxed{}."
+    # asks for the form the strict reward grades (the instruction verl's GSM8K preprocessing uses)
+    instruction: str = "Let's think step by step and output the final answer after \"####\"."
     plain_template: str = "Question: {question}\nAnswer:"
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. enable_thinking
 
@@ -51,8 +65,14 @@ def _last_boxed(text: str) -> str | None:
     return None
 
 
-def extract_answer(text: str) -> Fraction | None:
-    """The response's final answer: the last ``\\boxed{...}``, else the last ``#### x`` or
+def extract_strict(text: str) -> Fraction | None:
+    """The standard GSM8K answer: the number after the last ``####`` (commas and ``$`` removed), else None."""
+    hits = _STRICT.findall(text)
+    return to_number(hits[-1]) if hits else None
+
+
+def extract_lenient(text: str) -> Fraction | None:
+    """Lenient (``reward_mode=lenient_last_number``): the last ``\\boxed{...}``, else the last ``#### x`` or
     ``Answer: x``, else the last number anywhere. Commas and $ are ignored."""
     candidates = []
     boxed = _last_boxed(text)
@@ -84,6 +104,9 @@ class Gsm8kTask(HFTokenizerTask):
         self.cfg = cfg = cfg or Gsm8kConfig()
         if cfg.on_bad_row not in ("error", "skip"):
             raise ValueError(f"on_bad_row must be 'error' or 'skip', got {cfg.on_bad_row!r}")
+        if cfg.reward_mode not in REWARD_MODES:
+            raise ValueError(f"task.reward_mode={cfg.reward_mode!r}; choose one of: {', '.join(REWARD_MODES)}")
+        self._extract = extract_strict if cfg.reward_mode == "strict" else extract_lenient
         if tokenizer is None:
             if cfg.tokenizer is None:
                 raise ValueError("gsm8k needs a tokenizer: pass one or set task.tokenizer=<HF name or dir>")
@@ -120,18 +143,19 @@ class Gsm8kTask(HFTokenizerTask):
             for i, row in enumerate(ds):
                 self._add(f"openai/gsm8k[{self.cfg.split}] row {i}", row)
             return
-        with open(self.cfg.path, encoding="utf-8") as f:
-            for ln, line in enumerate(f, 1):
-                where = f"{self.cfg.path}:{ln}"
-                if not line.strip():
-                    self._bad(where, "empty line")
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    self._bad(where, f"invalid JSON ({e.msg})")
-                    continue
-                self._add(where, row)
+        for where, line in text_lines(self.cfg.path):
+            if isinstance(line, ValueError):
+                self._bad(where, str(line))
+                continue
+            if not line.strip():
+                self._bad(where, "empty line")
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                self._bad(where, f"invalid JSON ({e.msg})")
+                continue
+            self._add(where, row)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -156,5 +180,5 @@ class Gsm8kTask(HFTokenizerTask):
         return self.rows[uid][1]
 
     def reward(self, item: PromptItem, response_text: str) -> float:
-        pred = extract_answer(response_text)
+        pred = self._extract(response_text)
         return 1.0 if pred is not None and pred == Fraction(item.answer) else 0.0

@@ -1,0 +1,78 @@
+"""Issue 14: one run per run_dir. A second run is refused naming the holder's pid and host; a lock left by a
+process that died is taken over with a message; a run that ends (or is refused) leaves no lock behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from top_rl.run_lock import NAME, RunDirLocked, RunLock
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_second_holder_is_refused_naming_pid_and_host_and_release_cleans_up(tmp_path):
+    run_dir = tmp_path / "new" / "run"
+    with RunLock(run_dir):
+        rec = json.loads((run_dir / NAME).read_text())
+        assert rec["pid"] == os.getpid() and rec["host"] == socket.gethostname()
+        with pytest.raises(RunDirLocked, match=rf"in use by another top-rl run: pid {os.getpid()} on host "
+                                               rf"{socket.gethostname()} \(started "):
+            RunLock(run_dir).acquire()
+        (run_dir / "metrics.jsonl").write_text("")
+    assert not (run_dir / NAME).exists() and (run_dir / "metrics.jsonl").exists()  # the run's files stay
+    with RunLock(tmp_path / "empty"):
+        pass
+    assert not (tmp_path / "empty").exists()  # created by the lock, nothing written: removed again
+
+
+def test_lock_of_a_killed_process_is_taken_over_with_a_message(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from top_rl.run_lock import RunLock; "
+         f"RunLock({str(run_dir)!r}).acquire(); print('held', flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunDirLocked, match=rf"pid {holder.pid} on host "):
+            RunLock(run_dir).acquire()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert json.loads((run_dir / NAME).read_text())["pid"] == holder.pid  # left behind by the dead holder
+    with RunLock(run_dir):
+        assert f"taking over {run_dir / NAME}: it was left by pid {holder.pid} on host {socket.gethostname()}" \
+            in capsys.readouterr().out
+        assert json.loads((run_dir / NAME).read_text())["pid"] == os.getpid()
+    assert not (run_dir / NAME).exists()
+
+
+
+@pytest.mark.slow
+def test_a_second_top_rl_on_a_running_run_dir_is_refused_and_the_first_goes_on(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import rl_runs
+    from rl_runs import BASE
+
+    first = rl_runs.start(tmp_path, *BASE, "steps=50", "checkpoint.every=0")
+    try:
+        rl_runs.wait_for_row(tmp_path, 1, first)
+        second = rl_runs.run(tmp_path, *BASE, "steps=50", "checkpoint.every=0", "resume=true", timeout=120)
+        assert second.returncode == 1, second.stderr[-3000:]
+        assert f"top-rl: {tmp_path} is in use by another top-rl run: pid {first.pid} on host " \
+               f"{socket.gethostname()}" in second.stderr and "Traceback" not in second.stderr
+        rl_runs.wait_for_row(tmp_path, rl_runs.rows(tmp_path)[-1]["step"] + 1, first)  # the first goes on
+        first.send_signal(signal.SIGINT)
+    finally:
+        out = rl_runs.finish(first)
+    assert out.returncode == 130, out.stderr[-3000:]
+    steps = [r["step"] for r in rl_runs.rows(tmp_path)]
+    assert steps == list(range(1, len(steps) + 1))  # one writer: every step once, in order
+    assert not (tmp_path / NAME).exists()

@@ -1,0 +1,129 @@
+"""Every refusal a config or its inputs can cause, checked once at the very start of a run: before Ray,
+wandb or any file write. A refused run costs no GPU time and leaves nothing behind, not even run_dir.
+
+Each check is a function `(cfg, ready) -> None` that raises with a message naming the key, file:line
+or prompt and the fix; CHECKS runs them in order (cheap config checks first, the dataset scan and the
+checkpoint verification last). `ready` collects what the checks loaded (task, model config, resume
+state), so the run does not load it twice. A new refusal is one function and one line in CHECKS.
+Reading is all they do: the lock (top_rl.run_lock) is the run's first write, right after.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from top_rl import checkpoint, config, placement, prompts
+from top_rl.checkpoint import ResumeRefused
+from top_rl.config import ConfigError
+from top_rl.placement import PlacementError
+from top_rl.model.config import NotDenseQwen3
+from top_rl.prompts import BadInput
+from top_rl.rollout.sglang_config import TopConfigError
+from top_rl.run_lock import RunDirLocked
+
+
+class Refused(ValueError):
+    """A run refused at start; the message says what and how to fix it."""
+
+
+# What `top-rl` reports as a one-message refusal (exit 1, no traceback).
+REFUSALS = (Refused, ConfigError, TopConfigError, BadInput, NotDenseQwen3, ResumeRefused, RunDirLocked,
+            PlacementError)
+
+
+@dataclass
+class Ready:
+    """What the checks loaded, for the run to use."""
+    task: Any = None
+    model_cfg: Any = None
+    max_prompt_len: int = 0
+    state: dict | None = None  # the verified checkpoint state to resume from (None: step 0)
+    checkpoints_seen: list[str] = field(default_factory=list)
+
+
+def config_values(cfg, ready: Ready) -> None:
+    """Choices, ranges, non-finite numbers, optimizer values, GRPO group size (top_rl.config.validate)."""
+    config.validate(cfg)
+
+
+def sglang_engines(cfg, ready: Ready) -> None:
+    """Every SGLang engine's refusals that need no server: model.path, flags, attention backend, env."""
+    if cfg.rollout.engine != "sglang":
+        return
+    from top_rl.rollout.sglang_plan import launch_plan
+
+    for i in range(cfg.rollout.num_engines):
+        launch_plan(cfg, index=i)
+
+
+def resources(cfg, ready: Ready) -> None:
+    """The placement (engines, trainer ranks, their GPUs and CPUs) fits this machine (local runs; a running
+    cluster is checked once connected, top_rl.cluster)."""
+    placement.check_before_start(cfg.rollout.num_engines, cfg.trainer, cfg.cluster)
+
+
+def run_dir_writable(cfg, ready: Ready) -> None:
+    run_dir = Path(cfg.run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise Refused(f"run_dir={run_dir} is a file, not a directory: pick another run_dir=")
+    probe = run_dir
+    while not probe.exists():  # the directory the run would create run_dir in
+        probe = probe.parent
+    kw = {"effective_ids": True} if os.access in os.supports_effective_ids else {}
+    targets = [probe] + [run_dir / n for n in ("checkpoints", "wandb", "metrics.jsonl") if (run_dir / n).exists()]
+    for target in targets:
+        if not os.access(target, os.W_OK | (os.X_OK if target.is_dir() else 0), **kw):
+            raise Refused(f"run_dir={run_dir} is not writable ({target} refuses writes): the run could not save its "
+                          "metrics or checkpoints. Fix the permissions, or pick a writable run_dir=")
+
+
+def task_data(cfg, ready: Ready) -> None:
+    """The dataset loads (bad rows named file:line) and is not empty."""
+    ready.task = task = prompts.load_task(cfg.task)
+    if len(task) == 0:
+        where = cfg.task.get("path") or "its data"
+        skipped = getattr(task, "skipped", 0)
+        raise BadInput(f"task {task.name!r}: {where} holds no usable rows"
+                       + (f" ({skipped} bad rows skipped under task.on_bad_row=skip)" if skipped else "")
+                       + ": nothing to train on")
+
+
+def model_fits_task(cfg, ready: Ready) -> None:
+    """The model is dense Qwen3 (model.path's config.json) and the task's tokenizer fits its vocabulary."""
+    task = ready.task
+    ready.model_cfg = cfg.model.qwen3_config(task.vocab_size, task.eos_token_id)
+    prompts.check_tokenizer(task, ready.model_cfg)
+    ready.max_prompt_len = ready.model_cfg.max_position_embeddings - cfg.rollout.max_new_tokens
+
+
+def prompt_lengths(cfg, ready: Ready) -> None:
+    """Under rollout.on_long_prompt=error no prompt may be too long; under skip at least one must fit."""
+    prompts.check_lengths(ready.task, ready.max_prompt_len, cfg.rollout.on_long_prompt)
+
+
+def resume_state(cfg, ready: Ready) -> None:
+    """A fresh run never overwrites checkpoints; a resume takes the newest checkpoint that verifies and
+    refuses changed determinism-relevant settings (top_rl.checkpoint.prepare)."""
+    ready.checkpoints_seen = [p.name for p in checkpoint.complete_checkpoints(Path(cfg.run_dir))]
+    ready.state = checkpoint.prepare(Path(cfg.run_dir), cfg)
+
+
+CHECKS = (config_values, sglang_engines, resources, run_dir_writable, task_data, model_fits_task, prompt_lengths,
+          resume_state)
+
+
+def check(cfg) -> Ready:
+    ready = Ready()
+    for run_check in CHECKS:
+        run_check(cfg, ready)
+    return ready
+
+
+def confirm_under_lock(cfg, ready: Ready) -> dict | None:
+    """The resume state, re-read if another run changed the checkpoints between the checks and the lock."""
+    if [p.name for p in checkpoint.complete_checkpoints(Path(cfg.run_dir))] != ready.checkpoints_seen:
+        resume_state(cfg, ready)
+    return ready.state
