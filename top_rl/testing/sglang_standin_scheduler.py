@@ -88,11 +88,12 @@ class StandinScheduler:
 
     def _run(self) -> None:
         io = self.io
-        handlers = {io.UpdateWeightFromDiskReqInput: self._update_from_disk,
-                    io.InitWeightsUpdateGroupReqInput: self._init_group,
-                    io.UpdateWeightsFromDistributedReqInput: self._update_from_distributed,
-                    io.DestroyWeightsUpdateGroupReqInput: self._destroy_group,
-                    io.UpdateWeightsFromTensorReqInput: self._update_from_tensor}
+        handlers = {io.UpdateWeightFromDiskReqInput: (self._update_from_disk, io.UpdateWeightFromDiskReqOutput),
+                    io.InitWeightsUpdateGroupReqInput: (self._init_group, io.InitWeightsUpdateGroupReqOutput),
+                    io.UpdateWeightsFromDistributedReqInput: (self._update_from_distributed,
+                                                              io.UpdateWeightsFromDistributedReqOutput),
+                    io.DestroyWeightsUpdateGroupReqInput: (self._destroy_group, io.DestroyWeightsUpdateGroupReqOutput),
+                    io.UpdateWeightsFromTensorReqInput: (self._update_from_tensor, io.UpdateWeightsFromTensorReqOutput)}
         while (obj := self._queue.get()) is not None:
             if isinstance(obj, io.BatchTokenizedGenerateReqInput):
                 for req in obj.batch:
@@ -100,7 +101,12 @@ class StandinScheduler:
             elif isinstance(obj, io.TokenizedGenerateReqInput):
                 self._generate_and_deliver(obj)
             elif type(obj) in handlers:
-                self.deliver(handlers[type(obj)](obj))
+                handle, output = handlers[type(obj)]
+                try:
+                    answer = handle(obj)
+                except Exception as e:  # answer (400) rather than leave the request waiting forever
+                    answer = output(success=False, message=f"stand-in scheduler: {type(e).__name__}: {e}")
+                self.deliver(answer)
 
     def _flush(self, req) -> None:
         timeout = float(req.timeout_s or 0.0)
@@ -237,6 +243,13 @@ class StandinScheduler:
             spec_acceptance_histogram=[], **lp)
 
     # ------------------------------------------------------------------------------ weights
+    @staticmethod
+    def _named(obj, load_format) -> dict[str, torch.Tensor]:
+        if load_format == "flattened_bucket":
+            flat = obj["flattened_tensor"]
+            return {m.name: flat[m.start_idx:m.end_idx].view(m.dtype).reshape(m.shape) for m in obj["metadata"]}
+        return dict(obj)
+
     def _load(self, named: dict[str, torch.Tensor]) -> None:
         device = self.model.embed_tokens.device  # tensors may arrive on a GPU (CUDA IPC payloads)
         sd = hf_state_dict(self.model)
@@ -311,18 +324,16 @@ class StandinScheduler:
         if torch.cuda.is_available():  # as SGLang's TP worker: CUDA IPC handles name devices by UUID
             from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
             monkey_patch_torch_reductions()
-        per_rank = []
-        for rank in range(self.tp_size):
-            if rank >= len(req.serialized_named_tensors):
-                return out(success=False, message=f"serialized_named_tensors has {len(req.serialized_named_tensors)} "
-                                                  f"entries for tp_size={self.tp_size}: TP rank {rank} reads entry "
-                                                  f"[{rank}] (IndexError in the real TP worker)")
-            per_rank.append(MultiprocessingSerializer.deserialize(req.serialized_named_tensors[rank]))
-        obj = per_rank[0]
-        if req.load_format == "flattened_bucket":
-            flat = obj["flattened_tensor"]
-            named = {m.name: flat[m.start_idx:m.end_idx].view(m.dtype).reshape(m.shape) for m in obj["metadata"]}
-        else:
-            named = dict(obj)
-        self._load(named)
+        entries = req.serialized_named_tensors
+        if len(entries) < self.tp_size:
+            return out(success=False, message=f"serialized_named_tensors has {len(entries)} entries for tp_size="
+                                              f"{self.tp_size}: TP rank {len(entries)} reads entry [{len(entries)}] "
+                                              f"(IndexError in the real TP worker)")
+        per_rank = [MultiprocessingSerializer.deserialize(entries[rank]) for rank in range(self.tp_size)]
+        ranks = [self._named(obj, req.load_format) for obj in per_rank]
+        for rank, named in enumerate(ranks[1:], 1):  # every rank loads the full tensors and shards them itself
+            if named.keys() != ranks[0].keys() or any(not torch.equal(named[k], ranks[0][k]) for k in named):
+                return out(success=False, message=f"TP rank {rank} received other tensors than rank 0 in "
+                                                  f"serialized_named_tensors[{rank}]: its shard would differ")
+        self._load(ranks[0])
         return out(success=True, message="Success")
