@@ -7,6 +7,7 @@ numbers. tests/test_sglang_standin_protocol.py checks the behaviours that come f
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sglang_cpu  # noqa: E402
 from helpers import tiny_model  # noqa: E402
 
+from top_rl import contract  # noqa: E402
 from top_rl.model import save_model, sequence_logprobs  # noqa: E402
 from top_rl.rollout.base import SamplingParams  # noqa: E402
 from top_rl.rollout.native import NativeEngine  # noqa: E402
@@ -50,7 +52,10 @@ def server(ckpt):
 def _engine(server, ckpt, tmp_path=None, **kw) -> SglangEngine:
     cfg = SglangEngineConfig(model_path=str(ckpt[0]), port=server.port, retry_backoff_s=0.01,
                              weights_dir=str(tmp_path or ""), **kw)
-    return SglangEngine(cfg, cfg.attention_backend)
+    # `decode` needs a backend proven decode == extend; the stand-in computes both with the reference kernels, so
+    # these protocol tests use a contract in which fa3 is proven (the pinned one proves none yet)
+    top = dataclasses.replace(contract.DEFAULT, decode_equals_extend=(cfg.attention_backend,))
+    return SglangEngine(cfg, cfg.attention_backend, top=top)
 
 
 # ------------------------------------------------------------------------------------ numbers
