@@ -85,7 +85,9 @@ class SglangReference:
         from sglang.srt.server_args import set_global_server_args_for_scheduler
 
         self.device = device
-        self.server_args = sa = server_args(model_path, device, attention_backend)
+        # torch_native is not allowed with deterministic inference: the server args then name triton
+        self.server_args = sa = server_args(model_path, device,
+                                            "triton" if attention_backend == "torch_native" else attention_backend)
         set_global_server_args_for_scheduler(sa)
         init_parallel_state(device)
         self.model_config = mc = ModelConfig.from_server_args(sa)
@@ -113,6 +115,10 @@ class SglangReference:
         self._free_rows = list(range(max_reqs))
 
     def _backend(self, name: str):
+        if name == "torch_native":  # plain torch SDPA: lets the CPU test drive every batch kind (not a contract backend)
+            from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+            return TorchNativeAttnBackend(self.runner)
         if name != "triton":
             raise ValueError(f"attention backend {name!r}: only triton runs where sglang-kernel is absent")
         from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
@@ -150,7 +156,7 @@ class SglangReference:
         """One EXTEND forward of new sequences (no prefix). With `logprob_starts`, SGLang's input_token_logprobs
         path runs: row p >= start scores token p+1 (the last row gets id 0, as the scheduler pads it).
         Returns (LogitsProcessorOutput, [Seq], ForwardBatch)."""
-        from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 
         lens = [len(s) for s in sequences]
         seqs = [Seq(self._free_rows.pop(0), self._alloc(n)) for n in lens]
@@ -167,7 +173,8 @@ class SglangReference:
             extend_prefix_lens=self._tensor([0] * len(lens), torch.int32),
             extend_start_loc=self._tensor([sum(lens[:i]) for i in range(len(lens))], torch.int32),
             extend_prefix_lens_cpu=[0] * len(lens), extend_seq_lens_cpu=lens,
-            req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.kv_pool, attn_backend=self.attn_backend)
+            req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.kv_pool, attn_backend=self.attn_backend,
+            capture_hidden_mode=CaptureHiddenMode.NULL)
         if logprob_starts is not None:
             fb.return_logprob = True
             fb.top_logprobs_nums = [0] * len(lens)
@@ -181,7 +188,7 @@ class SglangReference:
 
     def decode(self, seqs: list[Seq], tokens: list[int]):
         """One DECODE step: each sequence gets its next token (written to a new KV slot)."""
-        from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 
         new = [self._alloc(1)[0] for _ in seqs]
         for s, slot in zip(seqs, new):
@@ -193,7 +200,7 @@ class SglangReference:
             req_pool_indices=self._tensor([s.row for s in seqs]), seq_lens=self._tensor(lens),
             out_cache_loc=self._tensor(new), seq_lens_sum=sum(lens), seq_lens_cpu=torch.tensor(lens),
             positions=self._tensor([n - 1 for n in lens]), req_to_token_pool=self.req_to_token_pool,
-            token_to_kv_pool=self.kv_pool, attn_backend=self.attn_backend)
+            token_to_kv_pool=self.kv_pool, attn_backend=self.attn_backend, capture_hidden_mode=CaptureHiddenMode.NULL)
         self.attn_backend.init_forward_metadata(fb)
         return self.model.forward(fb.input_ids, fb.positions, fb), fb
 
