@@ -37,7 +37,7 @@ CORE=(
 RAY=(ray==2.60.0 jsonschema==4.25.1 referencing==0.36.2 jsonschema-specifications==2025.9.1 rpds-py==0.27.1)
 RAY_DROP=(ray/jars ray/rllib ray/serve ray/data ray/llm ray/tune ray/train ray/dashboard/client/build)
 FLASHINFER=(flashinfer-python==0.6.7.post3 apache-tvm-ffi==0.1.15.post2 cuda-tile==1.7.0)
-SGLANG_REF=()  # filled in by tests/gpu/test_sglang_reference.py's needs
+SGLANG_REF=(compressed-tensors==0.20.1 loguru==0.7.3 msgspec==0.22.0 gguf==0.19.0 einops==0.8.2)  # SGLang's Qwen3 (+einops: insurance)
 
 download() {  # download DEST PKG...
   local dest=$1; shift

@@ -35,6 +35,7 @@ def import_error() -> str | None:
         import sglang.srt.layers.layernorm  # noqa: F401
         import sglang.srt.layers.rotary_embedding  # noqa: F401
         import sglang.srt.server_args  # noqa: F401
+        import fastapi, msgspec, uvicorn  # noqa: F401,E401  (the stand-in server runs SGLang's own HTTP app)
     except Exception as e:  # ImportError, or an import-time failure of a missing light dependency
         return f"sglang not importable ({type(e).__name__}: {e}); run scripts/install_sglang_cpu.sh"
     if sglang.__version__ != SGLANG_VERSION:

@@ -1,5 +1,5 @@
-"""`top-rl-parity-probe` against the in-thread STAND-IN server (top_rl/rollout/sglang_standin.py, not SGLang): the
-stand-in computes with TOP-RL's own model, so the probe must report bitwise equality for the same checkpoint and
+"""`top-rl-parity-probe` against the in-thread STAND-IN server (top_rl/testing/sglang_standin.py, not SGLang): the
+stand-in (SGLang's HTTP app and tokenizer manager, a stand-in scheduler) computes with TOP-RL's own model, so the probe must report bitwise equality for the same checkpoint and
 name the first differing token for another one. On a GPU cluster the same command runs against a real server."""
 
 from __future__ import annotations
@@ -12,11 +12,15 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sglang_cpu  # noqa: E402
 from helpers import tiny_model  # noqa: E402
 
 from top_rl.model import save_model  # noqa: E402
 from top_rl.parity_probe import compare, main  # noqa: E402
-from top_rl.rollout.sglang_standin import StandinServer  # noqa: E402
+from top_rl.testing.sglang_standin import StandinServer  # noqa: E402
+
+_ERR = sglang_cpu.import_error()
+needs_sglang = pytest.mark.skipif(_ERR is not None, reason=_ERR or "")
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +46,7 @@ def _run(capsys, **keys):
     return rc, json.loads(out.out), out.err
 
 
+@needs_sglang
 def test_same_checkpoint_is_bitwise_equal(server, ckpts, capsys, tmp_path):
     rc, rep, err = _run(capsys, url=server.url, model=ckpts / "a", num_prompts=3, prompt_len=5,
                         max_new_tokens=6, temperature=0.7, out=tmp_path / "r.json")
@@ -54,6 +59,7 @@ def test_same_checkpoint_is_bitwise_equal(server, ckpts, capsys, tmp_path):
     assert "prefill:" in err and "all equal" in err
 
 
+@needs_sglang
 def test_other_weights_name_the_first_difference(server, ckpts, capsys):
     rc, rep, err = _run(capsys, url=server.url, model=ckpts / "b", num_prompts=2, prompt_len=4, max_new_tokens=3)
     assert rc == 1
@@ -63,6 +69,7 @@ def test_other_weights_name_the_first_difference(server, ckpts, capsys):
     assert "first difference: sample 0 position 0" in err
 
 
+@needs_sglang
 def test_rescore_pairs_from_a_file(server, ckpts, capsys, tmp_path):
     f = tmp_path / "pairs.jsonl"
     f.write_text(json.dumps({"prompt_ids": [4, 5, 6], "response_ids": [7, 8, 95]}) + "\n"
@@ -74,11 +81,15 @@ def test_rescore_pairs_from_a_file(server, ckpts, capsys, tmp_path):
     assert rc == 2 and "pairs.jsonl:2: invalid JSON" in capsys.readouterr().err
 
 
+@needs_sglang
 def test_server_off_contract_and_unreachable(ckpts, capsys):
-    with StandinServer(str(ckpts / "a"), server_args={"enable_deterministic_inference": False}) as srv:
+    # SGLang's ServerArgs turns deterministic inference on whenever rl_on_policy_target is set: both are off here
+    off = {"enable_deterministic_inference": False, "rl_on_policy_target": None}
+    with StandinServer(str(ckpts / "a"), server_args=off) as srv:
         rc, rep, err = _run(capsys, url=srv.url, model=ckpts / "a", num_prompts=1, max_new_tokens=2)
         assert rc == 3 and rep["bitwise_equal"]
-        assert rep["server_contract_violations"] == ["enable_deterministic_inference=False (TOP needs True)"]
+        assert rep["server_contract_violations"] == ["enable_deterministic_inference=False (TOP needs True)",
+                                                     "rl_on_policy_target=None (TOP needs 'fsdp')"]
         rc, _, _ = _run(capsys, url=srv.url, model=ckpts / "a", num_prompts=1, max_new_tokens=2,
                         server_check="false")
         assert rc == 0

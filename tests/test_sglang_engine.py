@@ -1,11 +1,13 @@
-"""The SGLang engine's HTTP client against a local STAND-IN server (top_rl/rollout/sglang_standin.py: a small
-threaded http.server on 127.0.0.1 that answers SGLang 0.5.10.post1's documented request/response shapes and
-computes its numbers with TOP-RL's native model). Not SGLang: what this proves is the protocol handling (payloads,
-the input_token_logprobs off-by-one, errors, retries, weight versions), with exact equality of the numbers.
+"""The SGLang engine's HTTP client against a local STAND-IN server (top_rl/testing/sglang_standin.py: SGLang
+0.5.10.post1's own HTTP app and tokenizer manager on 127.0.0.1, in front of a stand-in scheduler that computes with
+TOP-RL's model). Not a whole SGLang: what this proves is the protocol handling (payloads, the input_token_logprobs
+off-by-one, errors, retries, weight versions) against SGLang's request/response code, with exact equality of the
+numbers. tests/test_sglang_standin_protocol.py checks the behaviours that come from SGLang's own code.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -13,8 +15,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sglang_cpu  # noqa: E402
 from helpers import tiny_model  # noqa: E402
 
+from top_rl import contract  # noqa: E402
 from top_rl.model import save_model, sequence_logprobs  # noqa: E402
 from top_rl.rollout.base import SamplingParams  # noqa: E402
 from top_rl.rollout.native import NativeEngine  # noqa: E402
@@ -23,8 +27,10 @@ from top_rl.rollout.sglang_client import (SglangClient, SglangHTTPError, SglangP
                                           SglangUnavailable)
 from top_rl.rollout.sglang_config import SglangEngineConfig  # noqa: E402
 from top_rl.rollout.sglang_protocol import parse_generation, parse_scores, score_payload  # noqa: E402
-from top_rl.rollout.sglang_standin import StandinServer  # noqa: E402
+from top_rl.testing.sglang_standin import StandinServer  # noqa: E402
 
+_ERR = sglang_cpu.import_error()
+pytestmark = pytest.mark.skipif(_ERR is not None, reason=_ERR or "")
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [20]]
 SEEDS = [11, 12, 13]
 
@@ -46,7 +52,10 @@ def server(ckpt):
 def _engine(server, ckpt, tmp_path=None, **kw) -> SglangEngine:
     cfg = SglangEngineConfig(model_path=str(ckpt[0]), port=server.port, retry_backoff_s=0.01,
                              weights_dir=str(tmp_path or ""), **kw)
-    return SglangEngine(cfg, cfg.attention_backend)
+    # `decode` needs a backend proven decode == extend; the stand-in computes both with the reference kernels, so
+    # these protocol tests use a contract in which fa3 is proven (the pinned one proves none yet)
+    top = dataclasses.replace(contract.DEFAULT, decode_equals_extend=(cfg.attention_backend,))
+    return SglangEngine(cfg, cfg.attention_backend, top=top)
 
 
 # ------------------------------------------------------------------------------------ numbers
@@ -65,7 +74,7 @@ def test_generate_equals_the_native_engine(server, ckpt, source, temperature):
 def test_request_shapes(server, ckpt):
     eng = _engine(server, ckpt)
     eng.generate(PROMPTS, SEEDS, SamplingParams(max_new_tokens=4, temperature=0.9, stop_token_ids=(3,)))
-    (_, gen), (_, score) = [(p, b) for p, b in server.state.requests if p == "/generate"]
+    (_, gen), (_, score) = [(p, b) for p, b in server.requests if p == "/generate"]
     assert gen["input_ids"] == PROMPTS and gen["return_logprob"] is True and gen["logprob_start_len"] == -1
     assert [sp["sampling_seed"] for sp in gen["sampling_params"]] == SEEDS  # one distinct seed per sample
     assert all(sp == {"max_new_tokens": 4, "temperature": 0.9, "stop_token_ids": [3], "sampling_seed": s}
@@ -170,10 +179,10 @@ def test_garbage_json_names_the_endpoint(server, ckpt):
 
 def test_a_4xx_is_not_retried_and_carries_the_servers_message(server):
     client = SglangClient(server.url, max_retries=3, backoff_s=0.01)
-    with pytest.raises(SglangHTTPError, match="HTTP 400: min_p > 0"):
-        client.generate({"input_ids": [[5]], "sampling_params": [{"max_new_tokens": 1, "min_p": 0.1}]})
-    assert sum(p == "/generate" for p, _ in server.state.requests) == 1
-    with pytest.raises(SglangHTTPError, match="update_weights_from_disk .*HTTP 400: model_path '/nope'"):
+    with pytest.raises(SglangHTTPError, match=r"HTTP 400: top_p must be in \(0, 1\], got 0"):  # SamplingParams.verify
+        client.generate({"input_ids": [[5]], "sampling_params": [{"max_new_tokens": 1, "top_p": 0}]})
+    assert sum(p == "/generate" for p, _ in server.requests) == 1
+    with pytest.raises(SglangHTTPError, match="update_weights_from_disk .*HTTP 400: .*model_path '/nope'"):
         client.update_weights_from_disk("/nope")
 
 
@@ -215,11 +224,11 @@ def test_disk_sync_versions_and_stale_server(server, ckpt, tmp_path):
     got = eng.generate(PROMPTS, SEEDS, params)
     want = NativeEngine(other).generate(PROMPTS, SEEDS, params)
     assert [g.logprobs for g in got] == [w.logprobs for w in want] and got[0].meta["weight_version"] == "3"
-    paths = [p for p, _ in server.state.requests]
+    paths = [p for p, _ in server.requests]
     assert paths.count("/update_weights_from_disk") == 3 and "/flush_cache" in paths
-    body = [b for p, b in server.state.requests if p == "/update_weights_from_disk"][-1]
+    body = [b for p, b in server.requests if p == "/update_weights_from_disk"][-1]
     assert body == {"model_path": str(tmp_path / "v000003"), "flush_cache": True, "weight_version": "3"}
-    server.state.args["weight_version"] = "default"  # as if the server restarted with its initial weights
+    server.server_args.weight_version = "default"  # as if the server restarted with its initial weights
     with pytest.raises(SglangProtocolError, match="weight_version 'default', expected '3'"):
         eng.generate(PROMPTS, SEEDS, params)
 

@@ -1,4 +1,4 @@
-"""The engine's process handling, with the STAND-IN server (top_rl/rollout/sglang_standin.py, not SGLang) as the
+"""The engine's process handling, with the STAND-IN server (top_rl/testing/sglang_standin.py, not SGLang) as the
 child process: the engine builds the real `python -m sglang.launch_server ...` command, and a wrapper given as
 `python` runs the stand-in with those flags. Covered: the launch (version check through that interpreter,
 SGLang-parser validation, /health wait, /server_info check), a clear startup error with the log tail, the
@@ -49,7 +49,7 @@ def setup(tmp_path_factory):
     save_model(tiny_model(), root / "ckpt")
     wrapper = root / "python"  # runs the stand-in for `-m sglang.launch_server`, the real python otherwise
     wrapper.write_text(f'#!/bin/sh\nif [ "$1" = "-m" ] && [ "$2" = "sglang.launch_server" ]; then\n  shift 2\n'
-                       f'  exec {sys.executable} -m top_rl.rollout.sglang_standin "$@"\nfi\nexec {sys.executable} "$@"\n')
+                       f'  exec {sys.executable} -m top_rl.testing.sglang_standin "$@"\nfi\nexec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
     return root, wrapper
 

@@ -3,9 +3,12 @@ what to change (TopConfigError, a ValueError)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import pytest
+
+from top_rl import contract
 
 from top_rl.rollout import sglang_config
 from top_rl.rollout.base import SamplingParams
@@ -106,3 +109,17 @@ def test_other_config_mistakes():
         check_config(_cfg(weight_sync="nfs"), "fa3", base_env=ENV)
     with pytest.raises(TopConfigError, match="logprob_source"):
         check_config(_cfg(logprob_source="sampler"), "fa3", base_env=ENV)
+
+
+@pytest.mark.parametrize("backend", ["fa3", "flashinfer", "triton"])
+def test_decode_logprobs_need_a_backend_proven_decode_equals_extend(backend):
+    assert contract.DEFAULT.decode_equals_extend == ()  # nothing proven on the pinned release yet
+    with pytest.raises(TopConfigError, match=f"logprob_source='decode' with attention_backend='{backend}'.*not proven"
+                                             f".*logprob_source='prefill'.*decode_equals_extend \\(none yet\\)"):
+        check_config(_cfg(attention_backend=backend, logprob_source="decode"), backend, base_env=ENV)
+    with pytest.raises(TopConfigError, match="logprob_source='decode'"):  # before any server exists
+        SglangEngine(_cfg(attention_backend=backend, logprob_source="decode"), backend)
+    check_config(_cfg(attention_backend=backend, logprob_source="prefill"), backend, base_env=ENV)
+    check_config(_cfg(attention_backend=backend, logprob_source="decode", top=False), backend, base_env=ENV)
+    proven = dataclasses.replace(contract.DEFAULT, decode_equals_extend=(backend,))
+    check_config(_cfg(attention_backend=backend, logprob_source="decode"), backend, proven, base_env=ENV)

@@ -20,7 +20,7 @@ from top_rl.rollout.base import SamplingParams  # noqa: E402
 from top_rl.rollout.native import NativeEngine  # noqa: E402
 from top_rl.rollout.sglang import SglangEngine  # noqa: E402
 from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError  # noqa: E402
-from top_rl.rollout.sglang_standin import StandinServer  # noqa: E402
+from top_rl.testing.sglang_standin import StandinServer  # noqa: E402
 
 _ERR = sglang_cpu.import_error()
 needs_sglang = pytest.mark.skipif(_ERR is not None, reason=_ERR or "")
@@ -91,7 +91,7 @@ def test_tensor_sync_end_to_end(ckpt, flattened):
                                  flattened_buckets=flattened)
         eng = SglangEngine(cfg, "fa3")
         eng.update_weights(hf_state_dict(other))
-        bodies = [b for p, b in srv.state.requests if p == "/update_weights_from_tensor"]
+        bodies = [b for p, b in srv.requests if p == "/update_weights_from_tensor"]
         assert len(bodies) == len(hf_state_dict(other))  # bucket_mb=0: one tensor per bucket
         assert all(len(b["serialized_named_tensors"]) == cfg.tp_size for b in bodies)
         assert {b["load_format"] for b in bodies} == {"flattened_bucket" if flattened else None}

@@ -72,6 +72,11 @@ class TopContract:
     radix_cache_required_off: tuple[str, ...]
     # Sampling settings under which returned log-probs are the sampled distribution's (§6.3-6.4).
     required_sampling: tuple[tuple[str, float | int], ...] = field(default=())
+    # Attention backends whose decode kernel is proven (torch.equal on the GPU) to give the bits of its
+    # extend/prefill kernel: only these may serve `logprob_source=decode`, where the gate compares the sampler's
+    # decode-step log-probs with the trainer's prefill recompute. Empty: none is proven. Measured on an H200:
+    # triton's split-KV decode differs from its extend on a few tokens; fa3 and flashinfer are unmeasured.
+    decode_equals_extend: tuple[str, ...] = field(default=())
 
     def policy(self, compute: torch.dtype | str) -> DtypePolicy:
         return DtypePolicy(compute=as_dtype(compute))

@@ -54,6 +54,14 @@ def _error_text(resp: requests.Response) -> str:
     return str(body)[:500]
 
 
+def _version(weight_version) -> str | None:
+    """SGLang's request dataclasses type weight_version as Optional[str]: an int is a 400 there."""
+    if weight_version is not None and not isinstance(weight_version, str):
+        raise TypeError(f"weight_version={weight_version!r} must be a str (SGLang answers 400 to a "
+                        f"{type(weight_version).__name__}); pass str({weight_version!r})")
+    return weight_version
+
+
 class SglangClient:
     def __init__(self, url: str, timeout_s: float = 1800.0, max_retries: int = 3, backoff_s: float = 1.0):
         self.url = url.rstrip("/")
@@ -135,7 +143,7 @@ class SglangClient:
 
     def update_weights_from_disk(self, model_path: str, weight_version: str | None = None, flush_cache: bool = True,
                                  load_format: str | None = None) -> dict:
-        body = {"model_path": model_path, "flush_cache": flush_cache, "weight_version": weight_version}
+        body = {"model_path": model_path, "flush_cache": flush_cache, "weight_version": _version(weight_version)}
         if load_format is not None:
             body["load_format"] = load_format
         return self._admin("/update_weights_from_disk", body, idempotent=True)  # same path reloads the same bits
@@ -151,7 +159,7 @@ class SglangClient:
                                         load_format: str | None = None) -> dict:
         return self._admin("/update_weights_from_distributed", {
             "names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name, "flush_cache": flush_cache,
-            "weight_version": weight_version, "load_format": load_format})
+            "weight_version": _version(weight_version), "load_format": load_format})
 
     def destroy_weights_update_group(self, group_name: str) -> dict:
         return self._admin("/destroy_weights_update_group", {"group_name": group_name})
@@ -160,7 +168,7 @@ class SglangClient:
                                    weight_version: str | None = None, flush_cache: bool = True) -> dict:
         return self._admin("/update_weights_from_tensor", {
             "serialized_named_tensors": serialized_named_tensors, "load_format": load_format,
-            "flush_cache": flush_cache, "weight_version": weight_version})
+            "flush_cache": flush_cache, "weight_version": _version(weight_version)})
 
     def close(self) -> None:
         self.session.close()

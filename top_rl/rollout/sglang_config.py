@@ -4,7 +4,8 @@ Every refusal raises `TopConfigError` with a message that says what to change. T
 silently break bitwise parity with the trainer (numbers cite shared/reference/sglang-0.5.10.post1-qwen3-numerics.md):
 the installed SGLang release (the contract is read from one wheel), the attention backend (the trainer runs
 the engine's kernel, so both must name the same one), the radix cache (flashinfer must run without it, §5),
-the engine TP degree (no TP>1 contract exists in the pinned release, §11.7), sampling settings that change the
+the engine TP degree (no TP>1 contract exists in the pinned release, §11.7), `decode` log-probs on an attention
+backend whose decode is not proven equal to its extend (contract.decode_equals_extend), sampling settings that change the
 returned log-probs or the sampled distribution (§6.3-§6.4), and environment variables the contract pins or
 forbids (§1.2-§1.3).
 """
@@ -166,6 +167,20 @@ def check_sampling(params: Mapping, top: contract.TopContract = contract.DEFAULT
         )
 
 
+def check_logprob_source(cfg: SglangEngineConfig, top: contract.TopContract = contract.DEFAULT) -> None:
+    """`decode` gates the sampler's decode-step log-probs against the trainer's prefill recompute: that holds
+    only where the attention backend's decode kernel is proven to equal its extend kernel (the contract's set)."""
+    if cfg.logprob_source == "decode" and cfg.attention_backend not in top.decode_equals_extend:
+        proven = list(top.decode_equals_extend) or "none yet"
+        raise TopConfigError(
+            f"logprob_source='decode' with attention_backend={cfg.attention_backend!r}: the gate would compare the "
+            f"sampler's decode-step log-probs with the trainer's prefill recompute, and this backend's decode kernel "
+            f"is not proven to give the bits of its extend kernel (triton's split-KV decode differs on a few tokens on "
+            f"an H200), so the run would fail the gate at step 1. Use logprob_source='prefill' (the engine re-scores "
+            f"each sample with a prefill), or a backend in the contract's decode_equals_extend ({proven})"
+        )
+
+
 def check_env(env: Mapping[str, str], where: str, top: contract.TopContract = contract.DEFAULT) -> None:
     """Forbidden variables set, or a pinned variable set to another value, in `env`."""
     for key in top.forbidden_env:
@@ -198,6 +213,7 @@ def check_config(cfg: SglangEngineConfig, trainer_attention_backend: str,
     if cfg.top:
         check_attention_backend(cfg.attention_backend, trainer_attention_backend, top)
         check_radix_cache(cfg, top)
+        check_logprob_source(cfg, top)
         check_env(cfg.env, "the engine config's env", top)
         check_env(os.environ if base_env is None else base_env, "the launching process's environment", top)
         check_sampling({"temperature": 1.0, **cfg.extra_sampling}, top)
