@@ -123,6 +123,14 @@ def _triton_decode(q, k_cache, v_cache, lengths, scale):
 
 
 # ------------------------------------------------------------------------------------- flashinfer
+def kv_buffers(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V as the engine hands them to flashinfer: two separate contiguous [tokens, Hkv, d] buffers (its
+    MHATokenToKVPool.get_kv_buffer), which flashinfer views as page-size-1 pages. flashinfer reads both
+    through ONE set of strides (it checks `paged_k_cache.stride(i) == paged_v_cache.stride(i)`), so a V that
+    is a column slice of the fused qkv projection (row stride = the qkv width) must be made contiguous."""
+    return k.contiguous(), v.contiguous()
+
+
 class FlashinferState:
     """One 1 GiB fa2 workspace per process shared by every wrapper (as the engine's global workspace), and
     the plan of the batch in flight: a forward pass plans once, its layers reuse the plan."""
@@ -181,9 +189,8 @@ class FlashinferState:
                 cu, cu, indices, last, hq, hkv, d, 1, q_data_type=q.dtype, kv_data_type=k.dtype,
                 custom_mask=None, non_blocking=True, fixed_split_size=FLASHINFER_PREFILL_SPLIT,
             )
-        kv = (k.unsqueeze(1), v.unsqueeze(1))  # [pages, page_size=1, Hkv, d]
         return self.prefill.forward(
-            q.contiguous(), kv, causal=True, sm_scale=scale, window_left=-1, logits_soft_cap=0.0,
+            q.contiguous(), kv_buffers(k, v), causal=True, sm_scale=scale, window_left=-1, logits_soft_cap=0.0,
             k_scale=None, v_scale=None,
         )
 
@@ -201,7 +208,7 @@ class FlashinferState:
                 indptr, indices, last, q.shape[1], hkv, d, 1, data_type=k_cache.dtype, q_data_type=q.dtype,
                 non_blocking=True, fixed_split_size=FLASHINFER_DECODE_SPLIT, disable_split_kv=False,
             )
-        kv = (k_cache.reshape(b * max_len, 1, hkv, d), v_cache.reshape(b * max_len, 1, hkv, d))
+        kv = kv_buffers(k_cache.reshape(b * max_len, hkv, d), v_cache.reshape(b * max_len, hkv, d))
         return self.decode.forward(q.contiguous(), kv, sm_scale=scale, logits_soft_cap=0.0, k_scale=None, v_scale=None)
 
 
