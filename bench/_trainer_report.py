@@ -44,16 +44,17 @@ class Report:
             last[(r["model"], r["impl"], r["recompute"])] = r
         return list(last.values())
 
-    def skip(self, model, impl, why):
-        self.status[(model, impl)] = why
+    def skip(self, key, why):
+        self.status[key] = why
 
-    def finish(self, model, impl, rc, timed_out, seconds):
+    def finish(self, key, rc, timed_out, seconds, last_error=""):
+        err = f"; last error: {last_error}" if last_error else ""
         if timed_out:
-            self.status[(model, impl)] = f"worker killed after {seconds:.0f} s (timeout); rows so far kept"
+            self.status[key] = f"worker killed after {seconds:.0f} s (timeout); rows so far kept{err}"
         elif rc != 0:
-            self.status[(model, impl)] = f"worker exit code {rc} after {seconds:.0f} s (see the workers log)"
+            self.status[key] = f"worker exit code {rc} after {seconds:.0f} s{err}"
         else:
-            self.status[(model, impl)] = f"done in {seconds:.0f} s"
+            self.status[key] = f"done in {seconds:.0f} s{err}"
 
     def chosen_attention(self, model):
         ok = [(r["ms"], r["impl"]) for r in self._of("ATTN", model=model) if r["status"] == "ok" and r["ms"] is not None]
@@ -68,7 +69,7 @@ class Report:
     def header(self) -> str:
         import torch
 
-        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU (CPU smoke test)"
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
         vers = ", ".join(f"{p} {_version(p)}" for p in ("torch", "triton", "megatron-core", "sglang", "flashinfer-python"))
         from bench._trainer_common import sequence_lengths
 
@@ -78,10 +79,10 @@ class Report:
                 f"{self.args.models}; batch: {self.args.tokens} tokens in {len(lens)} sequences {lens} (first "
                 f"quarter of each is prompt, not scored); warmup {self.args.warmup}, median of {self.args.iters} steps\n")
 
-    def attention_table(self, rc, timed_out) -> str:
+    def attention_table(self, rc, timed_out, last_error="") -> str:
         rows = [[r["model"], r["impl"], _f(r["ms"], "{:.2f}"), r["status"]] for r in self._of("ATTN")]
-        tail = "" if rc == 0 else f"\n(selection worker {'timed out' if timed_out else f'exit code {rc}'}: a later " \
-                                  "candidate may have crashed it; the rows above stand)\n"
+        tail = "" if rc == 0 else (f"\n(selection worker {'timed out' if timed_out else f'exit code {rc}'}"
+                                   f"{': ' + last_error if last_error else ''}; the rows above stand)\n")
         chosen = {m: self.chosen_attention(m) for m in self.args.models.split(",")}
         return table("stock attention candidates: fwd+bwd ms on the batch, checked against fp32 math",
                      ["model", "kernel", "fwd+bwd ms", "status"], rows) + tail + f"chosen: {chosen}\n"
@@ -102,11 +103,13 @@ class Report:
     RESULT_HEADER = ["model", "trainer", "recompute", "micro-batches x tokens", "step ms", "tokens/s", "TFLOP/s",
                      "MFU", "peak GiB", "gate fwd ms", "status"]
 
-    def progress(self, model, impl) -> str:
-        rows = self._result_rows(self.results(model=model, impl=impl))
-        notes = [r["text"] for r in self._of("NOTE", model=model, impl=impl)]
-        text = table(f"{model} {IMPL_NAME[impl]}", self.RESULT_HEADER, rows) if rows else f"{model} {impl}: no rows\n"
-        return text + "".join(f"note: {n}\n" for n in notes) + f"status: {self.status.get((model, impl), '?')}\n"
+    def progress(self, model, impl, rc) -> str:
+        recompute = rc == "on"
+        rows = self._result_rows(self.results(model=model, impl=impl, recompute=recompute))
+        notes = [r["text"] for r in self._of("NOTE", model=model, impl=impl, recompute=recompute)]
+        title = f"{model} {IMPL_NAME[impl]} recompute {rc}"
+        text = table(title, self.RESULT_HEADER, rows) if rows else f"{title}: no rows\n"
+        return text + "".join(f"note: {n}\n" for n in notes) + f"status: {self.status.get((model, impl, rc), '?')}\n"
 
     def ratio_table(self) -> str:
         rows = []
@@ -154,9 +157,10 @@ class Report:
         parts = ["\n# Final\n", table("trainer step, all runs", self.RESULT_HEADER, self._result_rows(self.results())),
                  self.ratio_table(), self.profile_tables(12 if full else 5)]
         if full:
-            parts = [self.header()] + parts + [self.attention_table(0, False)]
-        notes = sorted({f"{r['model']} {IMPL_NAME[r['impl']]}: {r['text']}" for r in self._of("NOTE")})
+            parts = [self.header()] + parts + [self.attention_table(0, False)]  # rows only; status printed live
+        notes = sorted({f"{r['model']} {IMPL_NAME[r['impl']]}: {r['text']}" for r in self._of("NOTE")})  # same per rc
         parts.append("".join(f"note: {n}\n" for n in notes))
-        parts.append("".join(f"worker {m} {IMPL_NAME[i]}: {s}\n" for (m, i), s in sorted(self.status.items())))
+        parts.append("".join(f"worker {m} {IMPL_NAME[i]} recompute {rc}: {s}\n"
+                             for (m, i, rc), s in sorted(self.status.items())))
         parts.append(f"total {elapsed_s:.0f} s; worker logs: {log_path}\n")
         return "\n".join(parts)

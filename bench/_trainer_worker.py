@@ -183,16 +183,15 @@ def run_worker(args) -> None:
         attn = os.environ.get(sglang_attention.ENV_VAR, "triton") if device.type == "cuda" else "reference"
         if device.type == "cuda":
             sglang_attention.set_attention_backend(attn)
-        emit("NOTE", {"model": args.model, "impl": "top", "text": f"kernels {kernels.backend_name()}, attention {attn}"})
+        note = f"kernels {kernels.backend_name()}, attention {attn}"
     else:
         from bench import _stock_attention, _stock_gpt
 
         _stock_attention.use(args.attention)
-        notes = _stock_gpt.try_compile(device)
-        emit("NOTE", {"model": args.model, "impl": "stock",
-                      "text": "; ".join([f"attention {args.attention}"] + notes)})
+        note = "; ".join([f"attention {args.attention}"] + _stock_gpt.try_compile(device))
     for rc_name in args.recompute.split(","):
         recompute = rc_name == "on"
+        emit("NOTE", {"model": args.model, "impl": args.impl, "recompute": recompute, "text": note})
         mbt = args.mbt_on if recompute else args.mbt_off
         while True:
             oom = False
@@ -220,11 +219,15 @@ def run_select_attention(args) -> None:
 
     device = torch.device(args.device)
     lengths = sequence_lengths(args.tokens)
-    for name in args.model.split(","):
-        cfg = MODELS[name]
-        _stock_attention.select(lengths, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, device,
-                                on_row=lambda row, name=name: emit("ATTN", {"model": name, "impl": row[0],
-                                                                            "ms": row[1], "status": row[2]}))
+    # cuDNN's ragged path is the least proven here: it runs last for every model, so a CUDA fault it might
+    # cause cannot take the other candidates' rows with it.
+    for candidates in (("flash", "efficient"), ("cudnn",)):
+        for name in args.model.split(","):
+            cfg = MODELS[name]
+            _stock_attention.select(lengths, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, device,
+                                    candidates=candidates,
+                                    on_row=lambda row, name=name: emit("ATTN", {"model": name, "impl": row[0],
+                                                                                "ms": row[1], "status": row[2]}))
 
 
 def main(argv=None) -> None:

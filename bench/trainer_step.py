@@ -8,7 +8,7 @@ Same model shape, same ~16k-token batch of mixed-length sequences, same scored r
 (Megatron DDP + Adam, fp32 master weights), recompute on and off: step time, tokens/s, MFU (model FLOPs,
 recompute not counted, against 790 TFLOP/s), peak memory; and a torch.profiler table of GPU time per op family.
 
-Each (model, trainer) runs in its own process (bench/_trainer_worker.py) with a timeout; tables are printed as
+Each (model, trainer, recompute) runs in its own process (bench/_trainer_worker.py) with a timeout; tables are printed as
 workers finish and in full at the end (also written to $OUT/trainer_step.md when $OUT is set).
   python bench/trainer_step.py                 Qwen3-0.6B and Qwen3-4B (about 5 minutes on one H200)
   python bench/trainer_step.py --quick         Qwen3-0.6B only (or TOP_RL_BENCH_QUICK=1)
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,7 +35,7 @@ from bench import _trainer_report as report  # noqa: E402
 
 # micro-batch token budget with recompute off: the 4B model's activations at 16k tokens do not fit one H200
 MBT_OFF = {"qwen3-0.6b": 16384, "qwen3-4b": 4096, "tiny": 256}
-TIMEOUT_S = {"qwen3-0.6b": 200, "qwen3-4b": 260, "tiny": 300}
+TIMEOUT_S = {"qwen3-0.6b": 150, "qwen3-4b": 200, "tiny": 300}  # per worker (one model x trainer x recompute)
 
 
 def parse(argv=None):
@@ -68,11 +69,19 @@ class Worker:
     def __init__(self, argv, log, timeout_s, on_record):
         self.argv, self.log, self.timeout_s, self.on_record = argv, log, timeout_s, on_record
         self.timed_out = False
+        self.last_error = ""  # the last exception line the worker wrote to stderr
+
+    def _scan_errors(self, start: int) -> None:
+        with open(self.log.name, errors="replace") as f:
+            f.seek(start)
+            lines = [ln.strip() for ln in f if re.match(r"^[\w.]*(Error|Exception|error)\b", ln.strip())]
+        self.last_error = lines[-1][:200] if lines else ""
 
     def run(self) -> int:
         cmd = [sys.executable, "-u", str(ROOT / "bench" / "_trainer_worker.py"), *self.argv]
         self.log.write(f"\n===== {' '.join(cmd)}\n")
         self.log.flush()
+        start = self.log.tell()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, cwd=ROOT,
                                 start_new_session=True)
@@ -100,6 +109,7 @@ class Worker:
         finally:
             timer.cancel()
             self.log.flush()
+            self._scan_errors(start)
 
 
 def main(argv=None) -> int:
@@ -127,30 +137,29 @@ def main(argv=None) -> int:
                         "--device", args.device], log, min(120, max(10, budget_left())), on_record)
             rc = w.run()
             attention = {m: rep.chosen_attention(m) for m in models}
-            print(rep.attention_table(rc, w.timed_out), flush=True)
-        for model in models:
-            for impl in impls:
-                left = budget_left()
-                if left < 30:
-                    rep.skip(model, impl, f"skipped: {args.budget_s:.0f} s budget spent")
-                    print(rep.progress(model, impl), flush=True)
-                    continue
-                if impl == "stock" and attention.get(model) is None:
-                    rep.skip(model, impl, "skipped: no correct stock attention kernel (see the attention table)")
-                    print(rep.progress(model, impl), flush=True)
-                    continue
-                wargv = ["--impl", impl, "--model", model, "--tokens", str(args.tokens),
-                         "--recompute", args.recompute, "--mbt-on", str(args.tokens),
-                         "--mbt-off", str(min(args.tokens, MBT_OFF[model])), "--warmup", str(args.warmup),
-                         "--iters", str(args.iters), "--device", args.device,
+            print(rep.attention_table(rc, w.timed_out, w.last_error), flush=True)
+        # One process per (model, trainer, recompute): each starts with an empty GPU. Recompute on first for
+        # every model, so a spent budget drops the recompute-off rows of the largest model first.
+        jobs = [(rc, m, i) for rc in args.recompute.split(",") for m in models for i in impls]
+        for rc, model, impl in jobs:
+            left = budget_left()
+            key = (model, impl, rc)
+            if left < 30:
+                rep.skip(key, f"skipped: {args.budget_s:.0f} s budget spent")
+            elif impl == "stock" and attention.get(model) is None:
+                rep.skip(key, "skipped: no correct stock attention kernel (see the attention table)")
+            else:
+                wargv = ["--impl", impl, "--model", model, "--tokens", str(args.tokens), "--recompute", rc,
+                         "--mbt-on", str(args.tokens), "--mbt-off", str(min(args.tokens, MBT_OFF[model])),
+                         "--warmup", str(args.warmup), "--iters", str(args.iters), "--device", args.device,
                          "--profile", args.profile if model in profile_models else "none"]
                 if impl == "stock":
                     wargv += ["--attention", attention[model]]
                 w = Worker(wargv, log, min(TIMEOUT_S[model], left), on_record)
                 t1 = time.time()
-                rc = w.run()
-                rep.finish(model, impl, rc, w.timed_out, time.time() - t1)
-                print(rep.progress(model, impl), flush=True)
+                code = w.run()
+                rep.finish(key, code, w.timed_out, time.time() - t1, w.last_error)
+            print(rep.progress(*key), flush=True)
 
     final = rep.final(time.time() - t0, log_path)
     print(final, flush=True)
