@@ -186,3 +186,28 @@ def test_flashinfer_kv_from_fused_qkv_has_equal_strides(fake_fi):
     kc = torch.randn(b, max_len, hkv, d)
     vc = torch.randn(b, max_len, 2 * hkv, d)[:, :, :hkv]  # a non-contiguous cache view
     attn.decode_attention(torch.randn(b, hq, d), kc, vc, torch.tensor([2, 5]), 0.5)
+
+
+def test_attention_backward_kernel_choice(monkeypatch):
+    """Backward: FlashAttention-2 for bf16/fp16 (GQA native), memory-efficient otherwise, forced by the env var,
+    and a flash call that raises falls back to memory-efficient for the rest of the process."""
+    monkeypatch.delenv(attn.BACKWARD_ENV, raising=False)
+    monkeypatch.setattr(attn, "_flash_backward_failed", [])
+    assert attn.backward_kernel(torch.bfloat16) == "flash" and attn.backward_kernel(torch.float32) == "efficient"
+    monkeypatch.setenv(attn.BACKWARD_ENV, "efficient")
+    assert attn.backward_kernel(torch.bfloat16) == "efficient"
+    monkeypatch.setenv(attn.BACKWARD_ENV, "fast")
+    with pytest.raises(ValueError, match="TOP_RL_ATTENTION_BACKWARD='fast'"):
+        attn.backward_kernel(torch.bfloat16)
+    monkeypatch.delenv(attn.BACKWARD_ENV)
+
+    def no_flash(*a):
+        raise RuntimeError("_flash_attention_forward: not available")
+
+    monkeypatch.setattr(attn, "flash_attention_backward", no_flash)
+    monkeypatch.setattr(attn, "efficient_attention_backward", lambda *a: "efficient")
+    args = (None, torch.zeros(1, dtype=torch.bfloat16), None, None, None, 1, 1.0)
+    with pytest.warns(RuntimeWarning, match="not available"):
+        assert attn.attention_backward(*args) == "efficient"
+    assert attn.backward_kernel(torch.bfloat16) == "efficient"  # no second attempt
+
