@@ -139,7 +139,7 @@ def run_config(args, cfg, batch, loss_fn, recompute: bool, mbt: int, device, pro
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
     step_ms = median(times)
     gate_ms = None
-    if args.impl == "top":
+    if args.impl == "top" and recompute:  # the gate is a no-grad forward: measured once per model
         runner.gate(batch)
         gate_ms = median([timer(lambda: runner.gate(batch)) for _ in range(args.iters)])
     tokens = sum(len(s.tokens) for s in batch)
@@ -239,7 +239,7 @@ def main(argv=None) -> None:
     p.add_argument("--recompute", default="on,off")
     p.add_argument("--mbt-on", type=int, default=16384)
     p.add_argument("--mbt-off", type=int, default=16384)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--profile", default="none", help="profile the step of this recompute setting: on | off | none")
     p.add_argument("--attention", default="flash", help="stock attention implementation")

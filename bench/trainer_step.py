@@ -35,20 +35,21 @@ from bench import _trainer_report as report  # noqa: E402
 
 # micro-batch token budget with recompute off: the 4B model's activations at 16k tokens do not fit one H200
 MBT_OFF = {"qwen3-0.6b": 16384, "qwen3-4b": 4096, "tiny": 256}
-TIMEOUT_S = {"qwen3-0.6b": 150, "qwen3-4b": 200, "tiny": 300}  # per worker (one model x trainer x recompute)
+TIMEOUT_S = {"qwen3-0.6b": 240, "qwen3-4b": 240, "tiny": 300}  # per worker; the first one JIT-compiles everything
 
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", default=os.environ.get("TOP_RL_BENCH_QUICK") == "1")
-    p.add_argument("--models", default=None, help="comma list (default: qwen3-0.6b,qwen3-4b; --quick: qwen3-0.6b)")
+    p.add_argument("--models", default=os.environ.get("TOP_RL_BENCH_MODELS"),
+                   help="comma list (default: qwen3-0.6b,qwen3-4b; --quick: qwen3-0.6b); env TOP_RL_BENCH_MODELS")
     p.add_argument("--impls", default="top,stock")
     p.add_argument("--recompute", default="on,off")
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--profile", default="on", help="profile the step with recompute on | off | none")
-    p.add_argument("--budget-s", type=float, default=float(os.environ.get("TOP_RL_BENCH_BUDGET_S", 450)),
+    p.add_argument("--budget-s", type=float, default=float(os.environ.get("TOP_RL_BENCH_BUDGET_S", 480)),
                    help="stop starting workers past this many seconds (the device call allows 600)")
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps first (the first compiles)")
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--out", default=os.environ.get("OUT"))
     p.add_argument("--cpu-smoke", action="store_true", help="tiny model on CPU: checks the harness, not speed")

@@ -9,8 +9,9 @@ Forward = what the engine runs in rl mode (numerics page §2, §4), by calling t
   silu_and_mul  SiluAndMul.forward_native: F.silu(g[..., :I]) * g[..., I:] (native, as rl mode forces)
   log-probs     `log_softmax` (lsm_BI): fp32 for the prefill path, bf16 in/out for the sampler path
   attention     top_rl.kernels.attention (the engine's --attention-backend kernel)
-Backwards use native torch ops (cuBLAS GEMMs, elementwise CUDA): gradients need to be right, not
-batch-invariant; only the forward log-probs are compared bitwise.
+Backwards use native torch ops (cuBLAS GEMMs; RMSNorm, RoPE and SiLU-and-mul each one kernel compiled from the
+reference backend's formula, top_rl/kernels/sglang_backward.py): gradients need to be right, not batch-invariant;
+only the forward log-probs are compared bitwise.
 
 Row-parallel linear (TP-invariant): every rank all-gathers the K shards of the input and of the weight and
 runs ONE full-K mm_BI. Summing per-shard partials (the reference backend's way) cannot reproduce mm_BI's
@@ -29,8 +30,9 @@ import torch
 import torch.distributed as dist
 
 from top_rl import contract as _contract
-from top_rl.kernels import sglang_attention as _attention
 from top_rl.kernels import reference as _ref
+from top_rl.kernels import sglang_attention as _attention
+from top_rl.kernels import sglang_backward as _fused
 
 CONTRACT_ENV = "TOP_RL_CONTRACT"  # the contract name this process computes under (default: contract.DEFAULT)
 _contract_name: str | None = None
@@ -185,7 +187,7 @@ def row_linear(x, w, group=None):
 
 class _RMSNorm(_ref._RMSNorm):
     """forward_native (weight fp32, cast_x_before_out_mul, fp32 residual) with mean = mean_BI; the
-    reference's analytic backward."""
+    reference's analytic backward, fused."""
 
     @staticmethod
     def forward(ctx, x, w, residual, eps, out_dtype):
@@ -203,6 +205,12 @@ class _RMSNorm(_ref._RMSNorm):
         ctx.dtypes = (x.dtype, None if residual is None else residual.dtype)
         return out if residual is None else (out, new_residual)
 
+    @staticmethod
+    def backward(ctx, g_out, g_res=None):
+        n, rstd, w, n_cast = ctx.saved_tensors
+        g_x, g_w, g_r = _fused.rms_norm_grads(g_out, g_res, n, rstd, w, n_cast, *ctx.dtypes)
+        return g_x, g_w, g_r, None, None
+
 
 def rms_norm(x, w, eps, residual=None, out_dtype=None):
     return _RMSNorm.apply(x, w, residual, eps, out_dtype)
@@ -210,7 +218,7 @@ def rms_norm(x, w, eps, residual=None, out_dtype=None):
 
 class _Rope(_ref._Rope):
     """RotaryEmbedding.forward_native in rl mode: cos/sin = cache[positions].chunk(2), then the compiled
-    apply_rotary_emb(x, cos, sin, is_neox_style=True); the reference's analytic backward."""
+    apply_rotary_emb(x, cos, sin, is_neox_style=True); the reference's analytic backward, fused."""
 
     @staticmethod
     def forward(ctx, x, positions, cos_sin):
@@ -218,6 +226,11 @@ class _Rope(_ref._Rope):
         out = ops().rope(x, cos, sin, True)
         ctx.save_for_backward(cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype))
         return out
+
+    @staticmethod
+    def backward(ctx, g):
+        cos, sin = ctx.saved_tensors
+        return _fused.rope_grad(g, cos, sin), None, None
 
 
 def rope(x, positions, cos_sin):
@@ -232,7 +245,7 @@ def _sampler_input(logits, temperature):
 class _TokenLogprobs(torch.autograd.Function):
     """lsm_BI gathered at ids. temperature None: prefill path (§6.1, fp32 of f32(L)); else the sampler path
     (§6.2). Backward: (onehot - softmax(z)) * g / T, softmax recomputed from the saved logits (no [T, V]
-    fp32 log-probs kept alive)."""
+    fp32 log-probs kept alive), one compiled kernel (sglang_backward.py)."""
 
     @staticmethod
     def forward(ctx, logits, ids, temperature):
@@ -245,13 +258,7 @@ class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         logits, ids, t = ctx.saved_tensors
-        z = _sampler_input(logits, t) if ctx.tempered else logits
-        g = g.float().unsqueeze(-1)
-        grad = torch.softmax(z.float(), dim=-1).mul_(-g)
-        grad.scatter_add_(-1, ids.unsqueeze(-1), g)
-        if ctx.tempered:
-            grad.div_(t.float().reshape(-1, 1))
-        return grad.to(logits.dtype), None, None
+        return _fused.token_logprobs_grad(logits, ids, t if ctx.tempered else None, g), None, None
 
 
 def prefill_logprobs(logits, ids):
@@ -273,7 +280,7 @@ class _Backend:
     row_linear = staticmethod(row_linear)
     rms_norm = staticmethod(rms_norm)
     rope = staticmethod(rope)
-    silu_and_mul = staticmethod(_ref.silu_and_mul)  # native F.silu * mul forward, as SGLang rl mode
+    silu_and_mul = staticmethod(_fused.silu_and_mul)  # native F.silu * mul forward, as SGLang rl mode
     attention = staticmethod(_attention.attention)
     decode_attention = staticmethod(_attention.decode_attention)
     prefill_logprobs = staticmethod(prefill_logprobs)
