@@ -123,7 +123,14 @@ class StockRunner:
             yield
 
 
-RUNNERS = {"top": TopRunner, "stock": StockRunner}
+class TopBaselineRunner(TopRunner):
+    """The TOP trainer with this branch's speedups switched off: eager elementwise backwards and the
+    memory-efficient attention backward (≈ the trainer before issue 12; set in run_worker before any import)."""
+
+    ENV = {"TOP_RL_FUSED_BACKWARD": "0", "TOP_RL_ATTENTION_BACKWARD": "efficient"}
+
+
+RUNNERS = {"top": TopRunner, "top_base": TopBaselineRunner, "stock": StockRunner}
 
 
 # ---------------------------------------------------------------------------------------------- one config
@@ -175,7 +182,8 @@ def run_worker(args) -> None:
     cfg = MODELS[args.model]
     batch, adv = make_batch(cfg, args.tokens)
     loss_fn = make_loss_fn(batch, adv)
-    if args.impl == "top":
+    if args.impl in ("top", "top_base"):
+        os.environ.update(getattr(RUNNERS[args.impl], "ENV", {}))
         from top_rl import kernels
         from top_rl.kernels import sglang_attention
 
@@ -183,7 +191,8 @@ def run_worker(args) -> None:
         attn = os.environ.get(sglang_attention.ENV_VAR, "triton") if device.type == "cuda" else "reference"
         if device.type == "cuda":
             sglang_attention.set_attention_backend(attn)
-        note = f"kernels {kernels.backend_name()}, attention {attn}"
+        note = f"kernels {kernels.backend_name()}, attention {attn}" + (
+            " (fused backwards off, memory-efficient attention backward)" if args.impl == "top_base" else "")
     else:
         from bench import _stock_attention, _stock_gpt
 
@@ -212,6 +221,14 @@ def run_worker(args) -> None:
             if mbt // 2 < 2048:
                 break
             mbt //= 2
+    if args.impl in ("top", "top_base") and device.type == "cuda":
+        from top_rl.kernels import sglang_attention, sglang_backward
+
+        fell_back = [f"{op} backward not compiled ({why})" for op, why in sglang_backward._failed.items()]
+        fell_back += [f"flash attention backward failed ({why[:200]})" for why in sglang_attention._flash_backward_failed]
+        if fell_back:
+            emit("NOTE", {"model": args.model, "impl": args.impl, "recompute": args.recompute == "on",
+                          "text": "; ".join(fell_back)})
 
 
 def run_select_attention(args) -> None:

@@ -7,11 +7,14 @@ stock  Megatron-core's own GPTModel, local spec, bf16, cuBLAS, the fastest corre
 Same model shape, same ~16k-token batch of mixed-length sequences, same scored rows and loss, same optimizer
 (Megatron DDP + Adam, fp32 master weights), recompute on and off: step time, tokens/s, MFU (model FLOPs,
 recompute not counted, against 790 TFLOP/s), peak memory; and a torch.profiler table of GPU time per op family.
+"TOP before" (first model, recompute on) is the TOP trainer with the issue-12 speedups switched off (eager
+elementwise backwards, memory-efficient attention backward): the before/after of this code in one run.
 
 Each (model, trainer, recompute) runs in its own process (bench/_trainer_worker.py) with a timeout; tables are printed as
 workers finish and in full at the end (also written to $OUT/trainer_step.md when $OUT is set).
-  python bench/trainer_step.py                 Qwen3-0.6B and Qwen3-4B (about 5 minutes on one H200)
-  python bench/trainer_step.py --quick         Qwen3-0.6B only (or TOP_RL_BENCH_QUICK=1)
+  python bench/trainer_step.py                 Qwen3-0.6B and Qwen3-4B; stops starting workers after 420 s, so
+                                               recompute-off rows of the second model may be skipped
+  TOP_RL_BENCH_MODELS=qwen3-0.6b python bench/trainer_step.py    one model, all rows (~5 minutes cold)
   python bench/trainer_step.py --cpu-smoke     the whole harness on a tiny model on CPU (no GPU needed)
 """
 
@@ -44,10 +47,13 @@ def parse(argv=None):
     p.add_argument("--models", default=os.environ.get("TOP_RL_BENCH_MODELS"),
                    help="comma list (default: qwen3-0.6b,qwen3-4b; --quick: qwen3-0.6b); env TOP_RL_BENCH_MODELS")
     p.add_argument("--impls", default="top,stock")
-    p.add_argument("--recompute", default="on,off")
+    p.add_argument("--recompute", default=os.environ.get("TOP_RL_BENCH_RECOMPUTE", "on,off"),
+                   help="on,off | on | off (env TOP_RL_BENCH_RECOMPUTE); the first one's rows run first")
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--profile", default="on", help="profile the step with recompute on | off | none")
-    p.add_argument("--budget-s", type=float, default=float(os.environ.get("TOP_RL_BENCH_BUDGET_S", 480)),
+    p.add_argument("--no-before", dest="before", action="store_false",
+                   help="skip the 'TOP before' row (fused backwards off, memory-efficient attention backward)")
+    p.add_argument("--budget-s", type=float, default=float(os.environ.get("TOP_RL_BENCH_BUDGET_S", 420)),
                    help="stop starting workers past this many seconds (the device call allows 600)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (the first compiles)")
     p.add_argument("--iters", type=int, default=3)
@@ -141,7 +147,11 @@ def main(argv=None) -> int:
             print(rep.attention_table(rc, w.timed_out, w.last_error), flush=True)
         # One process per (model, trainer, recompute): each starts with an empty GPU. Recompute on first for
         # every model, so a spent budget drops the recompute-off rows of the largest model first.
-        jobs = [(rc, m, i) for rc in args.recompute.split(",") for m in models for i in impls]
+        rcs = args.recompute.split(",")
+        jobs = [(rcs[0], m, i) for m in models for i in impls]
+        if args.before and "top" in impls:  # the trainer without this branch's speedups, first model
+            jobs.append((rcs[0], models[0], "top_base"))
+        jobs += [(rc, m, i) for rc in rcs[1:] for m in models for i in impls]
         for rc, model, impl in jobs:
             left = budget_left()
             key = (model, impl, rc)
@@ -156,6 +166,8 @@ def main(argv=None) -> int:
                          "--profile", args.profile if model in profile_models else "none"]
                 if impl == "stock":
                     wargv += ["--attention", attention[model]]
+                if impl == "top_base":
+                    wargv[wargv.index("--profile") + 1] = "none"
                 w = Worker(wargv, log, min(TIMEOUT_S[model], left), on_record)
                 t1 = time.time()
                 code = w.run()

@@ -7,7 +7,7 @@
 # script stays under the tool's 10-minute limit. Extra pytest args: PYTEST_ARGS="-k invariance".
 # `bench-trainer` (its own call: ~5-8 minutes) runs bench/trainer_step.py, TOP trainer vs stock Megatron-core
 # (TOP_RL_BENCH_QUICK=1 or TOP_RL_BENCH_MODELS=qwen3-0.6b: one model; TOP_RL_BENCH_BUDGET_S: when it stops
-# starting workers, default 480).
+# starting workers, default 420).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,7 +59,7 @@ if [[ "$WHAT" == all || "$WHAT" == bench ]]; then
 fi
 
 if [[ "$WHAT" == bench-trainer ]]; then
-  timeout "${BENCH_TRAINER_TIMEOUT:-560}" "$PY" bench/trainer_step.py --out "$OUT" >"$OUT/bench_trainer_step.log" 2>&1
+  timeout "${BENCH_TRAINER_TIMEOUT:-540}" "$PY" bench/trainer_step.py --out "$OUT" >"$OUT/bench_trainer_step.log" 2>&1
   rc=$?
   echo "bench trainer_step exit code: $rc ($(( $(date +%s) - T0 )) s since start)" >>"$OUT/summary.md"
   if [[ -f "$OUT/trainer_step.md" ]]; then

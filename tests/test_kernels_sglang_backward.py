@@ -62,3 +62,12 @@ def test_out_of_memory_is_not_swallowed(monkeypatch):
     with pytest.raises(torch.OutOfMemoryError):
         sb.silu_and_mul_grad(torch.randn(3, 8), torch.randn(3, 4))
     assert not sb._failed
+
+
+def test_env_switch_runs_the_eager_formula(monkeypatch):
+    monkeypatch.setenv(sb.ENV, "0")
+    monkeypatch.setattr(sb.torch, "compile", lambda fn, dynamic: pytest.fail("compiled despite the switch"))
+    g, go = torch.randn(3, 8), torch.randn(3, 4)
+    from top_rl.kernels.reference import silu_and_mul_grad
+
+    assert torch.equal(sb.silu_and_mul_grad(g, go), silu_and_mul_grad(g, go))

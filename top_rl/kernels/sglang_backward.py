@@ -9,19 +9,21 @@ after one warning: same gradients, slower.
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
 
 from top_rl.kernels import reference as _ref
 
+ENV = "TOP_RL_FUSED_BACKWARD"  # "0": the eager formulas (A/B measurements, bench/trainer_step.py)
 _compiled: dict = {}
 _failed: dict[str, str] = {}  # op -> the first compile/run error, once it fell back to eager
 
 
 def _run(name: str, eager, *args, fallback=None):
     """`eager` compiled (once per op), or `fallback` (default: `eager` itself) once compiling has failed."""
-    if name not in _failed:
+    if name not in _failed and os.environ.get(ENV, "1") != "0":
         fn = _compiled.get(name)
         if fn is None:
             fn = _compiled[name] = torch.compile(eager, dynamic=True)
