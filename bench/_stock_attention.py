@@ -5,8 +5,8 @@ Candidates (packed THD q[T, Hq, d], k/v[T, Hkv, d], cu_seqlens), each an autogra
   cudnn      aten::_cudnn_attention_forward/backward with ragged cu_seqlens (cuDNN SDPA), K/V heads repeated
   efficient  aten::_efficient_attention_forward/backward (xFormers/CUTLASS), K/V heads repeated
 `select()` checks each one's output and gradients against fp32 math attention per sequence (tolerance: an
-independent implementation) on a small packed batch and on the real one, and times fwd+bwd on the real batch; the fastest correct one is used. A candidate
-that raises or is wrong is reported with the reason, never silently used.
+independent implementation) on a small packed batch and on the real one, and times fwd+bwd on the real batch;
+the fastest correct one is used. A candidate that raises or is wrong is reported with the reason, never used.
 """
 
 from __future__ import annotations

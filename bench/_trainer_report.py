@@ -146,8 +146,8 @@ class Report:
                     row += [_f(v), _f(100 * v / profs[i]["wall_ms"], "{:.1f}")]
                 rows.append(row)
             rows.append(["step (wall, unprofiled)"] + [c for i in impls for c in (_f(profs[i]["wall_ms"]), "100")])
-            rows.append(["GPU busy (profiled step)"] + [c for i in impls for c in
-                                                         (_f(profs[i]["busy_ms"]), _f(100 * profs[i]["busy_ms"] / profs[i]["wall_ms"], "{:.1f}"))])
+            busy = [(_f(profs[i]["busy_ms"]), _f(100 * profs[i]["busy_ms"] / profs[i]["wall_ms"], "{:.1f}")) for i in impls]
+            rows.append(["GPU busy (profiled step)"] + [c for pair in busy for c in pair])
             text += table(f"profile {model}, recompute {'on' if rc else 'off'}: GPU time per op family "
                           f"(% of the unprofiled step)", header, rows)
             for i in impls:
