@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The one entry point on the lent GPU machine (device `run` tool, carry=[".gpu_bundle/core", ...]):
-#   bash scripts/gpu_run.sh [all|tests|bench|e2e]
+#   bash scripts/gpu_run.sh [all|tests|bench|bench-trainer|e2e]
 # installs the wheels of .gpu_bundle/ (made here by scripts/gpu_bundle.sh) into a private target dir,
 # runs `pytest tests/gpu` and bench/*.py, and writes logs plus summary.md to $OUT (at most 8 files come
 # back). Each stage has its own timeout so the summary is written even when one stage hangs; the whole
 # script stays under the tool's 10-minute limit. Extra pytest args: PYTEST_ARGS="-k invariance".
+# `bench-trainer` (its own call: ~5-8 minutes) runs bench/trainer_step.py, TOP trainer vs stock Megatron-core
+# (TOP_RL_BENCH_QUICK=1 or TOP_RL_BENCH_MODELS=qwen3-0.6b: one model; TOP_RL_BENCH_BUDGET_S: when it stops
+# starting workers, default 420).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -81,6 +84,17 @@ if [[ "$WHAT" == all || "$WHAT" == bench ]]; then
     timeout "${BENCH_TIMEOUT:-75}" "$PY" "bench/$b.py" >"$OUT/bench_$b.log" 2>&1
     echo "bench $b exit code: $? ($(( $(date +%s) - T0 )) s since start)" >>"$OUT/summary.md"
   done
+fi
+
+if [[ "$WHAT" == bench-trainer ]]; then
+  timeout "${BENCH_TRAINER_TIMEOUT:-540}" "$PY" bench/trainer_step.py --out "$OUT" >"$OUT/bench_trainer_step.log" 2>&1
+  rc=$?
+  echo "bench trainer_step exit code: $rc ($(( $(date +%s) - T0 )) s since start)" >>"$OUT/summary.md"
+  if [[ -f "$OUT/trainer_step.md" ]]; then
+    sed -n '/^# Final/,$p' "$OUT/bench_trainer_step.log" >>"$OUT/summary.md"
+  else  # killed before its final table: keep what it printed as it went
+    tail -c 9000 "$OUT/bench_trainer_step.log" >>"$OUT/summary.md"
+  fi
 fi
 
 "$PY" - "$OUT" <<'PYEOF' >>"$OUT/summary.md" 2>&1

@@ -56,8 +56,22 @@ class _Wrapper:
         self.plans.append((args, kw))
 
     def forward(self, q, *args, **kw):
+        if self.kind != "ragged_prefill":
+            _check_paged_kv(args[0])
         self.runs.append((args, kw))
         return torch.zeros_like(q)
+
+
+def _check_paged_kv(kv):
+    """What flashinfer 0.6.7.post3 does with a (K, V) tuple before its paged kernels run: 3-D buffers get a
+    page dim (utils._expand_4d, NHD), then batch_prefill.cu / batch_decode.cu refuse K and V whose strides
+    differ (they read both through K's strides)."""
+    k, v = (t.unsqueeze(-3) if t.dim() == 3 else t for t in kv)
+    assert k.dim() == v.dim() == 4
+    for i in range(4):
+        if k.stride(i) != v.stride(i):
+            raise RuntimeError(f"Check failed: paged_k_cache.stride(i) == paged_v_cache.stride(i) "
+                               f"({k.stride(i)} vs. {v.stride(i)})")
 
 
 def _fake_flashinfer():
@@ -117,8 +131,9 @@ def test_flashinfer_prefill_plans_once_per_batch(fake_fi):
     assert (hq, hkv, d) == (4, 2, 8)
     assert kw["fixed_split_size"] == 4096 and kw["q_data_type"] == torch.float32
     run_args, run_kw = s.prefill.runs[0]
-    k_pages, v_pages = run_args[0]
-    assert k_pages.shape == (9, 1, 2, 8) and v_pages.shape == (9, 1, 2, 8)
+    k_buf, v_buf = run_args[0]
+    assert k_buf.shape == (9, 2, 8) and v_buf.shape == (9, 2, 8)  # the engine's [tokens, Hkv, d] KV buffers
+    assert k_buf.is_contiguous() and v_buf.is_contiguous()
     assert run_kw["causal"] is True and run_kw["sm_scale"] == 0.25
     q2, k2, v2, cu2 = _qkv([0, 4, 9])  # another batch: a new plan
     attn.attention(q2, k2, v2, cu2, 0.25)
@@ -155,3 +170,44 @@ def test_flashinfer_decode_plan(fake_fi):
     assert s.decode.runs[0][1]["sm_scale"] == 0.5
     attn.decode_attention(q, kc, vc, lengths + torch.tensor([0, 0, 1]), 0.5)  # next step: new plan
     assert s.plan_count["decode"] == 2
+
+
+def test_flashinfer_kv_from_fused_qkv_has_equal_strides(fake_fi):
+    """The model and the trainer take V as a column slice of the fused qkv projection (row stride = the qkv
+    width) and K fresh from RoPE (row stride Hkv*d): flashinfer refused that pair on the H200 (1024 vs. 4096).
+    Both sides must reach it as the engine's two contiguous KV buffers."""
+    t, hq, hkv, d = 9, 4, 2, 8
+    qkv = torch.randn(t, (hq + 2 * hkv) * d)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q, k, v = q.reshape(t, hq, d).contiguous(), k.reshape(t, hkv, d).contiguous(), v.reshape(t, hkv, d)
+    assert v.stride(0) != k.stride(0)
+    attn.attention(q, k, v, torch.tensor([0, 4, 9]), 0.5)
+    b, max_len = 2, 5
+    kc = torch.randn(b, max_len, hkv, d)
+    vc = torch.randn(b, max_len, 2 * hkv, d)[:, :, :hkv]  # a non-contiguous cache view
+    attn.decode_attention(torch.randn(b, hq, d), kc, vc, torch.tensor([2, 5]), 0.5)
+
+
+def test_attention_backward_kernel_choice(monkeypatch):
+    """Backward: FlashAttention-2 for bf16/fp16 (GQA native), memory-efficient otherwise, forced by the env var,
+    and a flash call that raises falls back to memory-efficient for the rest of the process."""
+    monkeypatch.delenv(attn.BACKWARD_ENV, raising=False)
+    monkeypatch.setattr(attn, "_flash_backward_failed", [])
+    assert attn.backward_kernel(torch.bfloat16) == "flash" and attn.backward_kernel(torch.float32) == "efficient"
+    monkeypatch.setenv(attn.BACKWARD_ENV, "efficient")
+    assert attn.backward_kernel(torch.bfloat16) == "efficient"
+    monkeypatch.setenv(attn.BACKWARD_ENV, "fast")
+    with pytest.raises(ValueError, match="TOP_RL_ATTENTION_BACKWARD='fast'"):
+        attn.backward_kernel(torch.bfloat16)
+    monkeypatch.delenv(attn.BACKWARD_ENV)
+
+    def no_flash(*a):
+        raise RuntimeError("_flash_attention_forward: not available")
+
+    monkeypatch.setattr(attn, "flash_attention_backward", no_flash)
+    monkeypatch.setattr(attn, "efficient_attention_backward", lambda *a: "efficient")
+    args = (None, torch.zeros(1, dtype=torch.bfloat16), None, None, None, 1, 1.0)
+    with pytest.warns(RuntimeWarning, match="not available"):
+        assert attn.attention_backward(*args) == "efficient"
+    assert attn.backward_kernel(torch.bfloat16) == "efficient"  # no second attempt
+

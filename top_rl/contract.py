@@ -58,6 +58,18 @@ class GemmTiling:
     attn_kv_block: int = 64  # keys per online-softmax block in reference attention
 
 
+# The batch-invariant GEMM both sides compute every linear with. SGLang 0.5.10.post1's `matmul_persistent` (the
+# mm_BI its rl mode installs for aten::mm) runs DeepGEMM's bf16_gemm_nn when `deep_gemm` is importable on an
+# sm90+ GPU and this switch is on (its default), else its Triton persistent kernel (§11.1). A contract names
+# one path; the switch is derived from it for the engine's launch env and the trainer's process alike.
+GEMM_ENV = "SGLANG_BATCH_INVARIANT_OPS_ENABLE_MM_DEEPGEMM"
+GEMM_PATHS: dict[str, tuple[tuple[str, str], ...]] = {
+    "triton_persistent": ((GEMM_ENV, "0"),),
+    # DeepGEMM is used only when SGLang's JIT DeepGEMM is on as well (its configurer reads this at import).
+    "deepgemm": ((GEMM_ENV, "1"), ("SGLANG_ENABLE_JIT_DEEPGEMM", "1")),
+}
+
+
 @dataclass(frozen=True)
 class TopContract:
     name: str
@@ -66,7 +78,7 @@ class TopContract:
     # Engine flags every SGLang server of a TOP run gets (§1.1: pass both determinism flags, or piecewise
     # CUDA graphs stay on; §1.2: fp32 lm head, torch compile, mixed chunk, speculative decoding off).
     engine_flags: tuple[str, ...]
-    engine_env: tuple[tuple[str, str], ...]
+    base_engine_env: tuple[tuple[str, str], ...]  # pinned on both sides, beside the GEMM path's switches
     forbidden_env: tuple[str, ...]
     attention_backends: tuple[str, ...]
     radix_cache_required_off: tuple[str, ...]
@@ -77,6 +89,20 @@ class TopContract:
     # decode-step log-probs with the trainer's prefill recompute. Empty: none is proven. Measured on an H200:
     # triton's split-KV decode differs from its extend on a few tokens; fa3 and flashinfer are unmeasured.
     decode_equals_extend: tuple[str, ...] = field(default=())
+    gemm: str = "triton_persistent"  # a key of GEMM_PATHS
+
+    def __post_init__(self):
+        if self.gemm not in GEMM_PATHS:
+            raise ValueError(f"contract {self.name!r}: gemm={self.gemm!r}; choose one of {sorted(GEMM_PATHS)}")
+        gemm_keys = {k for path in GEMM_PATHS.values() for k, _ in path}
+        clash = sorted(k for k, _ in self.base_engine_env if k in gemm_keys)
+        if clash:
+            raise ValueError(f"contract {self.name!r}: {clash} belong to the GEMM path; set `gemm`, not base_engine_env")
+
+    @property
+    def engine_env(self) -> tuple[tuple[str, str], ...]:
+        """Every env var both sides pin: the GEMM path's switches, then the rest."""
+        return GEMM_PATHS[self.gemm] + self.base_engine_env
 
     def policy(self, compute: torch.dtype | str) -> DtypePolicy:
         return DtypePolicy(compute=as_dtype(compute))
@@ -85,6 +111,7 @@ class TopContract:
         """A JSON-able description (dry-run plans, checkpoints, reports)."""
         out = dataclasses.asdict(self)
         out["tiling"] = dataclasses.asdict(self.tiling)
+        out["engine_env"] = [list(kv) for kv in self.engine_env]
         return out
 
 
@@ -103,11 +130,7 @@ QWEN3_DENSE_TOP_V1 = TopContract(
         "--disable-radix-cache",
         "--skip-tokenizer-init",
     ),
-    engine_env=(
-        # §11.1: DeepGEMM's batch invariance is unverified; both sides use SGLang's Triton persistent GEMM.
-        ("SGLANG_BATCH_INVARIANT_OPS_ENABLE_MM_DEEPGEMM", "0"),
-        ("SGLANG_ENABLE_DETERMINISTIC_INFERENCE", "1"),
-    ),
+    base_engine_env=(("SGLANG_ENABLE_DETERMINISTIC_INFERENCE", "1"),),
     forbidden_env=("SGLANG_RETURN_ORIGINAL_LOGPROB", "SGLANG_BATCH_INVARIANT_OPS_ENABLE_MM_FALLBACK_VARIANT"),
     attention_backends=("fa3", "flashinfer", "triton"),
     radix_cache_required_off=("flashinfer",),
@@ -120,9 +143,18 @@ QWEN3_DENSE_TOP_V1 = TopContract(
         ("repetition_penalty", 1.0),
         ("min_new_tokens", 0),
     ),
+    # §11.1: SGLang's Triton persistent GEMM, proven batch-invariant on the H200 (tests/gpu/test_invariance.py).
+    gemm="triton_persistent",
 )
 
-CONTRACTS = {QWEN3_DENSE_TOP_V1.name: QWEN3_DENSE_TOP_V1}
+# The same contract on DeepGEMM's bf16_gemm_nn (SGLang's own Hopper default, ~cuBLAS speed). Not yet a run option
+# (`top.contract` chooses among CONTRACTS): its batch invariance is unproven on the lent H200, where no deep_gemm
+# build loads (tests/gpu/test_deepgemm.py runs wherever one does). Code may name it (`get`, set_contract).
+QWEN3_DENSE_TOP_V1_DEEPGEMM = dataclasses.replace(QWEN3_DENSE_TOP_V1, name="qwen3_dense_top_v1_deepgemm",
+                                                  gemm="deepgemm")
+
+CONTRACTS = {QWEN3_DENSE_TOP_V1.name: QWEN3_DENSE_TOP_V1}  # what a run config may choose
+UNPROVEN = {QWEN3_DENSE_TOP_V1_DEEPGEMM.name: QWEN3_DENSE_TOP_V1_DEEPGEMM}
 DEFAULT = QWEN3_DENSE_TOP_V1
 
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32,
@@ -140,6 +172,7 @@ def as_dtype(d: torch.dtype | str) -> torch.dtype:
 
 def get(name: str) -> TopContract:
     try:
-        return CONTRACTS[name]
+        return CONTRACTS.get(name) or UNPROVEN[name]
     except KeyError:
-        raise ValueError(f"unknown TOP contract {name!r}; known: {sorted(CONTRACTS)}") from None
+        raise ValueError(f"unknown TOP contract {name!r}; known: {sorted(CONTRACTS)} (unproven: "
+                         f"{sorted(UNPROVEN)})") from None

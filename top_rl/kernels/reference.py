@@ -67,15 +67,21 @@ class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_out, g_res=None):
         n, rstd, w, n_cast = ctx.saved_tensors
-        acc = n.dtype
-        g_out = g_out.to(acc)
-        g_w = (g_out * n_cast.to(acc)).reshape(-1, n.shape[-1]).sum(0).to(w.dtype)
-        g_n = g_out * w.to(acc)
-        g_x = rstd * (g_n - n * (g_n * n).mean(dim=-1, keepdim=True))
-        if g_res is not None:
-            g_x = g_x + g_res.to(acc)
         x_dtype, res_dtype = ctx.dtypes
-        return g_x.to(x_dtype), g_w, None if res_dtype is None else g_x.to(res_dtype), None, None
+        g_x, g_w, g_r = rms_norm_grads(g_out, g_res, n, rstd, w, n_cast, x_dtype, res_dtype)
+        return g_x, g_w, g_r, None, None
+
+
+def rms_norm_grads(g_out, g_res, n, rstd, w, n_cast, x_dtype, res_dtype):
+    """(d x, d w, d residual or None) of _RMSNorm from its saved tensors (the sglang backend compiles this)."""
+    acc = n.dtype
+    g_out = g_out.to(acc)
+    g_w = (g_out * n_cast.to(acc)).reshape(-1, n.shape[-1]).sum(0).to(w.dtype)
+    g_n = g_out * w.to(acc)
+    g_x = rstd * (g_n - n * (g_n * n).mean(dim=-1, keepdim=True))
+    if g_res is not None:
+        g_x = g_x + g_res.to(acc)
+    return g_x.to(x_dtype), g_w, None if res_dtype is None else g_x.to(res_dtype)
 
 
 def rms_norm(x, w, eps, residual=None, out_dtype=None):
@@ -100,8 +106,13 @@ class _Rope(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         cos, sin = ctx.saved_tensors
-        g1, g2 = torch.chunk(g, 2, dim=-1)
-        return torch.cat((g1 * cos + g2 * sin, g2 * cos - g1 * sin), dim=-1), None, None
+        return rope_grad(g, cos, sin), None, None
+
+
+def rope_grad(g, cos, sin):
+    """d x of the NeoX rotation: the rotation by -angle (the sglang backend compiles this)."""
+    g1, g2 = torch.chunk(g, 2, dim=-1)
+    return torch.cat((g1 * cos + g2 * sin, g2 * cos - g1 * sin), dim=-1)
 
 
 def rope(x, positions, cos_sin):
@@ -118,13 +129,18 @@ class _SiluAndMul(torch.autograd.Function):
     @staticmethod
     def backward(ctx, go):
         (g,) = ctx.saved_tensors
-        acc = acc_dtype(g.dtype)
-        d = g.shape[-1] // 2
-        a, b, go = g[..., :d].to(acc), g[..., d:].to(acc), go.to(acc)
-        s = torch.sigmoid(a)
-        grad_a = go * b * s * (1 + a * (1 - s))
-        grad_b = go * a * s
-        return torch.cat((grad_a, grad_b), dim=-1).to(g.dtype)
+        return silu_and_mul_grad(g, go)
+
+
+def silu_and_mul_grad(g, go):
+    """d g of silu(g[..., :I]) * g[..., I:] (the sglang backend compiles this)."""
+    acc = acc_dtype(g.dtype)
+    d = g.shape[-1] // 2
+    a, b, go = g[..., :d].to(acc), g[..., d:].to(acc), go.to(acc)
+    s = torch.sigmoid(a)
+    grad_a = go * b * s * (1 + a * (1 - s))
+    grad_b = go * a * s
+    return torch.cat((grad_a, grad_b), dim=-1).to(g.dtype)
 
 
 def silu_and_mul(g):

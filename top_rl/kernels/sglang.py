@@ -1,14 +1,17 @@
 """`sglang` backend: SGLang 0.5.10.post1's own kernels in the forward, analytic backwards (GPU only).
 
 Forward = what the engine runs in rl mode (numerics page §2, §4), by calling the pinned wheel's code:
-  linear        `matmul_persistent(x, W.t())` (mm_BI), as F.linear -> aten::mm under the engine's override
+  linear        `matmul_persistent(x, W.t())` (mm_BI), as F.linear -> aten::mm under the engine's override; the
+                GEMM inside it is the one the process's TOP contract names (`gemm`: SGLang's Triton persistent
+                kernel, or DeepGEMM's bf16_gemm_nn), pinned through SGLang's env switch as on the engine
   rms_norm      RMSNorm.forward_native with `mean` = `mean_dim` (mean_BI); pow/rsqrt/mul are native ops
   rope          torch.compile(dynamic=True)(sglang...rotary_embedding.utils.apply_rotary_emb), NeoX
   silu_and_mul  SiluAndMul.forward_native: F.silu(g[..., :I]) * g[..., I:] (native, as rl mode forces)
   log-probs     `log_softmax` (lsm_BI): fp32 for the prefill path, bf16 in/out for the sampler path
   attention     top_rl.kernels.attention (the engine's --attention-backend kernel)
-Backwards use native torch ops (cuBLAS GEMMs, elementwise CUDA): gradients need to be right, not
-batch-invariant; only the forward log-probs are compared bitwise.
+Backwards use native torch ops (cuBLAS GEMMs; RMSNorm, RoPE and SiLU-and-mul each one kernel compiled from the
+reference backend's formula, top_rl/kernels/sglang_backward.py): gradients need to be right, not batch-invariant;
+only the forward log-probs are compared bitwise.
 
 Row-parallel linear (TP-invariant): every rank all-gathers the K shards of the input and of the weight and
 runs ONE full-K mm_BI. Summing per-shard partials (the reference backend's way) cannot reproduce mm_BI's
@@ -26,35 +29,74 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from top_rl.contract import DEFAULT
-from top_rl.kernels import sglang_attention as _attention
+from top_rl import contract as _contract
 from top_rl.kernels import reference as _ref
+from top_rl.kernels import sglang_attention as _attention
+from top_rl.kernels import sglang_backward as _fused
+
+CONTRACT_ENV = "TOP_RL_CONTRACT"  # the contract name this process computes under (default: contract.DEFAULT)
+_contract_name: str | None = None
+_ops_contract: str | None = None  # the contract ops() was built under (SGLang reads its env once, at import)
 
 
-def pin_engine_env() -> None:
-    """Set the contract's engine env (e.g. DeepGEMM off) before SGLang reads it at import; refuse a clash."""
-    for key, want in DEFAULT.engine_env:
+def set_contract(name: str | None) -> None:
+    """Compute under the TOP contract `name` (the engines' contract; None: back to $TOP_RL_CONTRACT or the
+    default). Must precede the first kernel call: SGLang fixes its GEMM path when it is imported."""
+    global _contract_name
+    want = _contract.get(name).name if name is not None else None
+    if _ops_contract is not None and (want or _env_contract_name()) != _ops_contract:
+        raise RuntimeError(f"SGLang's kernels were already loaded under contract {_ops_contract!r} (its GEMM path is "
+                           f"fixed at import); set the contract before the first kernel call")
+    _contract_name = want
+
+
+def _env_contract_name() -> str:
+    return os.environ.get(CONTRACT_ENV) or _contract.DEFAULT.name
+
+
+def active_contract() -> _contract.TopContract:
+    return _contract.get(_contract_name or _env_contract_name())
+
+
+def pin_engine_env(top: _contract.TopContract | None = None) -> None:
+    """Set the contract's engine env (its GEMM path, determinism) before SGLang reads it at import; refuse a clash."""
+    top = top or active_contract()
+    for key, want in top.engine_env:
         have = os.environ.get(key)
         if have is not None and have != want:
-            raise RuntimeError(f"{key}={have!r} in the trainer's environment, but the TOP contract pins {want!r}")
+            raise RuntimeError(f"{key}={have!r} in the trainer's environment, but the TOP contract {top.name!r} "
+                               f"(gemm={top.gemm!r}) pins {want!r} on both sides: unset it")
         os.environ[key] = want
-    for key in DEFAULT.forbidden_env:
+    for key in top.forbidden_env:
         if os.environ.get(key):
             raise RuntimeError(f"{key} is set; the TOP contract forbids it on both sides")
+
+
+def check_gemm_path(top: _contract.TopContract, deepgemm_active: bool) -> None:
+    """Refuse a process whose SGLang mm_BI would run another GEMM than the contract names (the engine runs the
+    contract's: its launch env comes from the same contract)."""
+    if top.gemm == "deepgemm" and not deepgemm_active:
+        raise RuntimeError(
+            f"contract {top.name!r} names gemm='deepgemm', but SGLang's batch-invariant mm runs its Triton kernel in "
+            "this process (deep_gemm not importable, a GPU below sm90, or DeepGEMM switched off in the env): install a "
+            f"deep_gemm built for this torch, or use contract {_contract.DEFAULT.name!r}")
+    if top.gemm != "deepgemm" and deepgemm_active:
+        raise RuntimeError(
+            f"sglang.srt.batch_invariant_ops was imported with DeepGEMM on, but contract {top.name!r} names "
+            f"gemm={top.gemm!r}: import top_rl.kernels.sglang (or call pin_engine_env()) before importing sglang")
 
 
 @functools.cache
 def ops() -> SimpleNamespace:
     """SGLang's kernels, imported on first use (a CPU process that never calls them never imports Triton)."""
-    pin_engine_env()
+    global _ops_contract
+    top = active_contract()
+    pin_engine_env(top)
     from sglang.srt.batch_invariant_ops import batch_invariant_ops as bio
 
     apply_rotary_emb = _wheel_apply_rotary_emb()
-    if bio._ENABLE_MM_DEEPGEMM and bio.ENABLE_JIT_DEEPGEMM:
-        raise RuntimeError(
-            "sglang.srt.batch_invariant_ops was imported with DeepGEMM on before the TOP contract's env was set; "
-            "import top_rl.kernels.sglang (or call pin_engine_env()) before importing sglang"
-        )
+    check_gemm_path(top, bool(bio._ENABLE_MM_DEEPGEMM and bio.ENABLE_JIT_DEEPGEMM))
+    _ops_contract = top.name
     return SimpleNamespace(
         mm=bio.matmul_persistent,
         mean=bio.mean_dim,
@@ -145,7 +187,7 @@ def row_linear(x, w, group=None):
 
 class _RMSNorm(_ref._RMSNorm):
     """forward_native (weight fp32, cast_x_before_out_mul, fp32 residual) with mean = mean_BI; the
-    reference's analytic backward."""
+    reference's analytic backward, fused."""
 
     @staticmethod
     def forward(ctx, x, w, residual, eps, out_dtype):
@@ -163,6 +205,12 @@ class _RMSNorm(_ref._RMSNorm):
         ctx.dtypes = (x.dtype, None if residual is None else residual.dtype)
         return out if residual is None else (out, new_residual)
 
+    @staticmethod
+    def backward(ctx, g_out, g_res=None):
+        n, rstd, w, n_cast = ctx.saved_tensors
+        g_x, g_w, g_r = _fused.rms_norm_grads(g_out, g_res, n, rstd, w, n_cast, *ctx.dtypes)
+        return g_x, g_w, g_r, None, None
+
 
 def rms_norm(x, w, eps, residual=None, out_dtype=None):
     return _RMSNorm.apply(x, w, residual, eps, out_dtype)
@@ -170,7 +218,7 @@ def rms_norm(x, w, eps, residual=None, out_dtype=None):
 
 class _Rope(_ref._Rope):
     """RotaryEmbedding.forward_native in rl mode: cos/sin = cache[positions].chunk(2), then the compiled
-    apply_rotary_emb(x, cos, sin, is_neox_style=True); the reference's analytic backward."""
+    apply_rotary_emb(x, cos, sin, is_neox_style=True); the reference's analytic backward, fused."""
 
     @staticmethod
     def forward(ctx, x, positions, cos_sin):
@@ -178,6 +226,11 @@ class _Rope(_ref._Rope):
         out = ops().rope(x, cos, sin, True)
         ctx.save_for_backward(cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype))
         return out
+
+    @staticmethod
+    def backward(ctx, g):
+        cos, sin = ctx.saved_tensors
+        return _fused.rope_grad(g, cos, sin), None, None
 
 
 def rope(x, positions, cos_sin):
@@ -192,7 +245,7 @@ def _sampler_input(logits, temperature):
 class _TokenLogprobs(torch.autograd.Function):
     """lsm_BI gathered at ids. temperature None: prefill path (§6.1, fp32 of f32(L)); else the sampler path
     (§6.2). Backward: (onehot - softmax(z)) * g / T, softmax recomputed from the saved logits (no [T, V]
-    fp32 log-probs kept alive)."""
+    fp32 log-probs kept alive), one compiled kernel (sglang_backward.py)."""
 
     @staticmethod
     def forward(ctx, logits, ids, temperature):
@@ -205,13 +258,7 @@ class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         logits, ids, t = ctx.saved_tensors
-        z = _sampler_input(logits, t) if ctx.tempered else logits
-        g = g.float().unsqueeze(-1)
-        grad = torch.softmax(z.float(), dim=-1).mul_(-g)
-        grad.scatter_add_(-1, ids.unsqueeze(-1), g)
-        if ctx.tempered:
-            grad.div_(t.float().reshape(-1, 1))
-        return grad.to(logits.dtype), None, None
+        return _fused.token_logprobs_grad(logits, ids, t if ctx.tempered else None, g), None, None
 
 
 def prefill_logprobs(logits, ids):
@@ -233,7 +280,7 @@ class _Backend:
     row_linear = staticmethod(row_linear)
     rms_norm = staticmethod(rms_norm)
     rope = staticmethod(rope)
-    silu_and_mul = staticmethod(_ref.silu_and_mul)  # native F.silu * mul forward, as SGLang rl mode
+    silu_and_mul = staticmethod(_fused.silu_and_mul)  # native F.silu * mul forward, as SGLang rl mode
     attention = staticmethod(_attention.attention)
     decode_attention = staticmethod(_attention.decode_attention)
     prefill_logprobs = staticmethod(prefill_logprobs)

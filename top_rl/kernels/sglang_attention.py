@@ -14,10 +14,14 @@ Forward = the engine's own attention kernel, called as SGLang 0.5.10.post1 calls
 Our K/V are contiguous per packed sequence, so the "cache" the kernels read is that tensor itself with
 kv_indices = arange: the values and the kernel are the engine's, only the addresses differ.
 
-Backward (all forward backends): aten's memory-efficient attention kernels, called directly with
-cu_seqlens and a causal mask type, so memory is O(L) (no dense mask, no L x L scores). The kernel's own
-forward is re-run inside backward only to get the log-sum-exp its backward needs; no autograd graph is
-recorded or differentiated there. GQA: K/V heads are repeated for that kernel and their gradients summed.
+Backward (all forward backends): aten's varlen fused attention kernels, called directly with cu_seqlens
+and causal masking, so memory is O(L) (no dense mask, no L x L scores). The kernel's own forward is re-run
+inside backward only to get the log-sum-exp its backward needs; no autograd graph is recorded or
+differentiated there. Gradients need to be right, not batch-invariant (only forward log-probs are compared
+bitwise), so the fastest correct kernel is used: FlashAttention-2 (aten `_flash_attention_*`, GQA native)
+for bf16/fp16, else memory-efficient attention (K/V heads repeated, their gradients summed).
+$TOP_RL_ATTENTION_BACKWARD=efficient forces the latter (A/B measurements); a flash call that raises falls
+back to it for the rest of the process, with a warning.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import warnings
 
 import torch
 
@@ -123,6 +128,14 @@ def _triton_decode(q, k_cache, v_cache, lengths, scale):
 
 
 # ------------------------------------------------------------------------------------- flashinfer
+def kv_buffers(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V as the engine hands them to flashinfer: two separate contiguous [tokens, Hkv, d] buffers (its
+    MHATokenToKVPool.get_kv_buffer), which flashinfer views as page-size-1 pages. flashinfer reads both
+    through ONE set of strides (it checks `paged_k_cache.stride(i) == paged_v_cache.stride(i)`), so a V that
+    is a column slice of the fused qkv projection (row stride = the qkv width) must be made contiguous."""
+    return k.contiguous(), v.contiguous()
+
+
 class FlashinferState:
     """One 1 GiB fa2 workspace per process shared by every wrapper (as the engine's global workspace), and
     the plan of the batch in flight: a forward pass plans once, its layers reuse the plan."""
@@ -181,9 +194,8 @@ class FlashinferState:
                 cu, cu, indices, last, hq, hkv, d, 1, q_data_type=q.dtype, kv_data_type=k.dtype,
                 custom_mask=None, non_blocking=True, fixed_split_size=FLASHINFER_PREFILL_SPLIT,
             )
-        kv = (k.unsqueeze(1), v.unsqueeze(1))  # [pages, page_size=1, Hkv, d]
         return self.prefill.forward(
-            q.contiguous(), kv, causal=True, sm_scale=scale, window_left=-1, logits_soft_cap=0.0,
+            q.contiguous(), kv_buffers(k, v), causal=True, sm_scale=scale, window_left=-1, logits_soft_cap=0.0,
             k_scale=None, v_scale=None,
         )
 
@@ -201,7 +213,7 @@ class FlashinferState:
                 indptr, indices, last, q.shape[1], hkv, d, 1, data_type=k_cache.dtype, q_data_type=q.dtype,
                 non_blocking=True, fixed_split_size=FLASHINFER_DECODE_SPLIT, disable_split_kv=False,
             )
-        kv = (k_cache.reshape(b * max_len, 1, hkv, d), v_cache.reshape(b * max_len, 1, hkv, d))
+        kv = kv_buffers(k_cache.reshape(b * max_len, hkv, d), v_cache.reshape(b * max_len, hkv, d))
         return self.decode.forward(q.contiguous(), kv, sm_scale=scale, logits_soft_cap=0.0, k_scale=None, v_scale=None)
 
 
@@ -282,6 +294,43 @@ def efficient_attention_backward(g, q, k, v, cu_seqlens, max_len, scale):
     return dq, dk.to(k.dtype), dv.to(v.dtype)
 
 
+def flash_attention_backward(g, q, k, v, cu_seqlens, max_len, scale):
+    """(dq, dk, dv) of causal varlen attention through aten's FlashAttention-2 kernels (bf16/fp16, GQA native)."""
+    cu = cu_seqlens.to(torch.int32)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    out, lse, rng_state, unused, _ = torch.ops.aten._flash_attention_forward(
+        q, k, v, cu, cu, max_len, max_len, 0.0, True, False, scale=scale)
+    dq, dk, dv = torch.ops.aten._flash_attention_backward(
+        g.contiguous(), q, k, v, out, lse, cu, cu, max_len, max_len, 0.0, True, rng_state, unused, scale=scale)
+    return dq, dk, dv
+
+
+BACKWARD_ENV = "TOP_RL_ATTENTION_BACKWARD"
+_flash_backward_failed: list[str] = []  # the first error, once flash fell back to the efficient kernels
+
+
+def backward_kernel(dtype: torch.dtype) -> str:
+    choice = os.environ.get(BACKWARD_ENV, "flash")
+    if choice not in ("flash", "efficient"):
+        raise ValueError(f"{BACKWARD_ENV}={choice!r}; choose 'flash' or 'efficient'")
+    if choice == "flash" and (dtype not in (torch.bfloat16, torch.float16) or _flash_backward_failed):
+        return "efficient"
+    return choice
+
+
+def attention_backward(g, q, k, v, cu_seqlens, max_len, scale):
+    if backward_kernel(q.dtype) == "flash":
+        try:
+            return flash_attention_backward(g, q, k, v, cu_seqlens, max_len, scale)
+        except torch.OutOfMemoryError:
+            raise
+        except (RuntimeError, TypeError) as e:  # an op this torch build lacks or rejects: same gradients, slower
+            _flash_backward_failed.append(f"{type(e).__name__}: {e}")
+            warnings.warn(f"flash attention backward failed ({_flash_backward_failed[0][:300]}); using the "
+                          "memory-efficient kernels from now on", RuntimeWarning, stacklevel=2)
+    return efficient_attention_backward(g, q, k, v, cu_seqlens, max_len, scale)
+
+
 class _VarlenCausalAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens, scale, backend):
@@ -294,8 +343,8 @@ class _VarlenCausalAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         q, k, v, cu_seqlens = ctx.saved_tensors
-        dq, dk, dv = efficient_attention_backward(g, q, k, v, cu_seqlens, ctx.max_len, ctx.scale)
-        return dq, dk, dv, None, None, None
+        dq, dk, dv = attention_backward(g, q, k, v, cu_seqlens, ctx.max_len, ctx.scale)
+        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 
 def attention(q, k, v, cu_seqlens, scale):

@@ -1,0 +1,272 @@
+"""One worker process of bench/trainer_step.py (one model x one trainer, recompute on and/or off), or the stock
+attention selection (--select-attention). A process per worker keeps each trainer's GPU memory, global patches
+(recompute, kernel backend) and any CUDA fault to itself.
+
+stdout carries one JSON record per line, `RESULT {...}`, `PROFILE {...}`, `ATTN {...}` or `NOTE {...}`;
+everything else (warnings, tracebacks) goes to stderr, which the driver keeps in a log file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import sys
+import traceback
+
+sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
+
+import torch  # noqa: E402
+from torch.autograd.profiler import record_function  # noqa: E402
+
+from bench import _profile_families as pf  # noqa: E402
+from bench._trainer_common import (MODELS, PEAK_TFLOPS, Timer, init_params, make_batch, make_loss_fn,  # noqa: E402
+                                   median, model_flops, sequence_lengths)
+
+
+def emit(kind: str, obj: dict) -> None:
+    print(kind, json.dumps(obj), flush=True)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- runners
+class TopRunner:
+    """The TOP trainer (top_rl.train.Trainer) through its public API: train_step, and logprobs (the gate)."""
+
+    def __init__(self, cfg, mbt: int, recompute: bool, device):
+        from top_rl.train import Trainer, TrainerConfig
+
+        self.trainer = Trainer(cfg, TrainerConfig(tp=1, micro_batch_size=None, micro_batch_tokens=mbt, lr=1e-6,
+                                                  recompute=recompute, dtype="bfloat16"))
+        init_params(self.trainer.model.named_parameters())
+        self.trainer.optimizer.reset()  # fp32 master weights from the values just written
+
+    def step(self, batch, loss_fn):
+        self.trainer.train_step(batch, loss_fn)
+
+    def gate(self, batch):
+        self.trainer.logprobs(batch)
+
+    @contextlib.contextmanager
+    def markers(self):
+        opt = self.trainer.optimizer
+        step = opt.step
+
+        def marked():
+            with record_function("bench::optimizer"):
+                return step()
+
+        opt.step = marked
+        try:
+            with pf.seam_markers():
+                yield
+        finally:
+            del opt.step  # back to the class's method
+
+
+class StockRunner:
+    """Megatron-core's own GPTModel (bench/_stock_gpt.py) with the TOP trainer's optimizer class (Megatron DDP
+    + Megatron Adam on GPU) and its micro-batching and THD packing (top_rl.train.batch: no numerics)."""
+
+    def __init__(self, cfg, mbt: int, recompute: bool, device):
+        from bench import _stock_gpt as sg
+        from top_rl.train import parallel
+        from top_rl.train import recompute as rc
+        from top_rl.train.config import TrainerConfig
+        from top_rl.train.layers import SEAM_ATTR, SeamSettings
+        from top_rl.train.optim import CpuAdamW, MegatronAdam
+
+        rc.install()  # full recompute through torch's non-reentrant checkpoint, as the TOP trainer
+        parallel.init_process_group()
+        layout = parallel.init_model_parallel(1, 1, 1)
+        tc = sg.transformer_config(cfg, recompute=recompute, cpu=device.type == "cpu")
+        # MegatronAdam reads the compute dtype from the seam settings; the stock model computes in bf16 too.
+        setattr(tc, SEAM_ATTR, SeamSettings(torch.bfloat16, float(cfg.rope_theta), cfg.max_position_embeddings))
+        self.model = sg.build_model(cfg, tc, device)
+        init_params(self.model.named_parameters())
+        tcfg = TrainerConfig(lr=1e-6, micro_batch_size=None, micro_batch_tokens=mbt)
+        self.opt = MegatronAdam(self.model, tcfg, layout, tc) if device.type == "cuda" else CpuAdamW(self.model, tcfg, layout)
+        self.forward = self.opt.forward_module or self.model
+        self.processor = sg.make_output_processor()
+        self.mbt, self.device = mbt, device
+
+    def step(self, batch, loss_fn):
+        from top_rl.train.batch import pack, plan
+
+        self.model.train()
+        self.opt.zero_grad()
+        for idx in plan(batch, dp_rank=0, dp_size=1, micro_batch_size=None, micro_batch_tokens=self.mbt):
+            mb = pack(batch, idx, device=self.device)
+            flat = self.forward(input_ids=mb.input_ids, position_ids=None, attention_mask=None,
+                                packed_seq_params=mb.params, output_processor=self.processor,
+                                output_processor_context=mb)
+            loss_fn(list(flat.split(mb.scored_sizes)), mb.indices).backward()
+            self.opt.accumulate()
+        with record_function("bench::optimizer"):
+            self.opt.step()
+
+    @contextlib.contextmanager
+    def markers(self):
+        from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+        from megatron.core.transformer.mlp import MLP
+
+        from bench._stock_gpt import StockCoreAttention
+
+        rules = [(ColumnParallelLinear, "linear"), (RowParallelLinear, "linear"), (torch.nn.RMSNorm, "norm"),
+                 (StockCoreAttention, "attention"), (MLP, "swiglu")]
+        with pf.module_markers(self.model, rules):
+            yield
+
+
+class TopBaselineRunner(TopRunner):
+    """The TOP trainer with this branch's speedups switched off: eager elementwise backwards and the
+    memory-efficient attention backward (≈ the trainer before issue 12; set in run_worker before any import)."""
+
+    ENV = {"TOP_RL_FUSED_BACKWARD": "0", "TOP_RL_ATTENTION_BACKWARD": "efficient"}
+
+
+RUNNERS = {"top": TopRunner, "top_base": TopBaselineRunner, "stock": StockRunner}
+
+
+# ---------------------------------------------------------------------------------------------- one config
+def run_config(args, cfg, batch, loss_fn, recompute: bool, mbt: int, device, profile: bool) -> dict:
+    runner = RUNNERS[args.impl](cfg, mbt, recompute, device)
+    timer = Timer(device)
+    for _ in range(args.warmup):
+        runner.step(batch, loss_fn)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    times = [timer(lambda: runner.step(batch, loss_fn)) for _ in range(args.iters)]
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
+    step_ms = median(times)
+    gate_ms = None
+    if args.impl == "top" and recompute:  # the gate is a no-grad forward: measured once per model
+        runner.gate(batch)
+        gate_ms = median([timer(lambda: runner.gate(batch)) for _ in range(args.iters)])
+    tokens = sum(len(s.tokens) for s in batch)
+    flops = model_flops(cfg, batch)
+    n_micro = len(list(_plan(batch, mbt)))
+    rec = {"model": args.model, "impl": args.impl, "recompute": recompute, "mbt": mbt, "micro_batches": n_micro,
+           "tokens": tokens, "step_ms": step_ms, "step_ms_all": times, "tokens_per_s": tokens / step_ms * 1e3,
+           "tflops": flops / step_ms / 1e9, "mfu": flops / step_ms / 1e9 / PEAK_TFLOPS, "peak_gib": peak,
+           "gate_ms": gate_ms, "status": "ok"}
+    emit("RESULT", rec)
+    if profile:
+        with runner.markers():
+            summary = pf.profile_step(lambda: runner.step(batch, loss_fn), device, step_ms)
+        emit("PROFILE", {"model": args.model, "impl": args.impl, "recompute": recompute, "mbt": mbt, **summary})
+    del runner
+    return rec
+
+
+def _plan(batch, mbt):
+    from top_rl.train.batch import plan
+
+    return plan(batch, dp_rank=0, dp_size=1, micro_batch_size=None, micro_batch_tokens=mbt)
+
+
+def _free():
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def run_worker(args) -> None:
+    device = torch.device(args.device)
+    cfg = MODELS[args.model]
+    batch, adv = make_batch(cfg, args.tokens)
+    loss_fn = make_loss_fn(batch, adv)
+    if args.impl in ("top", "top_base"):
+        os.environ.update(getattr(RUNNERS[args.impl], "ENV", {}))
+        from top_rl import kernels
+        from top_rl.kernels import sglang_attention
+
+        kernels.set_backend("sglang" if device.type == "cuda" else "reference")
+        attn = os.environ.get(sglang_attention.ENV_VAR, "triton") if device.type == "cuda" else "reference"
+        if device.type == "cuda":
+            sglang_attention.set_attention_backend(attn)
+        note = f"kernels {kernels.backend_name()}, attention {attn}" + (
+            " (fused backwards off, memory-efficient attention backward)" if args.impl == "top_base" else "")
+    else:
+        from bench import _stock_attention, _stock_gpt
+
+        _stock_attention.use(args.attention)
+        note = "; ".join([f"attention {args.attention}"] + _stock_gpt.try_compile(device))
+    for rc_name in args.recompute.split(","):
+        recompute = rc_name == "on"
+        emit("NOTE", {"model": args.model, "impl": args.impl, "recompute": recompute, "text": note})
+        mbt = args.mbt_on if recompute else args.mbt_off
+        while True:
+            oom = False
+            try:
+                run_config(args, cfg, batch, loss_fn, recompute, mbt, device, profile=args.profile == rc_name)
+            except torch.OutOfMemoryError as e:
+                oom = True
+                log(f"OOM: {args.model} {args.impl} recompute={rc_name} mbt={mbt}: {e}")
+            except Exception as e:  # noqa: BLE001 - reported as the row's status; the next config still runs
+                traceback.print_exc()
+                emit("RESULT", {"model": args.model, "impl": args.impl, "recompute": recompute, "mbt": mbt,
+                                "status": f"error: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"})
+            _free()
+            if not oom:
+                break
+            emit("RESULT", {"model": args.model, "impl": args.impl, "recompute": recompute, "mbt": mbt,
+                            "status": "OOM"})
+            if mbt // 2 < 2048:
+                break
+            mbt //= 2
+    if args.impl in ("top", "top_base") and device.type == "cuda":
+        from top_rl.kernels import sglang_attention, sglang_backward
+
+        fell_back = [f"{op} backward not compiled ({why})" for op, why in sglang_backward._failed.items()]
+        fell_back += [f"flash attention backward failed ({why[:200]})" for why in sglang_attention._flash_backward_failed]
+        if fell_back:
+            emit("NOTE", {"model": args.model, "impl": args.impl, "recompute": args.recompute == "on",
+                          "text": "; ".join(fell_back)})
+
+
+def run_select_attention(args) -> None:
+    from bench import _stock_attention
+
+    device = torch.device(args.device)
+    lengths = sequence_lengths(args.tokens)
+    # cuDNN's ragged path is the least proven here: it runs last for every model, so a CUDA fault it might
+    # cause cannot take the other candidates' rows with it.
+    for candidates in (("flash", "efficient"), ("cudnn",)):
+        for name in args.model.split(","):
+            cfg = MODELS[name]
+            _stock_attention.select(lengths, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, device,
+                                    candidates=candidates,
+                                    on_row=lambda row, name=name: emit("ATTN", {"model": name, "impl": row[0],
+                                                                                "ms": row[1], "status": row[2]}))
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--select-attention", action="store_true")
+    p.add_argument("--impl", choices=sorted(RUNNERS), default="top")
+    p.add_argument("--model", default="qwen3-0.6b")
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--recompute", default="on,off")
+    p.add_argument("--mbt-on", type=int, default=16384)
+    p.add_argument("--mbt-off", type=int, default=16384)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--profile", default="none", help="profile the step of this recompute setting: on | off | none")
+    p.add_argument("--attention", default="flash", help="stock attention implementation")
+    p.add_argument("--device", default="cuda")
+    args = p.parse_args(argv)
+    if args.select_attention:
+        run_select_attention(args)
+    else:
+        run_worker(args)
+
+
+if __name__ == "__main__":
+    main()

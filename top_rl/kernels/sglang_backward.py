@@ -1,0 +1,95 @@
+"""The `sglang` backend's elementwise backwards (RMSNorm, RoPE, SiLU-and-mul, log-softmax), each one compiled kernel.
+
+The forwards stay the engine's own eager ops: their bits are the contract. Gradients need to be right, not
+bitwise anything, so the reference backend's analytic formulas (top_rl/kernels/reference.py) run through
+`torch.compile` here: one pass over the activations instead of ~10 eager kernels, each reading and writing a
+[tokens, hidden] fp32 tensor. Should compiling fail in this process, that op's eager formula runs from then on,
+after one warning: same gradients, slower.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+
+from top_rl.kernels import reference as _ref
+
+ENV = "TOP_RL_FUSED_BACKWARD"  # "0": the eager formulas (A/B measurements, bench/trainer_step.py)
+_compiled: dict = {}
+_failed: dict[str, str] = {}  # op -> the first compile/run error, once it fell back to eager
+
+
+def _run(name: str, eager, *args, fallback=None):
+    """`eager` compiled (once per op), or `fallback` (default: `eager` itself) once compiling has failed."""
+    if name not in _failed and os.environ.get(ENV, "1") != "0":
+        fn = _compiled.get(name)
+        if fn is None:
+            fn = _compiled[name] = torch.compile(eager, dynamic=True)
+        try:
+            return fn(*args)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any compiler failure: the eager formula is the same math
+            _failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            warnings.warn(f"torch.compile of the {name} backward failed ({_failed[name]}); its eager formula runs "
+                          "from now on", RuntimeWarning, stacklevel=2)
+    return (fallback or eager)(*args)
+
+
+def rms_norm_grads(g_out, g_res, n, rstd, w, n_cast, x_dtype, res_dtype):
+    return _run("rms_norm", _ref.rms_norm_grads, g_out, g_res, n, rstd, w, n_cast, x_dtype, res_dtype)
+
+
+def rope_grad(g, cos, sin):
+    return _run("rope", _ref.rope_grad, g, cos, sin)
+
+
+def silu_and_mul_grad(g, go):
+    return _run("silu_and_mul", _ref.silu_and_mul_grad, g, go)
+
+
+def _token_logprobs_grad_onehot(logits, ids, temperature, g):
+    """d/d logits of g * log_softmax(z)[ids], z = logits (prefill) or bf(L / T) (sampler): (onehot - softmax(z))
+    * g / T. Pointwise after the row reductions, so it compiles to one pass: bf16 logits in, bf16 grad out."""
+    acc = torch.promote_types(logits.dtype, torch.float32)  # fp32 for bf16 logits (fp64 stays, for tests)
+    scale = g.to(acc).unsqueeze(-1)
+    z = logits
+    if temperature is not None:
+        z = logits.div(temperature.reshape(-1, 1)).to(logits.dtype)
+        scale = scale / temperature.to(acc).reshape(-1, 1)
+    p = torch.softmax(z.to(acc), dim=-1)
+    hit = torch.arange(z.shape[-1], device=z.device) == ids.unsqueeze(-1)
+    return ((hit.to(p.dtype) - p) * scale).to(logits.dtype)
+
+
+def _token_logprobs_grad_scatter(logits, ids, temperature, g):
+    """The same gradient with fewer [rows, vocab] temporaries for eager execution."""
+    acc = torch.promote_types(logits.dtype, torch.float32)
+    scale = g.to(acc).unsqueeze(-1)
+    z = logits
+    if temperature is not None:
+        z = logits.div(temperature.reshape(-1, 1)).to(logits.dtype)
+        scale = scale / temperature.to(acc).reshape(-1, 1)
+    grad = torch.softmax(z, dim=-1, dtype=acc).mul_(-scale)
+    grad.scatter_add_(-1, ids.unsqueeze(-1), scale)
+    return grad.to(logits.dtype)
+
+
+def token_logprobs_grad(logits, ids, temperature, g):
+    return _run("token_logprobs", _token_logprobs_grad_onehot, logits, ids, temperature, g,
+                fallback=_token_logprobs_grad_scatter)
+
+
+class SiluAndMul(_ref._SiluAndMul):
+    """SGLang's native forward (the reference's, bitwise: tests/test_sglang_native_ops.py), fused backward."""
+
+    @staticmethod
+    def backward(ctx, go):
+        (g,) = ctx.saved_tensors
+        return silu_and_mul_grad(g, go)
+
+
+def silu_and_mul(g):
+    return SiluAndMul.apply(g)
