@@ -4,7 +4,8 @@
 # installs the wheels of .gpu_bundle/ (made here by scripts/gpu_bundle.sh) into a private target dir,
 # runs `pytest tests/gpu` and bench/*.py, and writes logs plus summary.md to $OUT (at most 8 files come
 # back). Each stage has its own timeout so the summary is written even when one stage hangs; the whole
-# script stays under the tool's 10-minute limit. Extra pytest args: PYTEST_ARGS="-k invariance".
+# script stays under the tool's 10-minute limit. Extra pytest args: PYTEST_ARGS="-k invariance"; test files:
+# PYTEST_PATHS="tests/gpu/test_a.py tests/gpu/test_b.py" (default tests/gpu).
 # `bench-trainer` (its own call: ~5-8 minutes) runs bench/trainer_step.py, TOP trainer vs stock Megatron-core
 # (TOP_RL_BENCH_QUICK=1 or TOP_RL_BENCH_MODELS=qwen3-0.6b: one model; TOP_RL_BENCH_BUDGET_S: when it stops
 # starting workers, default 420).
@@ -46,7 +47,7 @@ PYEOF
 
 if [[ "$WHAT" == all || "$WHAT" == tests ]]; then
   # shellcheck disable=SC2086
-  timeout "${PYTEST_TIMEOUT:-330}" "$PY" -m pytest tests/gpu -q -rfEsxX -p no:cacheprovider \
+  timeout "${PYTEST_TIMEOUT:-330}" "$PY" -m pytest ${PYTEST_PATHS:-tests/gpu} -q -rfEsxX -p no:cacheprovider \
     --junitxml="$OUT/junit.xml" ${PYTEST_ARGS:-} >"$OUT/pytest.log" 2>&1
   echo "pytest exit code: $? ($(( $(date +%s) - T0 )) s since start): $(tail -n 1 "$OUT/pytest.log")" >>"$OUT/summary.md"
 fi
