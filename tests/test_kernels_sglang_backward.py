@@ -21,9 +21,19 @@ def test_token_logprobs_grad(formula, temperature):
     leaf = logits.clone().requires_grad_()
     z = leaf if t is None else leaf / t
     torch.log_softmax(z, -1).gather(-1, ids[:, None])[:, 0].backward(go)
-    got = formula(logits, ids, t, go)
+    got = formula(logits if t is None else logits / t, ids, t, go)  # the formulas take z = bf(L / T), rounded
     assert got.dtype == logits.dtype
     torch.testing.assert_close(got, leaf.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_sampler_input_is_rounded_before_the_gradient_kernel(monkeypatch):
+    """token_logprobs_grad hands the kernel bf(L / T) already rounded: the compiled kernel cannot drop it."""
+    seen = []
+    monkeypatch.setattr(sb, "_run", lambda name, fn, z, *a, **k: seen.append(z))
+    logits = (torch.randn(3, 40) * 3).bfloat16()
+    t = torch.full((3, 1), 0.7)
+    sb.token_logprobs_grad(logits, torch.zeros(3, dtype=torch.long), t, torch.ones(3))
+    assert seen[0].dtype == torch.bfloat16 and torch.equal(seen[0], logits.div(t).bfloat16())
 
 
 def test_compile_failure_falls_back_to_eager_once(monkeypatch):

@@ -39,6 +39,21 @@ def test_sgl_kernel_standin_raises_naming_the_function():
         import sgl_kernel  # noqa: F401
 
 
+@pytest.mark.skipif(standin.real_sgl_kernel_installed(), reason="a real sgl_kernel is installed here")
+def test_standin_defines_the_torch_ops_sglang_registers_fakes_for():
+    """On CUDA, sglang/srt/layers/moe/topk.py runs torch.library.register_fake("sgl_kernel::moe_fused_gate") at
+    import; without the op's schema the model registry skipped qwen3 on the H200. Calling the op still raises."""
+    import torch
+
+    with standin.installed():
+        for name in standin.TORCH_OPS:
+            torch.library.register_fake(f"sgl_kernel::{name}")(lambda *a, **k: [a[0], a[0]])
+        n = len(standin.CALLS)
+        with pytest.raises(standin.SglKernelCalled, match=r"sgl_kernel\.moe_fused_gate\(\) was called"):
+            torch.ops.sgl_kernel.moe_fused_gate(torch.zeros(2, 4), torch.zeros(4), 1, 1, 1)
+        assert standin.CALLS[n:] == ["sgl_kernel.moe_fused_gate"]
+
+
 _BUILD = r"""
 import json, sys, torch
 sys.path.insert(0, "tests")

@@ -35,7 +35,7 @@ def run(cfg: RunConfig) -> dict:
     step_cfg = RLStepConfig(loss=cfg.algo.loss, gate=gate_cfg, dump_dir=str((run_dir / "parity").resolve()))
     # One run per run_dir; SIGINT/SIGTERM stop the run after a checkpointed step; a dead trainer stops it
     # naming the checkpoint.
-    with run_lock.RunLock(run_dir), faults.RunGuard(run_dir) as guard, contextlib.ExitStack() as cleanup:
+    with faults.RunGuard(run_dir) as guard, run_lock.RunLock(run_dir), contextlib.ExitStack() as cleanup:
         state = preflight.confirm_under_lock(cfg, ready)  # None: a fresh run (which never overwrites checkpoints)
         cluster = Cluster(cfg.cluster, kernel_backend=kernel_backend(cfg), attention_backend=cfg.top.attention_backend,
                           rollout_cfg=cfg.rollout, trainer_cfg=cfg.trainer, step_cfg=step_cfg, model_cfg=cfg.model,

@@ -8,6 +8,11 @@ callables that raise `SglKernelCalled` naming the function, and records the call
 that must not touch sgl_kernel checks `CALLS == []` and names the first function otherwise.
 Attribute chains (`scalar_types.uint4b8`) resolve to further stand-ins, so import-time constants work.
 A real sgl_kernel, when installed, is never shadowed: `install()` then does nothing and returns False.
+On CUDA, SGLang also registers fake (meta) kernels for a few `sgl_kernel::` torch ops at import
+(`torch.library.register_fake("sgl_kernel::moe_fused_gate")` in sglang/srt/layers/moe/topk.py, imported by
+every model); that needs the op's schema to exist, so `install()` defines those ops too, with CPU and CUDA
+kernels that raise like every other stand-in (measured on the H200: without them the model registry skips
+qwen3 with "operator sgl_kernel::moe_fused_gate does not exist").
 """
 
 from __future__ import annotations
@@ -81,6 +86,32 @@ def real_sgl_kernel_installed() -> bool:
     return importlib.util.find_spec("sgl_kernel") is not None
 
 
+# sgl_kernel torch ops SGLang registers fakes for at import on CUDA (op name -> schema after the name).
+TORCH_OPS = {
+    "moe_fused_gate": "(Tensor input_tensor, Tensor bias, int num_expert_group, int topk_group, int topk, "
+                      "int num_fused_shared_experts=0, float routed_scaling_factor=0, "
+                      "bool apply_routed_scaling_factor_on_output=False) -> Tensor[]",
+}
+_LIBRARY = None
+
+
+def _define_torch_ops() -> None:
+    global _LIBRARY
+    import torch
+
+    if _LIBRARY is not None:
+        return
+    missing = [n for n in TORCH_OPS if not hasattr(torch.ops.sgl_kernel, n)]
+    if not missing:
+        return
+    _LIBRARY = torch.library.Library("sgl_kernel", "FRAGMENT")
+    for name in missing:
+        _LIBRARY.define(name + TORCH_OPS[name])
+        stub = _Stub(f"sgl_kernel.{name}")
+        for key in ("CPU", "CUDA"):
+            _LIBRARY.impl(name, lambda *a, _stub=stub, **k: _stub(*a, **k), key)
+
+
 def install() -> bool:
     """Answer `import sgl_kernel...` with the stand-in (process-wide). False if the real one is installed."""
     if any(f is _FINDER for f in sys.meta_path):
@@ -88,6 +119,7 @@ def install() -> bool:
     if real_sgl_kernel_installed():
         return False
     sys.meta_path.insert(0, _FINDER)
+    _define_torch_ops()
     return True
 
 
