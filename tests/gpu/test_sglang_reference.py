@@ -144,7 +144,7 @@ def test_trainer_prefill_logprobs_equal_sglang_input_token_logprobs_in_several_p
         out = _sglang_extend(ref, [seqs[i] for i in order], [plens[i] - 1 for i in order])
         parts = out.input_token_logprobs.float().cpu().split([len(seqs[i]) - plens[i] + 1 for i in order])
         scores = {i: p[:-1] for i, p in zip(order, parts)}  # each part's last row is the padded id 0
-        return [scores[i] for i in range(len(seqs))]
+        return [scores.get(i) for i in range(len(seqs))]  # None for samples not in this batch
 
     n = len(seqs)
     sglang = {"one batch": sglang_scores(list(range(n))), "reversed": sglang_scores(list(range(n))[::-1])}
