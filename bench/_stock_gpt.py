@@ -28,7 +28,7 @@ from torch import nn
 from torch.autograd.profiler import record_function
 
 from bench import _stock_attention
-from top_rl.model.config import Qwen3Config
+from top_rl.model import Qwen3Config
 
 LOGIT_CHUNK = 4096  # rows per fused log-softmax chunk (bounds the fp32 temporaries)
 _compiled_ok = {"rope": True, "lsm": True}  # flipped off (and reported) if torch.compile fails here

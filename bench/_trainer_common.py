@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from top_rl.model.config import Qwen3Config
+from top_rl.model import Qwen3Config
 
 PEAK_TFLOPS = 790.0  # bf16 dense GEMM TFLOP/s cuBLAS reaches on the H200 (bench/gemm.py): the MFU denominator
 

@@ -96,12 +96,12 @@ class StockRunner:
         self.mbt, self.device = mbt, device
 
     def step(self, batch, loss_fn):
-        from top_rl.train.batch import pack, plan
+        from top_rl.train.batch import pack_micro_batch, plan
 
         self.model.train()
         self.opt.zero_grad()
         for idx in plan(batch, dp_rank=0, dp_size=1, micro_batch_size=None, micro_batch_tokens=self.mbt):
-            mb = pack(batch, idx, device=self.device)
+            mb = pack_micro_batch(batch, idx, device=self.device)
             flat = self.forward(input_ids=mb.input_ids, position_ids=None, attention_mask=None,
                                 packed_seq_params=mb.params, output_processor=self.processor,
                                 output_processor_context=mb)

@@ -17,7 +17,7 @@ import rl_runs  # noqa: E402
 from rl_runs import BASE  # noqa: E402
 
 from top_rl import prompts  # noqa: E402
-from top_rl.model import NotDenseQwen3, Qwen3Config  # noqa: E402
+from top_rl.model import Qwen3Config, UnsupportedModel  # noqa: E402
 from top_rl.tasks import ArithConfig, ArithTask, DataPosition  # noqa: E402
 
 # gsm8k rows tokenized by the arith tokenizer (one token per character, <unk> for letters): a 64-token
@@ -71,7 +71,7 @@ def _refusal(run_dir, *overrides, base=BASE) -> str:
 
     backend = kernels.backend_name()
     try:
-        with pytest.raises((prompts.BadInput, NotDenseQwen3)) as e:
+        with pytest.raises((prompts.BadInput, UnsupportedModel)) as e:
             loop.run(compose([f"run_dir={run_dir}", *base, "steps=8", "resume=true", "resume_allow_changes=true",
                               *overrides]))
     finally:

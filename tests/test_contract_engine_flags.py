@@ -1,5 +1,5 @@
 """The contract's engine flags parse under SGLang's own CLI parser (`ServerArgs.add_cli_args`) from the
-pinned wheel, and mean what the contract intends (numerics reference §1.1-§1.2).
+pinned wheel, and mean what the contract intends (docs/numerics.md §1.1-§1.2).
 
 Only the argparse level runs here: `ServerArgs.__post_init__` needs the model's HF config and a GPU.
 """

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from top_rl.rl.advantages import grpo_advantages
-from top_rl.rl.losses import PolicyLossConfig, pack, policy_loss
+from top_rl.rl.config import PolicyLossConfig
+from top_rl.rl.losses import concat_ragged, policy_loss
 
 
 def test_grpo_advantages_hand_computed():
@@ -100,7 +101,7 @@ def test_microbatch_denominator_sums_to_full_batch():
 
 
 def test_pack_and_shape_checks():
-    flat, lengths = pack([torch.tensor([1.0, 2.0]), torch.tensor([]), torch.tensor([3.0])])
+    flat, lengths = concat_ragged([torch.tensor([1.0, 2.0]), torch.tensor([]), torch.tensor([3.0])])
     assert torch.equal(flat, torch.tensor([1.0, 2.0, 3.0])) and lengths.tolist() == [2, 0, 1]
     # an empty sample contributes nothing and does not dilute seq_mean
     loss, _ = policy_loss(flat.log(), torch.zeros(3), torch.tensor([1.0, 5.0, 0.0]), lengths,

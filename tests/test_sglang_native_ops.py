@@ -1,4 +1,4 @@
-"""SGLang's torch-native ops (the rl-mode path, numerics reference §4.2, §4.4, §4.5, §4.9 SiLU) against
+"""SGLang's torch-native ops (the rl-mode path, docs/numerics.md §4.2, §4.4, §4.5, §4.9 SiLU) against
 top_rl's `reference` kernels, bitwise (`torch.equal`), on CPU, from the pinned sglang wheel.
 
 What this proves and what it does not: both sides run here with CPU torch. It shows our kernels do the

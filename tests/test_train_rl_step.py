@@ -18,7 +18,7 @@ from test_train_common import TEMPERATURE, reference_model, rollouts, tiny_confi
 from top_rl.model import hf_state_dict
 from top_rl.rl import gate
 from top_rl.rl.batch import RLBatch, RLSample, RLStepConfig
-from top_rl.rl.losses import PolicyLossConfig
+from top_rl.rl.config import PolicyLossConfig
 from top_rl.rollout.native import NativeEngine
 from top_rl.rollout.base import SamplingParams
 from top_rl.train import Trainer, TrainerConfig, TrainSequence
@@ -93,7 +93,7 @@ def test_several_updates_gate_every_sample_before_the_first(source, tmp_path):
 
 def test_rl_step_update_equals_train_step_with_the_same_loss():
     """Same weights after one rl_step as after train_step with the PPO loss over the sampler path."""
-    from top_rl.rl.losses import pack, policy_loss
+    from top_rl.rl.losses import concat_ragged, policy_loss
 
     a, samples, adv = _setup("decode", dtype="float32", seed=23)
     b, _, _ = _setup("decode", dtype="float32", seed=23)
@@ -103,7 +103,7 @@ def test_rl_step_update_equals_train_step_with_the_same_loss():
     n_tok = sum(len(o) for o in old)
 
     def loss_fn(lps, idx):
-        new, lengths = pack([lp.float() for lp in lps])
+        new, lengths = concat_ragged([lp.float() for lp in lps])
         return policy_loss(new, torch.cat([old[i] for i in idx]), torch.tensor([adv[i] for i in idx]), lengths,
                            PolicyLossConfig(), denominator=n_tok)[0]
 

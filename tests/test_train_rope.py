@@ -12,8 +12,8 @@ from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEm
 from top_rl import kernels
 from top_rl.model import Qwen3Config, packed_positions
 from top_rl.train import TrainSequence, cpu_shims
-from top_rl.train.batch import pack
-from top_rl.train.spec import transformer_config
+from top_rl.train.batch import pack_micro_batch
+from top_rl.model.qwen3.megatron import transformer_config
 
 
 class _NoCP:  # a context-parallel group of one, so no process group is needed
@@ -62,10 +62,10 @@ def test_rope_runs_in_fp32_before_the_cast():
 
 
 def test_packing_never_sets_max_seqlen_to_the_total():
-    """Reference §8 pitfall: max_seqlen == total tokens makes Megatron continue positions across packed
+    """docs/megatron.md §8 pitfall: max_seqlen == total tokens makes Megatron continue positions across packed
     sequences. `pack` sets it to the longest sequence, and the seam RoPE's positions restart at 0."""
     batch = [TrainSequence([1] * n, 1) for n in (5, 9, 3)]
-    mb = pack(batch, [0, 1, 2])
+    mb = pack_micro_batch(batch, [0, 1, 2])
     assert mb.params.max_seqlen_q == mb.params.max_seqlen_kv == 9
     assert mb.params.cu_seqlens_q.tolist() == [0, 5, 14, 17]
     assert mb.params.positions.tolist() == [*range(5), *range(9), *range(3)]

@@ -8,7 +8,8 @@ import torch
 from test_train_common import reference_model, tiny_config
 from top_rl.model import hf_state_dict, load_model, save_model
 from top_rl.train import Trainer, TrainerConfig
-from top_rl.train import weights as W
+from top_rl.model.qwen3 import hf_names as F  # the family's HF <-> Megatron maps
+from top_rl.train import weights as W  # TP shards
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -16,11 +17,11 @@ from top_rl.train import weights as W
 def test_hf_megatron_round_trip(tied, dtype):
     cfg = tiny_config(3, tied=tied)
     hf = hf_state_dict(reference_model(cfg, dtype))
-    mg = W.hf_to_megatron(hf, cfg)
-    assert set(mg) == set(W.megatron_names(cfg))
+    mg = F.hf_to_megatron(hf, cfg)
+    assert set(mg) == set(F.megatron_names(cfg))
     for name, t in mg.items():
-        assert tuple(t.shape) == W.full_shape(name, cfg), name
-    back = W.megatron_to_hf(mg, cfg)
+        assert tuple(t.shape) == F.full_shape(name, cfg), name
+    back = F.megatron_to_hf(mg, cfg)
     assert set(back) == set(hf)
     for k in hf:
         assert back[k].dtype == hf[k].dtype and torch.equal(back[k], hf[k]), k
@@ -32,11 +33,11 @@ def test_qkv_is_interleaved_per_query_group_and_fc1_is_gate_then_up():
     q = torch.arange(4 * d * h, dtype=torch.float32).reshape(4 * d, h)
     k = 1000 + torch.arange(2 * d * h, dtype=torch.float32).reshape(2 * d, h)
     v = 2000 + torch.arange(2 * d * h, dtype=torch.float32).reshape(2 * d, h)
-    qkv = W.interleave_qkv(q, k, v, cfg)
+    qkv = F.interleave_qkv(q, k, v, cfg)
     # group 0: q heads 0,1 then k head 0 then v head 0; group 1: q heads 2,3, k1, v1
     want = torch.cat([q[: 2 * d], k[:d], v[:d], q[2 * d :], k[d:], v[d:]])
     assert torch.equal(qkv, want)
-    assert all(torch.equal(a, b) for a, b in zip(W.split_qkv(qkv, cfg), (q, k, v)))
+    assert all(torch.equal(a, b) for a, b in zip(F.split_qkv(qkv, cfg), (q, k, v)))
     gate, up = torch.zeros(4, 3), torch.ones(4, 3)
     fc1 = torch.cat([gate, up])
     r1 = W.shard("decoder.layers.0.mlp.linear_fc1.weight", fc1, tp=2, rank=1)
@@ -47,7 +48,7 @@ def test_qkv_is_interleaved_per_query_group_and_fc1_is_gate_then_up():
 def test_tp_shard_round_trip(tp):
     cfg = tiny_config(1, tied=False, tp_friendly=True).replace(num_attention_heads=8, num_key_value_heads=4,
                                                               vocab_size=96)
-    mg = W.hf_to_megatron(hf_state_dict(reference_model(cfg, "float32")), cfg)
+    mg = F.hf_to_megatron(hf_state_dict(reference_model(cfg, "float32")), cfg)
     for name, full in mg.items():
         parts = [W.shard(name, full, tp, r) for r in range(tp)]
         assert torch.equal(W.unshard(name, parts), full), name

@@ -10,7 +10,6 @@ never holds them.
 from __future__ import annotations
 
 import os
-import socket
 
 import ray
 import torch
@@ -43,17 +42,17 @@ def _device() -> torch.device:
 class EngineActor:
     """Hosts one rollout engine: native (in-process over the kernel seam) or an SGLang server it launches."""
 
-    def __init__(self, kind: str, kernel_backend: str, attention_backend: str | None, threads: int, hf_config: dict,
+    def __init__(self, kind: str, kernel_backend: str, attention_backend: str | None, threads: int, arch,
                  dtype: str, logprob_source: str, sglang: dict | None = None):
         """`sglang`: for kind "sglang", the keyword arguments of SglangEngine.from_config (the run's
         rollout.sglang mapping plus the trainer's attention backend, model path, TOP switch, engine index)."""
         _setup_process(kernel_backend, attention_backend, threads)
         self.kind, self.version, self.group = kind, -1, None
         if kind == "native":
-            from top_rl.model import Qwen3, Qwen3Config
+            from top_rl.model import family
             from top_rl.rollout.native import NativeEngine
 
-            model = Qwen3(Qwen3Config.from_hf_dict(hf_config), dtype).to(_device())  # weights: the first push
+            model = family.of(arch).NativeModel(arch, dtype).to(_device())  # weights: the first push
             self.engine = NativeEngine(model, logprob_source)
         elif kind == "sglang":
             from top_rl.rollout.sglang import SglangEngine
@@ -118,28 +117,27 @@ class TrainerActor:
 
     def free_address(self) -> tuple[str, int]:
         """An address on this node for others to meet at (rank 0: the trainer's rendezvous, weight groups)."""
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return ray.util.get_node_ip_address(), s.getsockname()[1]
+        from top_rl.train.parallel import free_port
 
-    def setup(self, init_method: str, qwen3_config: dict, trainer_cfg, step_cfg, model_cfg, vocab_size: int,
+        return ray.util.get_node_ip_address(), free_port("")
+
+    def setup(self, init_method: str, arch, trainer_cfg, step_cfg, model_cfg, vocab_size: int,
               eos_token_id: int | None) -> None:
         """Join the trainer's process group (at rank 0's node), build this rank's model and load the initial
         policy: the checkpoint at model.path, or the seeded random init (every rank builds the same)."""
-        from top_rl.checkpoint import seed_process
-        from top_rl.model import Qwen3Config, hf_state_dict
+        from top_rl import rng
         from top_rl.train import Trainer
         from top_rl.train.parallel import init_process_group
 
-        seed_process(trainer_cfg.seed)  # every RNG this rank checkpoints starts from a known state
+        rng.seed(trainer_cfg.seed)  # every RNG this rank checkpoints starts from a known state
         init_process_group(self.rank, self.world, init_method if self.world > 1 else None)
-        self.qwen3_cfg = Qwen3Config(**qwen3_config)
-        self.trainer = Trainer(self.qwen3_cfg, trainer_cfg)
+        self.arch = arch
+        self.trainer = Trainer(arch, trainer_cfg)
         self.step_cfg = step_cfg
         if model_cfg.path:
             self.trainer.load_hf(model_cfg.path)
         else:
-            self.trainer.load_hf(hf_state_dict(model_cfg.build(vocab_size, eos_token_id)))
+            self.trainer.load_hf(model_cfg.build(vocab_size, eos_token_id).hf_state_dict())
 
     def rl_step(self, batch):
         return self.trainer.rl_step(batch, self.step_cfg)
@@ -211,27 +209,26 @@ class TrainerActor:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str) -> None:
         """This rank's shard, written by the rank itself (run_dir must be on storage every node sees)."""
-        from top_rl.checkpoint import rng_state
+        from top_rl import rng
 
-        torch.save({"trainer": self.trainer.state_dict(), "rng": rng_state()}, path)
+        torch.save({"trainer": self.trainer.state_dict(), "rng": rng.state()}, path)
 
     def load_checkpoint(self, path: str) -> None:
-        from top_rl.checkpoint import set_rng_state
+        from top_rl import rng
 
         state = torch.load(path, weights_only=False)
         self.trainer.load_state_dict(state["trainer"])
-        set_rng_state(state["rng"])
+        rng.restore(state["rng"])
 
     def save_hf(self, path: str) -> None:
         """The policy as a Hugging Face checkpoint, written by rank 0 (every rank takes part in the gather)."""
         named = dict(self.trainer.iter_hf_weights())
         if self.rank != 0:
             return
-        from top_rl.model import Qwen3, load_hf_state_dict, save_model
+        from top_rl.model.hf_io import write_hf
 
-        model = Qwen3(self.qwen3_cfg, self.trainer.cfg.dtype)
-        load_hf_state_dict(model, {k: v.cpu() for k, v in named.items()}, source="trainer export")
-        save_model(model, path, max_shard_bytes=5 << 30)
+        hf_config = self.arch.replace(torch_dtype=str(self.trainer.cfg.dtype)).to_hf_dict()
+        write_hf(named, path, hf_config, max_shard_bytes=5 << 30)
 
 
 def _abort(group: weight_sync.Group) -> None:

@@ -5,7 +5,7 @@
                        run_dir must be on storage every node sees): weights + optimizer
                        (Trainer.state_dict) and that rank's RNG
   driver.pt            the driver's RNG
-  hf/                  the policy as a Hugging Face Qwen3 checkpoint (config.json, safetensors,
+  hf/                  the policy as a Hugging Face checkpoint (config.json, safetensors,
                        tokenizer), written by trainer rank 0: the exact weights the engines sample
                        with, so `top-rl-export` is a copy and needs neither the trainer nor its layout
   state.json           step, data position, wandb run id, resolved config
@@ -21,14 +21,10 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
-import torch
 
 from top_rl import checkpoint_manifest, faults
 from top_rl.checkpoint_manifest import CheckpointInvalid
@@ -82,32 +78,6 @@ def latest(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-# ------------------------------------------------------------------------------------------- RNG
-def rng_state() -> dict:
-    """This process's RNG states (python, numpy, torch CPU and CUDA)."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def seed_process(seed: int) -> None:
-    """Seed this process's global RNGs (driver and trainer ranks). Nothing draws from them today (seeds
-    are pure functions of the step); if something ever does, a fresh run is reproducible and a resume
-    restores the states saved with the checkpoint."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 # ------------------------------------------------------------------------------------------- save
 def _write(path: Path, write) -> None:
     with open(path, "wb") as f:
@@ -133,7 +103,11 @@ def save(run_dir: Path, cfg, step: int, position: DataPosition, cluster, run_id:
         shutil.rmtree(leftover, ignore_errors=True)  # from a write a crash interrupted (one writer per run)
     tmp.mkdir()
     cluster.save_trainer_states([str((tmp / _shard(r)).resolve()) for r in range(len(cluster.trainers))])
-    _write(tmp / "driver.pt", lambda f: torch.save({"rng": rng_state()}, f))
+    import torch  # here, not at import: the run config imports CheckpointConfig without loading torch
+
+    from top_rl import rng
+
+    _write(tmp / "driver.pt", lambda f: torch.save({"rng": rng.state()}, f))
     faults.inject("kill_in_checkpoint", step)
     cluster.save_hf(str((tmp / "hf").resolve()))  # written by trainer rank 0
     task.save_tokenizer(str(tmp / "hf"))
@@ -173,6 +147,8 @@ def load_verified(ckpt: Path, driver: bool = True) -> dict:
             raise CheckpointInvalid(ckpt, name, "missing")
     if driver:
         try:
+            import torch
+
             state["driver"] = torch.load(ckpt / "driver.pt", weights_only=False)
             state["driver"]["rng"]
         except Exception as e:  # noqa: BLE001 - any unpickling failure: name the file, never a traceback

@@ -57,9 +57,18 @@ def compose(overrides: list[str]):
 
     from top_rl.config import from_hydra
 
+    from hydra.errors import ConfigCompositionException
+
+    from top_rl.config import ConfigError
+
     _register_schema()
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        return from_hydra(hydra_compose(config_name="config", overrides=overrides))
+        try:
+            composed = hydra_compose(config_name="config", overrides=overrides)
+        except ConfigCompositionException as e:  # an enum-typed key's bad value, an unknown key: name it
+            cause = " ".join(str(e.__cause__ or e).split())
+            raise ConfigError(f"invalid config: {' '.join(str(e).split())}: {cause}") from None
+        return from_hydra(composed)
 
 
 def launch_plan(cfg) -> dict:
@@ -88,12 +97,12 @@ def launch_plan(cfg) -> dict:
                 "on_violation": cfg.top.on_violation},
         "engines": engines,
         "trainer": {"framework": "megatron-core", "dp": t.dp, "tp": t.tp, "pp": t.pp, "cp": t.cp, "world_size": world,
-                    "dtype": t.dtype, "recompute": "full, non-reentrant" if t.recompute else "off",
+                    "dtype": cfg.model.dtype, "recompute": "full, non-reentrant" if t.recompute else "off",
                     "kernels": cfg.top.kernels if cfg.top.enabled else "plain"},
         "ray": {"address": cfg.cluster.address or "local", "placement": plan.describe(), "bundles": plan.bundles,
                 "engine_bundle": plan.engine_bundle, "trainer_bundle": plan.trainer_bundle,
                 "weight_transport": cfg.cluster.weight_transport},
-        "model": cfg.model.path or "tiny random Qwen3 (model.* fields)",
+        "model": cfg.model.path or f"random {cfg.model.family} (model.* fields)",
         "task": cfg.task,
     }
 

@@ -50,7 +50,7 @@ def start_ray(cfg: ClusterConfig) -> None:
 
 class Cluster:
     def __init__(self, cfg: ClusterConfig, *, kernel_backend: str, attention_backend: str, rollout_cfg, trainer_cfg,
-                 step_cfg, model_cfg, qwen3_cfg, vocab_size: int, eos_token_id: int | None,
+                 step_cfg, model_cfg, arch, vocab_size: int, eos_token_id: int | None,
                  sglang_context: dict | None = None):
         """`sglang_context`: run-level settings SGLang engines are checked against (attention backend of the
         trainer, model path, TOP on/off); unused by the native engine."""
@@ -69,7 +69,7 @@ class Cluster:
                 f"placement_timeout_s); available now: {', '.join(f'{v:g} {k}' for k, v in sorted(free.items()) if k in ('CPU', 'GPU'))}"
                 "; a bundle must fit on one node") from None
         threads = _threads(cfg)
-        self.cfg, self.qwen3_cfg, self.compute_dtype = cfg, qwen3_cfg, trainer_cfg.dtype
+        self.cfg, self.arch, self.compute_dtype = cfg, arch, trainer_cfg.dtype
         self.restarts_left, self.max_restarts = cfg.max_engine_restarts, cfg.max_engine_restarts
         self.rollout_chunk = cfg.rollout_chunk
         self.weight_version = 0
@@ -82,11 +82,11 @@ class Cluster:
             for r in range(world)
         ]
         host, port = ray.get(self.trainers[0].free_address.remote())
-        self._on_trainers("setup", [(f"tcp://{host}:{port}", dict(qwen3_cfg.__dict__), trainer_cfg, step_cfg, model_cfg,
+        self._on_trainers("setup", [(f"tcp://{host}:{port}", arch, trainer_cfg, step_cfg, model_cfg,
                                      vocab_size, eos_token_id)] * world, "trainer setup")
         self.trainer_endpoint = ray.get(self.trainers[0].endpoint.remote())
 
-        self._engine_args = (rollout_cfg.engine, kernel_backend, attention_backend, threads, qwen3_cfg.to_hf_dict())
+        self._engine_args = (rollout_cfg.engine, kernel_backend, attention_backend, threads, arch)
         self._engine_kwargs = dict(dtype=trainer_cfg.dtype, logprob_source=rollout_cfg.logprob_source)
         self._sglang = dict(sglang=rollout_cfg.sglang, trainer_attention_backend=attention_backend,
                             **(sglang_context or {}))

@@ -7,15 +7,18 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from top_rl import contract, kernels
+from top_rl import contract
+from top_rl.contract import AttentionBackend
+from top_rl.kernels import KernelBackend
 from top_rl.checkpoint import CheckpointConfig
 from top_rl.placement import ClusterConfig
 from top_rl.model.source import ModelConfig
-from top_rl.rl.algo import AlgoConfig
+from top_rl.rl.config import AlgoConfig, OnViolation
 from top_rl.rollout.config import RolloutConfig
 from top_rl.tracking import TrackingConfig
 from top_rl.train import TrainerConfig
@@ -24,10 +27,10 @@ from top_rl.train import TrainerConfig
 @dataclass
 class TopConfig:
     enabled: bool = True  # false: the non-TOP baseline (plain kernels both sides, parity logged, no gate)
-    on_violation: str = "halt"  # halt | warn
-    contract: str = contract.DEFAULT.name
-    kernels: str = "reference"  # reference (CPU/any device) | sglang (GPU: SGLang's own kernels)
-    attention_backend: str = "triton"  # must equal the SGLang engines' --attention-backend
+    on_violation: OnViolation = OnViolation.halt
+    contract: str = contract.DEFAULT.name  # a name in top_rl.contract.CONTRACTS
+    kernels: KernelBackend = KernelBackend.reference  # reference (CPU/any device) | sglang (GPU); plain is the baseline's
+    attention_backend: AttentionBackend = AttentionBackend.triton  # = the SGLang engines' --attention-backend
 
 
 @dataclass
@@ -54,10 +57,12 @@ class RunConfig:
 
 def kernel_backend(cfg: RunConfig) -> str:
     """The kernel backend every actor runs: the contract's kernels under TOP, stock torch for the baseline."""
-    return cfg.top.kernels if cfg.top.enabled else "plain"
+    return (cfg.top.kernels if cfg.top.enabled else KernelBackend.plain).value
 
 
 def _plain(v):
+    if isinstance(v, Enum):
+        return v.value
     if isinstance(v, dict):
         return {k: _plain(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
@@ -69,20 +74,11 @@ class ConfigError(ValueError):
     pass
 
 
+# Choices an enum cannot state: the enum-typed fields are checked by OmegaConf when the config composes.
 _CHOICES = {
-    "top.on_violation": ("halt", "warn"),
-    "top.kernels": tuple(k for k in kernels.available_backends() if k != "plain"),
+    "top.kernels": tuple(k.value for k in KernelBackend if k != KernelBackend.plain),
     "top.contract": tuple(contract.CONTRACTS),
     "top.attention_backend": contract.DEFAULT.attention_backends,
-    "rollout.engine": ("native", "sglang"),
-    "rollout.logprob_source": ("prefill", "decode"),
-    "rollout.on_long_prompt": ("error", "truncate", "skip"),
-    "cluster.weight_transport": ("auto", "broadcast", "object_store"),
-    "model.dtype": ("bfloat16", "float32"),
-    "trainer.dtype": ("bfloat16", "float32"),
-    "algo.name": ("grpo",),
-    "algo.loss.loss_agg": ("token_mean", "seq_mean"),
-    "tracking.wandb_mode": ("auto", "online", "offline", "disabled"),
 }
 _POSITIVE = ("steps", "rollout.prompts_per_step", "rollout.n_samples", "rollout.max_new_tokens",
              "rollout.num_engines", "trainer.dp", "trainer.tp", "trainer.pp", "trainer.cp", "checkpoint.keep",
@@ -142,9 +138,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     if cfg.algo.name == "grpo" and cfg.rollout.n_samples < 2:
         errors.append(f"rollout.n_samples={cfg.rollout.n_samples} must be >= 2 for GRPO: advantages are relative "
                       "to the prompt's group, so a group of one has advantage 0 and gives no gradient")
-    if cfg.model.dtype != cfg.trainer.dtype:
-        errors.append(f"model.dtype={cfg.model.dtype} and trainer.dtype={cfg.trainer.dtype} must match: engine and "
-                      "trainer compute in one dtype under the TOP contract")
+    if cfg.trainer.dtype is not None:
+        errors.append(f"trainer.dtype={cfg.trainer.dtype}: the trainer computes in model.dtype (engine and trainer "
+                      "share one compute dtype under the TOP contract); set model.dtype instead")
     if cfg.algo.loss.kl_coef != 0:
         errors.append(f"algo.loss.kl_coef={cfg.algo.loss.kl_coef}: the loop keeps no reference policy, so a KL penalty "
                       "cannot be computed; set algo.loss.kl_coef=0 (GRPO/DAPO-style runs train without it)")

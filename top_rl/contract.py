@@ -2,48 +2,36 @@
 
 `qwen3_dense_top_v1` describes SGLang 0.5.10.post1 serving a dense Qwen3 with
 `--enable-deterministic-inference --rl-on-policy-target fsdp` (rl mode), as read from the pinned wheel
-(shared/reference/sglang-0.5.10.post1-qwen3-numerics.md, cited by section below). Kernels, the model, the
+(docs/numerics.md, cited by section below). Kernels, the model, the
 trainer and the engine launchers read their dtype policy and flags from here; nothing else hard-codes them.
+Plain data (no torch): the run config imports it; the dtype policy's torch types live in top_rl/dtypes.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from enum import StrEnum
 
-import torch
+
+class ComputeDtype(StrEnum):
+    """The model's compute dtype (embedding, norms and residual stream stay fp32: top_rl/dtypes.py)."""
+
+    bfloat16 = "bfloat16"
+    float32 = "float32"  # tests and the embedded CPU job
 
 
-@dataclass(frozen=True)
-class DtypePolicy:
-    """The dtype at every cast of the Qwen3 forward. `compute` is the model dtype (bf16 in production,
-    fp32 allowed for tests): GEMM inputs/outputs, attention, SiLU-mul, KV cache and logits live in it."""
+class AttentionBackend(StrEnum):
+    """SGLang's --attention-backend values a contract may allow (engine and trainer always agree)."""
 
-    compute: torch.dtype
-    embedding: torch.dtype = torch.float32  # §3: embed_tokens is fp32 in rl mode
-    norm_weight: torch.dtype = torch.float32  # §3: every RMSNorm weight (q/k norm too) is fp32
-    residual: torch.dtype = torch.float32  # §4.2: fp32_residual=True, x = f32(sublayer_out) + r
-    norm_output: torch.dtype = torch.float32  # §4.2: override_orig_dtype=fp32 -> input/post/final norm out fp32
-    rope: torch.dtype = torch.float32  # §4.5: q/k leave q_norm/k_norm in fp32, RoPE runs and caches in fp32
-    prefill_logprob: torch.dtype = torch.float32  # §6.1: fp32 log-softmax of f32(logits), no temperature
-
-    @property
-    def sample_logprob(self) -> torch.dtype:
-        """§6.2: the sampler's log-probs are log_softmax(bf(f32(bf(L))/T)) stored in the compute dtype."""
-        return self.compute
-
-    @property
-    def linear_weight(self) -> torch.dtype:
-        return self.compute
-
-    @property
-    def kv_cache(self) -> torch.dtype:
-        return self.compute  # §3: --kv-cache-dtype auto == model dtype
+    fa3 = "fa3"
+    flashinfer = "flashinfer"
+    triton = "triton"
 
 
 @dataclass(frozen=True)
 class GemmTiling:
-    """Fixed shapes for the reference GEMM (DESIGN.md: measured on this project's CPUs).
+    """Fixed shapes for the reference GEMM (docs/architecture.md: measured on this project's CPUs).
 
     Rows are padded to a multiple of `row_tile` (fewer rows pick other BLAS kernels); output columns are
     computed `col_tile` at a time and K is reduced `k_chunk` at a time into fp32 partials summed left to
@@ -104,7 +92,10 @@ class TopContract:
         """Every env var both sides pin: the GEMM path's switches, then the rest."""
         return GEMM_PATHS[self.gemm] + self.base_engine_env
 
-    def policy(self, compute: torch.dtype | str) -> DtypePolicy:
+    def policy(self, compute):
+        """The dtype at every cast of the forward for this compute dtype (top_rl.dtypes.DtypePolicy)."""
+        from top_rl.dtypes import DtypePolicy, as_dtype
+
         return DtypePolicy(compute=as_dtype(compute))
 
     def describe(self) -> dict:
@@ -157,22 +148,18 @@ CONTRACTS = {QWEN3_DENSE_TOP_V1.name: QWEN3_DENSE_TOP_V1}  # what a run config m
 UNPROVEN = {QWEN3_DENSE_TOP_V1_DEEPGEMM.name: QWEN3_DENSE_TOP_V1_DEEPGEMM}
 DEFAULT = QWEN3_DENSE_TOP_V1
 
-_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32,
-           "float64": torch.float64}
-
-
-def as_dtype(d: torch.dtype | str) -> torch.dtype:
-    if isinstance(d, torch.dtype):
-        return d
-    try:
-        return _DTYPES[d]
-    except KeyError:
-        raise ValueError(f"unknown dtype {d!r}; use one of {sorted(_DTYPES)}") from None
-
-
 def get(name: str) -> TopContract:
     try:
         return CONTRACTS.get(name) or UNPROVEN[name]
     except KeyError:
         raise ValueError(f"unknown TOP contract {name!r}; known: {sorted(CONTRACTS)} (unproven: "
                          f"{sorted(UNPROVEN)})") from None
+
+
+def __getattr__(name: str):
+    # DtypePolicy / as_dtype need torch; they live in top_rl.dtypes (kept reachable here for callers).
+    if name in ("DtypePolicy", "as_dtype"):
+        from top_rl import dtypes
+
+        return getattr(dtypes, name)
+    raise AttributeError(f"module 'top_rl.contract' has no attribute {name!r}")

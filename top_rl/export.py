@@ -1,6 +1,6 @@
 """`top-rl-export run_dir=RUN out=DIR [step=N] [overwrite=true]`: a Hugging Face checkpoint of a run.
 
-Design: every checkpoint already carries the policy as an HF Qwen3 checkpoint (`step_N/hf/`: config.json,
+Design: every checkpoint already carries the policy as a Hugging Face checkpoint (`step_N/hf/`: config.json,
 safetensors, the task's tokenizer), written from the weights the trainer exports to the engines: full
 tensors under HF names, TP shards gathered and pipeline stages joined by the trainer itself. So export is
 a copy of that directory: it needs no trainer, no process group and no knowledge of the run's TP/PP

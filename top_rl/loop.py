@@ -6,23 +6,24 @@ The driver holds no weights and computes no log-probs."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from pathlib import Path
 
 import torch
 
-from top_rl import checkpoint, faults, preflight, prompts, run_lock
+from top_rl import checkpoint, faults, preflight, prompts, rng, run_lock
 from top_rl.cluster import Cluster
 from top_rl.config import RunConfig, kernel_backend
 from top_rl.rl import gate, grpo_advantages
 from top_rl.rl.batch import RLBatch, RLSample, RLStepConfig
-from top_rl.rollout.base import SamplingParams
+from top_rl.rollout.base import SamplingParams, mix_seed
 from top_rl.tracking import Tracker
 
 
 def sample_seed(run_seed: int, step: int, index: int) -> int:
     """Each sample's sampling seed: a pure function of (run seed, step, position in the step)."""
-    return (run_seed * 1_000_003 + step) * 65_537 + index
+    return mix_seed(run_seed, step) * 65_537 + index
 
 
 def run(cfg: RunConfig) -> dict:
@@ -30,7 +31,7 @@ def run(cfg: RunConfig) -> dict:
     # Every refusal comes before Ray, wandb or any file write (a refused run leaves no run_dir behind).
     ready = preflight.check(cfg)
     task, model_cfg, max_prompt_len = ready.task, ready.model_cfg, ready.max_prompt_len
-    checkpoint.seed_process(cfg.seed)
+    rng.seed(cfg.seed)
     gate_cfg = gate.GateConfig(enabled=cfg.top.enabled, on_violation=cfg.top.on_violation)
     step_cfg = RLStepConfig(loss=cfg.algo.loss, gate=gate_cfg, dump_dir=str((run_dir / "parity").resolve()))
     # One run per run_dir; SIGINT/SIGTERM stop the run after a checkpointed step; a dead trainer stops it
@@ -38,8 +39,9 @@ def run(cfg: RunConfig) -> dict:
     with faults.RunGuard(run_dir) as guard, run_lock.RunLock(run_dir), contextlib.ExitStack() as cleanup:
         state = preflight.confirm_under_lock(cfg, ready)  # None: a fresh run (which never overwrites checkpoints)
         cluster = Cluster(cfg.cluster, kernel_backend=kernel_backend(cfg), attention_backend=cfg.top.attention_backend,
-                          rollout_cfg=cfg.rollout, trainer_cfg=cfg.trainer, step_cfg=step_cfg, model_cfg=cfg.model,
-                          qwen3_cfg=model_cfg, vocab_size=task.vocab_size, eos_token_id=task.eos_token_id,
+                          rollout_cfg=cfg.rollout, trainer_cfg=dataclasses.replace(cfg.trainer, dtype=cfg.model.dtype),
+                          step_cfg=step_cfg, model_cfg=cfg.model,
+                          arch=model_cfg, vocab_size=task.vocab_size, eos_token_id=task.eos_token_id,
                           sglang_context={"model_path": cfg.model.path, "top": cfg.top.enabled})
         cleanup.callback(cluster.shutdown)
         guard.catch_signals()  # after Ray started (it installs a SIGTERM handler of its own)
@@ -56,7 +58,7 @@ def run(cfg: RunConfig) -> dict:
         if start_step >= cfg.steps:
             print(f"[top-rl] {run_dir} is already at step {start_step} (steps={cfg.steps}): nothing to do", flush=True)
         if state is not None:  # the driver's RNG as the run that never stopped had it after this step
-            checkpoint.set_rng_state(state["driver"]["rng"])
+            rng.restore(state["driver"]["rng"])
         for step in range(start_step, cfg.steps):
             t0 = time.perf_counter()
             items, position, prompt_counts = prompts.next_prompts(task, cfg.rollout.prompts_per_step, cfg.seed,

@@ -112,7 +112,7 @@ def _cli() -> KeyValueCli:
     return KeyValueCli("top-rl-parity-probe", __doc__.split("\n\n")[0].removeprefix(
         "`top-rl-parity-probe`: ").strip(), [
         Arg("url", "the SGLang server, e.g. http://127.0.0.1:30000", required=True),
-        Arg("model", "the HF Qwen3 checkpoint directory the server serves", required=True),
+        Arg("model", "the HF checkpoint directory the server serves", required=True),
         Arg("prompts", "JSONL of prompts or prompt/response pairs (default: random prompts)"),
         Arg("num_prompts", "random prompts", int, 8),
         Arg("prompt_len", "tokens per random prompt", int, 16),
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     violations = server_violations(info)
 
-    from top_rl.model import NotDenseQwen3, load_model
+    from top_rl.model import UnsupportedModel, load_model
 
     kernels.set_backend(args.backend)
     if args.backend == "sglang":
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         sglang_attention.set_attention_backend(args.attention_backend or info.get("attention_backend"))
     try:
         model = load_model(args.model, args.dtype).eval()
-    except (NotDenseQwen3, OSError) as e:
+    except (UnsupportedModel, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     model.to(args.device or ("cuda" if args.backend == "sglang" else "cpu"))

@@ -15,6 +15,15 @@ Bundle order: engines first (separate) then ranks; `engine_bundle` / `trainer_bu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
+
+
+class WeightTransport(StrEnum):
+    """How trainer rank 0 sends weights to the engines (top_rl/weight_sync.py)."""
+
+    auto = "auto"  # NCCL broadcast between GPUs, CUDA IPC on a shared GPU, the object store on CPU
+    broadcast = "broadcast"  # a process group always (gloo on CPU)
+    object_store = "object_store"
 
 
 @dataclass
@@ -26,7 +35,7 @@ class ClusterConfig:
     engine_gpus: float = 0.0  # per engine; fractional with colocate
     trainer_gpus: float = 0.0  # per trainer rank; fractional with colocate
     colocate: bool = False  # engines share the trainer ranks' GPUs (see module doc)
-    weight_transport: str = "auto"  # auto | broadcast | object_store (top_rl.weight_sync)
+    weight_transport: WeightTransport = WeightTransport.auto
     placement_timeout_s: float = 60.0  # a placement Ray cannot satisfy fails after this, naming what is missing
     torch_threads: int = 0  # per actor; 0 = the machine's cores (rollout and training alternate)
     max_engine_restarts: int = 3  # rollout engines that die are replaced this many times per run

@@ -19,7 +19,7 @@ from top_rl import checkpoint, config, placement, prompts
 from top_rl.checkpoint import ResumeRefused
 from top_rl.config import ConfigError
 from top_rl.placement import PlacementError
-from top_rl.model.config import NotDenseQwen3
+from top_rl.model.family import UnsupportedModel
 from top_rl.prompts import BadInput
 from top_rl.rollout.sglang_config import TopConfigError
 from top_rl.run_lock import RunDirLocked
@@ -30,7 +30,7 @@ class Refused(ValueError):
 
 
 # What `top-rl` reports as a one-message refusal (exit 1, no traceback).
-REFUSALS = (Refused, ConfigError, TopConfigError, BadInput, NotDenseQwen3, ResumeRefused, RunDirLocked,
+REFUSALS = (Refused, ConfigError, TopConfigError, BadInput, UnsupportedModel, ResumeRefused, RunDirLocked,
             PlacementError)
 
 
@@ -92,9 +92,9 @@ def task_data(cfg, ready: Ready) -> None:
 
 
 def model_fits_task(cfg, ready: Ready) -> None:
-    """The model is dense Qwen3 (model.path's config.json) and the task's tokenizer fits its vocabulary."""
+    """The model is one a TOP contract covers (model.path's config.json) and the task's tokenizer fits it."""
     task = ready.task
-    ready.model_cfg = cfg.model.qwen3_config(task.vocab_size, task.eos_token_id)
+    ready.model_cfg = cfg.model.arch_config(task.vocab_size, task.eos_token_id)
     prompts.check_tokenizer(task, ready.model_cfg)
     ready.max_prompt_len = ready.model_cfg.max_position_embeddings - cfg.rollout.max_new_tokens
 

@@ -11,7 +11,7 @@ import json
 import sys
 
 from top_rl import kernels
-from top_rl.model import NotDenseQwen3, load_model, sequence_logprobs
+from top_rl.model import UnsupportedModel, load_model, sequence_logprobs
 
 
 def parse_ids(text: str) -> list[int]:
@@ -26,7 +26,7 @@ def parse_ids(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m top_rl.score", description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True, help="Hugging Face Qwen3 checkpoint directory")
+    ap.add_argument("--model", required=True, help="Hugging Face checkpoint directory (dense Qwen3 today)")
     ap.add_argument("--input-ids", required=True, help="comma-separated token ids")
     ap.add_argument("--dtype", default=None, help="compute dtype (default: the checkpoint's torch_dtype)")
     ap.add_argument("--backend", default="reference", choices=kernels.available_backends())
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     kernels.set_backend(args.backend)
     try:
         model = load_model(args.model, args.dtype)
-    except NotDenseQwen3 as e:
+    except UnsupportedModel as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     bad = [i for i in ids if not 0 <= i < model.cfg.vocab_size]

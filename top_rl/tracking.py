@@ -9,19 +9,29 @@ import logging
 import math
 import os
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from top_rl.atomic import write_file
+
 log = logging.getLogger(__name__)
 
-# The keys DESIGN.md promises in every row (the loop must provide them).
+# The keys docs/architecture.md promises in every row (tests/test_loop_e2e.py checks the loop writes them).
 REQUIRED_KEYS = ("step", "train/train_rollout_logprob_abs_diff", "train/ess_ratio",
                  "train/train_rollout_kl", "rollout/reward_mean", "perf/step_time")
 
 
+class WandbMode(StrEnum):
+    auto = "auto"  # $WANDB_MODE, else online with $WANDB_API_KEY, else offline
+    online = "online"
+    offline = "offline"
+    disabled = "disabled"
+
+
 @dataclass
 class TrackingConfig:
-    wandb_mode: str = "auto"  # auto | online | offline | disabled
+    wandb_mode: WandbMode = WandbMode.auto
     project: str = "top-rl"
     console: bool = True
     entity: str | None = None
@@ -31,10 +41,9 @@ class TrackingConfig:
 def resolve_wandb_mode(mode: str) -> str:
     """"auto": $WANDB_MODE if set, else online with $WANDB_API_KEY, else offline (never fail a run
     for lack of credentials)."""
-    if mode not in ("auto", "online", "offline", "disabled"):
-        raise ValueError(f"wandb_mode must be auto|online|offline|disabled, got {mode!r}")
-    if mode != "auto":
-        return mode
+    mode = WandbMode(mode)  # refuses anything else, naming the choices
+    if mode != WandbMode.auto:
+        return mode.value
     return os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
 
 
@@ -130,10 +139,7 @@ class Tracker:
                         rows.append(line if line.endswith("\n") else line + "\n")
         elif os.path.exists(self.path):
             log.warning("fresh run: replacing %s", self.path)
-        tmp = self.path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(rows)
-        os.replace(tmp, self.path)
+        write_file(self.path, lambda tmp: Path(tmp).write_text("".join(rows), encoding="utf-8"))
         return json.loads(rows[-1])["step"] if rows else None
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:

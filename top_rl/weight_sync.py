@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from top_rl.placement import WeightTransport
 from top_rl.rollout.sglang_weights import Bucket, bucket_meta, buckets, flatten, unflatten
 
-TRANSPORTS = ("auto", "broadcast", "object_store")
 GROUP_TIMEOUT = datetime.timedelta(minutes=10)
 
 
@@ -48,8 +48,7 @@ class Endpoint:
 
 def choose(setting: str, trainer: Endpoint, engine: Endpoint) -> str:
     """The transport for one engine (see module doc)."""
-    if setting not in TRANSPORTS:
-        raise ValueError(f"cluster.weight_transport={setting!r}; choose one of {', '.join(TRANSPORTS)}")
+    setting = WeightTransport(setting)  # refuses anything else, naming the choices
     same_gpu = trainer.gpu is not None and trainer.gpu == engine.gpu
     if setting == "object_store":
         return "object_store"

@@ -49,7 +49,7 @@ def test_linear(k, n):
 
 
 def test_cublas_is_not_invariant_informational():
-    """Context for the GEMM tests: the stock GEMM changes a row with the batch size (DESIGN.md)."""
+    """Context for the GEMM tests: the stock GEMM changes a row with the batch size (docs/architecture.md)."""
     k, n = GEMMS[0]
     w = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
     x = torch.randn(4096, k, device="cuda").bfloat16()

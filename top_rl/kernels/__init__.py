@@ -23,13 +23,17 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+from enum import StrEnum
 from typing import Any
 
-_BACKEND_MODULES = {
-    "reference": "top_rl.kernels.reference",
-    "plain": "top_rl.kernels.plain",
-    "sglang": "top_rl.kernels.sglang",
-}
+
+class KernelBackend(StrEnum):
+    reference = "reference"  # torch made batch-invariant by fixed-shape tiling (CPU, any device)
+    plain = "plain"  # stock torch: the non-TOP baseline
+    sglang = "sglang"  # SGLang's own Triton kernels (GPU)
+
+
+_BACKEND_MODULES = {b: f"top_rl.kernels.{b.value}" for b in KernelBackend}
 _active: Any = None
 _active_name: str | None = None
 
@@ -38,15 +42,11 @@ def available_backends() -> list[str]:
     return sorted(_BACKEND_MODULES)
 
 
-def register_backend(name: str, module_path: str) -> None:
-    _BACKEND_MODULES[name] = module_path
-
-
 def set_backend(name: str) -> None:
     global _active, _active_name
     if name not in _BACKEND_MODULES:
         raise ValueError(f"unknown kernel backend {name!r}; choose one of {available_backends()}")
-    _active = importlib.import_module(_BACKEND_MODULES[name]).BACKEND
+    _active = importlib.import_module(_BACKEND_MODULES[name])  # a backend module defines every op below
     _active_name = name
 
 

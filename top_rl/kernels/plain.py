@@ -83,18 +83,8 @@ def sample_logprobs(logits, ids, temperature):
     return sampler_log_softmax(logits, temperature).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
 
 
-class _Backend:
-    name = "plain"
-    linear = staticmethod(linear)
-    row_linear = staticmethod(row_linear)
-    rms_norm = staticmethod(rms_norm)
-    rope = staticmethod(reference.rope)  # RoPE is elementwise: already invariant
-    silu_and_mul = staticmethod(lambda g: F.silu(g[..., : g.shape[-1] // 2]) * g[..., g.shape[-1] // 2 :])
-    attention = staticmethod(attention)
-    decode_attention = staticmethod(decode_attention)
-    prefill_logprobs = staticmethod(prefill_logprobs)
-    sample_logprobs = staticmethod(sample_logprobs)
-    sampler_log_softmax = staticmethod(sampler_log_softmax)
+rope = reference.rope  # RoPE is elementwise: already invariant
 
 
-BACKEND = _Backend()
+def silu_and_mul(g):
+    return F.silu(g[..., : g.shape[-1] // 2]) * g[..., g.shape[-1] // 2 :]

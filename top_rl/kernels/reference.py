@@ -195,20 +195,3 @@ def prefill_logprobs(logits, ids):
 
 def sample_logprobs(logits, ids, temperature):
     return _TokenLogprobs.apply(logits, ids, _as_temperature(temperature, logits))
-
-
-class _Backend:
-    name = "reference"
-    linear = staticmethod(linear)
-    row_linear = staticmethod(row_linear)
-    rms_norm = staticmethod(rms_norm)
-    rope = staticmethod(rope)
-    silu_and_mul = staticmethod(silu_and_mul)
-    attention = staticmethod(attention)
-    decode_attention = staticmethod(decode_attention)
-    prefill_logprobs = staticmethod(prefill_logprobs)
-    sample_logprobs = staticmethod(sample_logprobs)
-    sampler_log_softmax = staticmethod(sampler_log_softmax)
-
-
-BACKEND = _Backend()

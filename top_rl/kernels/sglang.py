@@ -1,6 +1,6 @@
 """`sglang` backend: SGLang 0.5.10.post1's own kernels in the forward, analytic backwards (GPU only).
 
-Forward = what the engine runs in rl mode (numerics page §2, §4), by calling the pinned wheel's code:
+Forward = what the engine runs in rl mode (docs/numerics.md §2, §4), by calling the pinned wheel's code:
   linear        `matmul_persistent(x, W.t())` (mm_BI), as F.linear -> aten::mm under the engine's override; the
                 GEMM inside it is the one the process's TOP contract names (`gemm`: SGLang's Triton persistent
                 kernel, or DeepGEMM's bf16_gemm_nn), pinned through SGLang's env switch as on the engine
@@ -274,18 +274,6 @@ def sampler_log_softmax(logits, temperature):
     return ops().log_softmax(_sampler_input(logits, _ref._as_temperature(temperature, logits)), dim=-1)
 
 
-class _Backend:
-    name = "sglang"
-    linear = staticmethod(linear)
-    row_linear = staticmethod(row_linear)
-    rms_norm = staticmethod(rms_norm)
-    rope = staticmethod(rope)
-    silu_and_mul = staticmethod(_fused.silu_and_mul)  # native F.silu * mul forward, as SGLang rl mode
-    attention = staticmethod(_attention.attention)
-    decode_attention = staticmethod(_attention.decode_attention)
-    prefill_logprobs = staticmethod(prefill_logprobs)
-    sample_logprobs = staticmethod(sample_logprobs)
-    sampler_log_softmax = staticmethod(sampler_log_softmax)
-
-
-BACKEND = _Backend()
+silu_and_mul = _fused.silu_and_mul  # native F.silu * mul forward, as SGLang rl mode
+attention = _attention.attention
+decode_attention = _attention.decode_attention

@@ -2,7 +2,7 @@
 a submodule `kernels.attention` would replace the seam function of that name on import.)
 
 Forward = the engine's own attention kernel, called as SGLang 0.5.10.post1 calls it in deterministic mode
-(numerics page §5), chosen by a setting that must equal the engine's `--attention-backend`:
+(docs/numerics.md §5), chosen by a setting that must equal the engine's `--attention-backend`:
   triton      sglang.srt.layers.attention.triton_ops: the unified 1-stage extend kernel for prefill, the
               2-stage split-KV decode kernel with num_kv_splits = ceil(len / 256) for decode.
   flashinfer  paged prefill (page size 1, fixed split 4096) and tensor-core paged decode (fixed split

@@ -1,6 +1,6 @@
 """Fixed-shape GEMM: the reference backend's batch- and TP-invariant matrix product.
 
-Measured on this project's CPUs (DESIGN.md): a row of `x @ W` changes with the number of rows M below 16,
+Measured on this project's CPUs (docs/architecture.md): a row of `x @ W` changes with the number of rows M below 16,
 a K above 512 is reduced differently with 1 and 2 threads, and a column can change with N. So rows are
 padded to a multiple of `row_tile`, columns are produced `col_tile` at a time, and K is cut into
 `k_chunk` slices whose fp32 partial products are summed left to right in global chunk order. Every call

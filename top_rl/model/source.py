@@ -1,18 +1,19 @@
-"""Where a run's model comes from: a Hugging Face Qwen3 checkpoint, or a tiny Qwen3 built from config."""
+"""Where a run's model comes from: a Hugging Face checkpoint (its family read from config.json), or a random
+model of `model.family` built from the shape fields below (sizes are config; families: top_rl/model/family.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from top_rl.model.config import Qwen3Config
-from top_rl.model.hf_io import load_model
-from top_rl.model.qwen3 import Qwen3
+from top_rl.contract import ComputeDtype
+from top_rl.model import family as families
 
 
 @dataclass
 class ModelConfig:
-    path: str | None = None  # HF Qwen3 checkpoint dir; None builds a random tiny Qwen3 from the fields below
-    dtype: str = "bfloat16"  # compute dtype (contract: embedding, norms, residual stay fp32)
+    family: str = families.DEFAULT  # the architecture of a random model (a checkpoint's config.json names its own)
+    path: str | None = None  # HF checkpoint dir; None builds a random model from the fields below
+    dtype: ComputeDtype = ComputeDtype.bfloat16  # embedding, norms, residual stay fp32 (contract)
     hidden_size: int = 64
     intermediate_size: int = 128
     num_hidden_layers: int = 2
@@ -25,10 +26,11 @@ class ModelConfig:
     init_seed: int = 0
     init_std: float = 0.02
 
-    def qwen3_config(self, vocab_size: int, eos_token_id: int | None) -> Qwen3Config:
+    def arch_config(self, vocab_size: int, eos_token_id: int | None):
+        """The model's architecture config (its family's Config); refuses what no TOP contract covers."""
         if self.path:
-            return Qwen3Config.from_dir(self.path)
-        return Qwen3Config(
+            return families.config_from_dir(self.path)
+        return families.get(self.family).Config(
             vocab_size=vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
             num_hidden_layers=self.num_hidden_layers, num_attention_heads=self.num_attention_heads,
             num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
@@ -36,8 +38,12 @@ class ModelConfig:
             rope_theta=self.rope_theta, torch_dtype=self.dtype, eos_token_id=eos_token_id,
         )
 
-    def build(self, vocab_size: int, eos_token_id: int | None) -> Qwen3:
-        """The initial policy, built once per run; every engine and trainer rank receives its weights."""
+    def build(self, vocab_size: int, eos_token_id: int | None):
+        """The initial policy as a native model: the checkpoint, or the seeded random init (the same on every
+        trainer rank, which builds it; the engines receive its weights from trainer rank 0)."""
         if self.path:
+            from top_rl.model.hf_io import load_model
+
             return load_model(self.path, self.dtype)
-        return Qwen3(self.qwen3_config(vocab_size, eos_token_id), self.dtype).init_random(self.init_seed, self.init_std)
+        arch = self.arch_config(vocab_size, eos_token_id)
+        return families.of(arch).NativeModel(arch, self.dtype).init_random(self.init_seed, self.init_std)

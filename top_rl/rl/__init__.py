@@ -3,25 +3,24 @@
 Layout convention shared by every function here: a batch of responses is *ragged*, so per-token
 quantities are passed as a list of 1-D tensors, one per sample (response tokens only, already
 shifted so entry t is log p(response[t] | prefix)). Functions that run on the hot path also accept
-the packed form (one flat 1-D tensor + ``lengths``) through :func:`top_rl.rl.losses.pack`.
+the packed form (one flat 1-D tensor + ``lengths``) through :func:`top_rl.rl.losses.concat_ragged`.
 """
 
-from top_rl.rl.advantages import GrpoConfig, grpo_advantages
-from top_rl.rl.gate import GateConfig, ParityViolation, check
-from top_rl.rl.losses import PolicyLossConfig, pack, policy_loss
-from top_rl.rl.metrics import (
-    ParityMetrics,
-    ess_ratio,
-    first_difference,
-    parity_metrics,
-    train_rollout_kl,
-    train_rollout_logprob_abs_diff,
-)
+import importlib
 
-__all__ = [
-    "GrpoConfig", "grpo_advantages",
-    "PolicyLossConfig", "pack", "policy_loss",
-    "ParityMetrics", "parity_metrics", "train_rollout_logprob_abs_diff", "ess_ratio",
-    "train_rollout_kl", "first_difference",
-    "GateConfig", "ParityViolation", "check",
-]
+# Lazy: `top_rl.rl.config` (plain data) is imported by the run config without loading torch.
+_EXPORTS = {
+    "grpo_advantages": "advantages",
+    "PolicyLossConfig": "config", "GateConfig": "config", "AlgoConfig": "config",
+    "concat_ragged": "losses", "policy_loss": "losses",
+    "ParityViolation": "gate", "check": "gate",
+    "ParityMetrics": "metrics", "parity_metrics": "metrics", "train_rollout_logprob_abs_diff": "metrics",
+    "ess_ratio": "metrics", "train_rollout_kl": "metrics", "first_difference": "metrics",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"top_rl.rl.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'top_rl.rl' has no attribute {name!r}")

@@ -2,16 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
-
-
-@dataclass
-class GrpoConfig:
-    n_samples: int = 8  # responses per prompt (the group size)
-    normalize_std: bool = True  # False = Dr.GRPO (mean-centering only; no length/difficulty bias)
-    eps: float = 1e-6  # keeps all-equal groups (std 0) at advantage 0 instead of NaN
 
 
 def grpo_advantages(rewards: torch.Tensor, n_samples: int, normalize_std: bool = True,

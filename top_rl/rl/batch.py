@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from top_rl.rl.gate import GateConfig
-from top_rl.rl.losses import PolicyLossConfig
+from top_rl.rl.config import GateConfig, PolicyLossConfig
 
 
 @dataclass(frozen=True)

@@ -12,15 +12,11 @@ from typing import Any, Sequence
 
 import torch
 
+from top_rl.atomic import write_file
+from top_rl.rl.config import GateConfig, OnViolation
 from top_rl.rl.metrics import ParityMetrics, parity_metrics
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class GateConfig:
-    enabled: bool = True  # False = the non-TOP baseline: metrics only, no verdict, no dump
-    on_violation: str = "halt"  # "halt" raises ParityViolation; "warn" logs and lets the step train
 
 
 class ParityViolation(RuntimeError):
@@ -42,19 +38,16 @@ def _describe(step: int, m: ParityMetrics | None, error: str | None,
         where = (f"first differing sample {fd.sample}{sid}, token position {fd.position}: "
                  f"trainer={fd.trainer!r} rollout={fd.rollout!r}")
     else:
-        where = "all tokens equal, but the update forward disagrees with the scoring forward"
+        where = "every token equal, yet the metrics are not exactly 0 and 1"
     return (f"{head}: {where}; abs_diff={m.abs_diff!r} (max {m.abs_diff_max!r}), "
-            f"ess_ratio={m.ess_ratio!r}, ess_ratio_update={m.ess_ratio_update!r}, "
+            f"ess_ratio={m.ess_ratio!r}, "
             f"train_rollout_kl={m.kl!r}, non-finite tokens={m.n_nonfinite}; dump: {dump_path}")
 
 
 def _dump(dump_dir: str, step: int, payload: dict[str, Any]) -> str:
     os.makedirs(dump_dir, exist_ok=True)
     path = os.path.join(dump_dir, f"parity_violation_step{step:06d}.pt")
-    tmp = path + ".tmp"
-    torch.save(payload, tmp)
-    os.replace(tmp, path)  # a reader never sees a half-written dump
-    return path
+    return str(write_file(path, lambda tmp: torch.save(payload, tmp)))  # never seen half-written
 
 
 @dataclass
@@ -73,23 +66,21 @@ def evaluate(
     sample_ids: Sequence[Any] | None = None,
     tokens: Sequence[Sequence[int] | torch.Tensor] | None = None,
     metadata: dict[str, Any] | None = None,
-    update_logprobs: Sequence[torch.Tensor] | None = None,
 ) -> Verdict:
     """The parity metrics of one step and TOP's verdict, without acting on it.
 
     ``trainer`` / ``rollout``: one 1-D tensor of response log-probs per sample (same lengths).
-    ``update_logprobs``: optional first-update forward, checked against ``trainer`` as well.
     ``tokens`` / ``sample_ids`` / ``metadata`` only go into the dump (and the message). ``dump_dir`` None:
     no dump (every trainer rank evaluates the gate; one writes the dump).
 
     Violation: abs_diff != 0, ess_ratio != 1, any non-finite value, any unequal token, or a length
     mismatch between the two sides.
     """
-    if cfg.on_violation not in ("halt", "warn"):
+    if cfg.on_violation not in set(OnViolation):
         raise ValueError(f"on_violation must be 'halt' or 'warn', got {cfg.on_violation!r}")
     error = None
     try:
-        m = parity_metrics(trainer, rollout, update_logprobs)
+        m = parity_metrics(trainer, rollout)
     except ValueError as e:  # misaligned batch: an alignment bug, still a parity failure
         if not cfg.enabled:
             raise
@@ -108,7 +99,6 @@ def evaluate(
             "tokens": _cpu(tokens),
             "trainer_logprobs": _cpu(trainer),
             "rollout_logprobs": _cpu(rollout),
-            "update_logprobs": _cpu(update_logprobs),
             "metrics": None if m is None else {**m.to_dict(), "first_diff": (
                 asdict(m.first_diff) if m.first_diff else None)},
             "error": error,
@@ -118,10 +108,10 @@ def evaluate(
 
 
 def check(trainer, rollout, step, cfg: GateConfig = GateConfig(), dump_dir: str = ".", sample_ids=None,
-          tokens=None, metadata=None, update_logprobs=None) -> ParityMetrics | None:
+          tokens=None, metadata=None) -> ParityMetrics | None:
     """`evaluate`, then act: under "halt" a violation raises ParityViolation, under "warn" it is logged.
     Returns the metrics (None only when a length mismatch made them uncomputable and on_violation is "warn")."""
-    v = evaluate(trainer, rollout, step, cfg, dump_dir, sample_ids, tokens, metadata, update_logprobs)
+    v = evaluate(trainer, rollout, step, cfg, dump_dir, sample_ids, tokens, metadata)
     if v.message is not None:
         act(v, step, cfg)
     return v.metrics
@@ -129,7 +119,7 @@ def check(trainer, rollout, step, cfg: GateConfig = GateConfig(), dump_dir: str 
 
 def act(v: Verdict, step: int, cfg: GateConfig) -> None:
     """What a violation does: raise under "halt", warn under "warn"."""
-    if cfg.on_violation == "halt":
+    if cfg.on_violation == OnViolation.halt:
         raise ParityViolation(v.message, step, v.metrics, v.dump_path or "")
     log.warning(v.message)
     warnings.warn(v.message, RuntimeWarning, stacklevel=3)

@@ -3,28 +3,18 @@
 Representation: per-token tensors are *packed* — one flat 1-D tensor holding every sample's
 response tokens back to back, plus ``lengths`` (tokens per sample, summing to the flat length).
 This is the layout the packed-prefill trainer produces, so no padding is ever materialised.
-:func:`pack` turns a list of per-sample 1-D tensors into that form.
+:func:`concat_ragged` turns a list of per-sample 1-D tensors into that form.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-LOSS_AGGS = ("token_mean", "seq_mean")
+from top_rl.rl.config import LossAgg, PolicyLossConfig
 
-
-@dataclass
-class PolicyLossConfig:
-    clip_eps_low: float = 0.2  # ratio floor is 1 - clip_eps_low
-    clip_eps_high: float = 0.2  # ratio ceiling is 1 + clip_eps_high; DAPO "clip-higher" uses 0.28
-    loss_agg: str = "token_mean"  # "token_mean" (DAPO) | "seq_mean" (GRPO: per-sample mean, then mean)
-    kl_coef: float = 0.0  # weight of the k3 KL(pi || ref) penalty; 0 = no reference model needed
-
-
-def pack(per_sample: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def concat_ragged(per_sample: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """List of 1-D tensors -> (flat tensor, lengths int64 tensor)."""
     lengths = torch.tensor([int(t.numel()) for t in per_sample], dtype=torch.long)
     flat = torch.cat([t.reshape(-1) for t in per_sample]) if len(per_sample) else torch.zeros(0)
@@ -70,8 +60,8 @@ def policy_loss(
     ``pg_loss``, ``pg_clipfrac``, ``ppo_kl`` (k1: mean(old - new)), ``ratio_max``, ``ratio_min``,
     and ``kl_ref`` (k3) / ``entropy`` when given. Entropy is never part of the loss.
     """
-    if cfg.loss_agg not in LOSS_AGGS:
-        raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {cfg.loss_agg!r}")
+    if cfg.loss_agg not in set(LossAgg):
+        raise ValueError(f"loss_agg must be one of {[a.value for a in LossAgg]}, got {cfg.loss_agg!r}")
     lengths = torch.as_tensor(lengths, dtype=torch.long, device=new_logprobs.device)
     n_tok = int(lengths.sum())
     if new_logprobs.shape != (n_tok,) or old_logprobs.shape != (n_tok,):

@@ -123,7 +123,6 @@ class ParityMetrics:
     n_tokens: int
     n_nonfinite: int  # tokens with NaN/inf on either side
     first_diff: FirstDiff | None
-    ess_ratio_update: float | None = None  # miles' variant, when the first-update forward is given
 
     @property
     def finite(self) -> bool:
@@ -134,8 +133,7 @@ class ParityMetrics:
     def violation(self) -> bool:
         """TOP's demand: exactly 0 and exactly 1, everything finite, every token equal."""
         return (not self.finite or self.abs_diff != 0.0 or self.ess_ratio != 1.0
-                or self.first_diff is not None
-                or (self.ess_ratio_update is not None and self.ess_ratio_update != 1.0))
+                or self.first_diff is not None)
 
     def to_dict(self, prefix: str = "train/") -> dict[str, float]:
         d = {
@@ -146,15 +144,12 @@ class ParityMetrics:
             "train_rollout_logprob_frac_equal": self.frac_equal,
             "train_rollout_nonfinite_tokens": float(self.n_nonfinite),
         }
-        if self.ess_ratio_update is not None:
-            d["ess_ratio_update"] = self.ess_ratio_update
         return {prefix + k: v for k, v in d.items()}
 
 
-def parity_metrics(trainer: Tensors, rollout: Tensors,
-                   update_logprobs: Tensors | None = None) -> ParityMetrics:
-    """All parity metrics for one batch, from one packed pass. ``update_logprobs`` (optional): the
-    trainer's log-probs from the first training forward, giving ``ess_ratio_update`` against ``trainer``."""
+def parity_metrics(trainer: Tensors, rollout: Tensors) -> ParityMetrics:
+    """All parity metrics for one batch, from one packed pass. (The trainer's numbers come from its training
+    forward itself, top_rl/train/rl_step.py, so no separate first-update variant exists to compare.)"""
     p = _Packed(trainer, rollout)
     d = p.t - p.r
     finite = torch.isfinite(p.t) & torch.isfinite(p.r)
@@ -163,10 +158,6 @@ def parity_metrics(trainer: Tensors, rollout: Tensors,
     if bool(torch.isnan(adiff).any()):
         dmax = math.nan  # max() over tensors with NaN is unreliable across versions; be explicit
     n_tok = int(p.t.numel())
-    update = None
-    if update_logprobs is not None:
-        u = _Packed(update_logprobs, trainer)
-        update = u.ess(u.t, u.r)
     return ParityMetrics(
         abs_diff=p.sample_mean(adiff),
         abs_diff_max=dmax,
@@ -176,5 +167,4 @@ def parity_metrics(trainer: Tensors, rollout: Tensors,
         n_tokens=n_tok,
         n_nonfinite=int((~finite).sum()),
         first_diff=_first_difference(p),
-        ess_ratio_update=update,
     )

@@ -6,7 +6,12 @@ import abc
 from dataclasses import dataclass, field
 from typing import Literal
 
-LogprobSource = Literal["prefill", "decode"]
+from top_rl.rollout.config import LogprobSource  # engines type with it
+
+
+def mix_seed(a: int, b: int) -> int:
+    """One integer from two (run seed and step; sample seed and position): every seed of a run derives this way."""
+    return a * 1_000_003 + b
 
 
 @dataclass(frozen=True)

@@ -10,18 +10,18 @@ from __future__ import annotations
 import torch
 
 from top_rl import kernels
-from top_rl.model import KVCache, Qwen3, load_hf_state_dict, pack, sequence_logprobs
-from top_rl.rollout.base import LogprobSource, RolloutEngine, RolloutSample, SamplingParams
+from top_rl.model.packing import pack, sequence_logprobs
+from top_rl.rollout.base import LogprobSource, mix_seed, RolloutEngine, RolloutSample, SamplingParams
 
 
 def gumbel_noise(seed: int, position: int, vocab: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed((seed * 1_000_003 + position) % (2**63))
+    g = torch.Generator().manual_seed(mix_seed(seed, position) % (2**63))
     u = torch.rand(vocab, generator=g, dtype=torch.float64).clamp_(min=1e-300)
     return -torch.log(-torch.log(u))
 
 
 class NativeEngine(RolloutEngine):
-    def __init__(self, model: Qwen3, logprob_source: LogprobSource = "prefill", eos_token_id: int | None = None):
+    def __init__(self, model, logprob_source: LogprobSource = "prefill", eos_token_id: int | None = None):
         if logprob_source not in ("prefill", "decode"):
             raise ValueError(f"logprob_source={logprob_source!r}; choose 'prefill' or 'decode'")
         self.model = model.eval()
@@ -43,7 +43,7 @@ class NativeEngine(RolloutEngine):
                 f"{model.cfg.max_position_embeddings}"
             )
         device = model.cos_sin.device
-        cache = KVCache(model.cfg, n, max_len, model.policy.kv_cache, device)
+        cache = model.new_kv_cache(n, max_len)
         ids, pos, cu = pack(prompts, device)
         slots = torch.arange(n, device=device)
         logits = model(ids, pos, cu, cache, slots)[cu[1:] - 1]
@@ -84,4 +84,4 @@ class NativeEngine(RolloutEngine):
 
     @torch.no_grad()
     def update_weights(self, hf_state_dict: dict) -> None:
-        load_hf_state_dict(self.model, hf_state_dict, source="weight update")
+        self.model.load_hf(hf_state_dict, source="weight update")

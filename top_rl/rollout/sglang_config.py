@@ -1,7 +1,7 @@
 """Configuration of one SGLang rollout server, and the refusals that run before any GPU is touched.
 
 Every refusal raises `TopConfigError` with a message that says what to change. They check what would
-silently break bitwise parity with the trainer (numbers cite shared/reference/sglang-0.5.10.post1-qwen3-numerics.md):
+silently break bitwise parity with the trainer (numbers cite docs/numerics.md):
 the installed SGLang release (the contract is read from one wheel), the attention backend (the trainer runs
 the engine's kernel, so both must name the same one), the radix cache (flashinfer must run without it, §5),
 the engine TP degree (no TP>1 contract exists in the pinned release, §11.7), `decode` log-probs on an attention

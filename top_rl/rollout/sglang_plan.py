@@ -41,7 +41,7 @@ def launch_plan(run_cfg, index: int = 0) -> dict:
     """What `dry_run=true` prints for engine `index`: the exact command and the env TOP-RL sets. Runs every
     config refusal except the installed-version check (the planning machine need not have SGLang)."""
     if not run_cfg.model.path:
-        raise TopConfigError("rollout.engine=sglang needs model.path: the HF Qwen3 checkpoint every server loads")
+        raise TopConfigError("rollout.engine=sglang needs model.path: the HF checkpoint every server loads")
     cfg = config_from_dict(run_cfg.rollout.sglang, index, **run_defaults(run_cfg))
     check_config(cfg, run_cfg.top.attention_backend, check_version=False)
     spec = build_launch(cfg, run_cfg.top.attention_backend, check=False)

@@ -1,6 +1,6 @@
 """Weight sync to SGLang servers: buckets, the trainer side of the NCCL broadcast, disk export, tensor payloads.
 
-Three modes (numerics page §9):
+Three modes (docs/numerics.md §9):
 - disk: an HF checkpoint (safetensors, dtypes kept: fp32 norms/embedding stay fp32, §3) is written where the
   server can read it (by the engine actor next to its server, from tensors Ray ships, or by the trainer to a
   shared filesystem); the server reloads it with POST /update_weights_from_disk.
@@ -15,7 +15,6 @@ Three modes (numerics page §9):
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -36,16 +35,9 @@ def buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> lis
     are ordered by element size, largest first (stable): in a flattened bucket every tensor then starts at a
     byte offset its dtype can be viewed from (SGLang's FlattenedTensorBucket fails on an fp32 tensor after an
     odd-length bf16 one). The metadata sent carries this order, which both sides of a broadcast walk."""
-    out: list[Bucket] = [[]]
-    size = 0
-    for name, t in named:
-        n = t.numel() * t.element_size()
-        if out[-1] and size + n > bucket_bytes:
-            out.append([])
-            size = 0
-        out[-1].append((name, t))
-        size += n
-    return [sorted(b, key=lambda nt: -nt[1].element_size()) for b in out if b]
+    from top_rl.model.hf_io import group_by_bytes
+
+    return [sorted(b, key=lambda nt: -nt[1].element_size()) for b in group_by_bytes(named, bucket_bytes)]
 
 
 def bucket_meta(bucket: Bucket) -> dict:
@@ -137,33 +129,12 @@ _MAX_SHARD = 4 << 30
 def write_hf_checkpoint(sd: dict[str, torch.Tensor], out_dir: str | Path, config_from: str | Path | None) -> Path:
     """Safetensors (+ config.json and generation_config.json copied from `config_from`) written under a
     temporary name and renamed, so a server never reads a half-written version."""
-    from safetensors.torch import save_file
+    from top_rl.model.hf_io import write_hf
 
     out = Path(out_dir)
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name, t in sd.items():
-        t = t.detach().contiguous().cpu()
-        n = t.numel() * t.element_size()
-        if shards[-1] and size + n > _MAX_SHARD:
-            shards.append({})
-            size = 0
-        shards[-1][name] = t
-        size += n
-    if len(shards) == 1:
-        save_file(shards[0], str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    else:
-        weight_map = {}
-        for i, shard in enumerate(shards):
-            fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, str(tmp / fname), metadata={"format": "pt"})
-            weight_map.update({k: fname for k in shard})
-        total = sum(t.numel() * t.element_size() for s in shards for t in s.values())
-        (tmp / "model.safetensors.index.json").write_text(
-            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    write_hf(sd, tmp, None, _MAX_SHARD)
     if config_from is not None and Path(config_from).is_dir():
         for f in ("config.json", "generation_config.json"):
             if (Path(config_from) / f).is_file():

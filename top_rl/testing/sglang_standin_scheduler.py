@@ -36,7 +36,7 @@ from typing import Callable
 import torch
 
 from top_rl import kernels
-from top_rl.model import KVCache, hf_state_dict, load_hf_state_dict, load_model, pack, sequence_logprobs
+from top_rl.model import load_model, pack, sequence_logprobs
 from top_rl.model.hf_io import read_safetensors
 from top_rl.rollout.native import gumbel_noise
 
@@ -198,7 +198,7 @@ class StandinScheduler:
         device = model.cos_sin.device
         stops = set() if sp.ignore_eos else set(sp.stop_token_ids or ()) | {self.eos}
         seed = 42 if sp.sampling_seed is None else int(sp.sampling_seed)
-        cache = KVCache(model.cfg, 1, len(ids) + sp.max_new_tokens, model.policy.kv_cache, device)
+        cache = model.new_kv_cache(1, len(ids) + sp.max_new_tokens)
         slot = torch.zeros(1, dtype=torch.long, device=device)
         tok_ids, pos, cu = pack([ids], device)
         logits = model(tok_ids, pos, cu, cache, slot)[-1:]
@@ -252,12 +252,12 @@ class StandinScheduler:
 
     def _load(self, named: dict[str, torch.Tensor]) -> None:
         device = self.model.embed_tokens.device  # tensors may arrive on a GPU (CUDA IPC payloads)
-        sd = hf_state_dict(self.model)
+        sd = self.model.hf_state_dict()
         unknown = set(named) - set(sd)
         if unknown:
             raise ValueError(f"unknown parameter names {sorted(unknown)[:3]}")
         sd.update({k: v.to(device) for k, v in named.items()})
-        load_hf_state_dict(self.model, sd, source="weight update")
+        self.model.load_hf(sd, source="weight update")
 
     def _update_from_disk(self, req):
         out = self.io.UpdateWeightFromDiskReqOutput

@@ -1,15 +1,16 @@
-"""Megatron-core trainer for dense Qwen3 with the TOP layer spec (log-probs bitwise equal to the engine's).
+"""Megatron-core trainer with the model family's TOP layer spec (log-probs bitwise equal to the engine's).
 
     from top_rl.train import Trainer, TrainerConfig, TrainSequence
-    trainer = Trainer(qwen3_config, TrainerConfig(tp=1, dtype="bfloat16"))
+    trainer = Trainer(arch_config, TrainerConfig(tp=1, dtype="bfloat16"))   # arch: the family's Config
     trainer.load_hf(path_or_hf_state_dict)
     lps = trainer.logprobs([TrainSequence(tokens, prompt_len, temperature=None)])
     metrics = trainer.train_step(batch, loss_fn)      # loss_fn(list[Tensor], list[int]) -> Tensor
     engine.update_weights(trainer.export_hf_weights())
 
-Files: trainer (API), spec (GPTModel + TOP layer spec), layers (seam modules), logprobs (engine
+Files: trainer (API), rl_step (the RL step, gate in the training forward), layers (seam modules; the family's
+GPTModel + layer spec is top_rl/model/<family>/megatron.py), logprobs (engine
 formula from hidden states), batch (TrainSequence, micro-batching, THD packing), schedule (pipeline
-send/recv), optim (CPU AdamW / Megatron optimizer), weights (HF <-> Megatron), parallel (groups,
+send/recv), optim (CPU AdamW / Megatron optimizer), weights (TP shards; HF names: the family), parallel (groups,
 spawn), recompute (non-reentrant checkpoint), ulysses (context parallelism), cpu_shims (no-CUDA).
 """
 

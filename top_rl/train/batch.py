@@ -4,7 +4,7 @@ A `TrainSequence` is one token sequence whose tokens[prompt_len:] are scored: en
 tensor is log p(tokens[prompt_len + j] | tokens[:prompt_len + j]), computed by the engine's formula for
 its kind (temperature None: the prefill path, fp32; a float: the sampler path at that temperature, in
 the compute dtype). Every rank receives the whole batch (SPMD); `plan` picks this data-parallel rank's
-samples and cuts them into micro-batches, `pack` lays one micro-batch out for this context-parallel rank.
+samples and cuts them into micro-batches, `pack_micro_batch` lays one micro-batch out for this context-parallel rank.
 Packing never changes a sample's bits: every seam kernel is row/sequence-invariant.
 """
 
@@ -52,7 +52,7 @@ class PackedSeqParams(MegatronPackedSeqParams):
 class MicroBatch:
     """One micro-batch as this CP rank sees it. With CP = c > 1 every sequence is padded to a multiple
     of 2c and split into 2c chunks; rank r holds chunks r and 2c-1-r (the load-balanced layout
-    Megatron's THD RoPE expects, reference §8), so cu_seqlens describe the padded global sequences."""
+    Megatron's THD RoPE expects, docs/megatron.md §8), so cu_seqlens describe the padded global sequences."""
 
     indices: list[int]
     input_ids: torch.Tensor  # [1, T_local] this rank's tokens
@@ -85,7 +85,7 @@ def cp_positions(cu: Sequence[int], cp_size: int, cp_rank: int) -> list[int]:
     return out
 
 
-def pack(batch: Sequence[TrainSequence], indices: list[int], *, cp_size: int = 1, cp_rank: int = 0,
+def pack_micro_batch(batch: Sequence[TrainSequence], indices: list[int], *, cp_size: int = 1, cp_rank: int = 0,
          device=None) -> MicroBatch:
     seqs = [batch[i] for i in indices]
     unit = 2 * cp_size if cp_size > 1 else 1
@@ -126,7 +126,7 @@ def pack(batch: Sequence[TrainSequence], indices: list[int], *, cp_size: int = 1
         return torch.tensor(x, dtype=torch.long, device=device)
 
     cu_t = torch.tensor(cu, dtype=torch.int32, device=device)
-    # max_seqlen must be the longest (padded) sequence, never the total: reference §8 pitfall.
+    # max_seqlen must be the longest (padded) sequence, never the total: docs/megatron.md §8 pitfall.
     max_len = max(padded)
     params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu_t, cu_seqlens_kv=cu_t, max_seqlen_q=max_len,
                              max_seqlen_kv=max_len, positions=lt(positions))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from top_rl.contract import ComputeDtype
+
 
 @dataclass
 class TrainerConfig:
@@ -20,5 +22,7 @@ class TrainerConfig:
     grad_clip: float = 1.0  # 0 disables clipping
     recompute: bool = False  # full recompute of every layer, non-reentrant (top_rl.train.recompute)
     seed: int = 0
-    dtype: str = "bfloat16"  # compute dtype; embedding, norms and residual stream stay fp32 (contract)
+    # The compute dtype (embedding, norms and residual stream stay fp32: the contract). None: the model config's
+    # torch_dtype. A run sets it from model.dtype (one dtype for engine and trainer) and refuses trainer.dtype.
+    dtype: ComputeDtype | None = None
     megatron_rope: bool = False  # Megatron's unfused RoPE instead of kernels.rope: eager engines only (spec.py)

@@ -3,7 +3,7 @@
 megatron-core 0.19.2 assumes a GPU at a few call sites that the TOP trainer reaches even though its
 own layers (top_rl.train.layers) never touch CUDA. `apply()` patches those sites at runtime, and only
 when `torch.cuda.is_available()` is False; on a GPU it does nothing. Installed files are never edited.
-Each shim names the site it serves (shared/reference/megatron-core.md §2.1-2.2):
+Each shim names the site it serves (docs/megatron.md §2.1-2.2):
 
 1. `torch.cuda.current_device()` returns "cpu". `RotaryEmbedding.get_emb` moves `inv_freq` to
    `torch.cuda.current_device()` on its first call, even with `use_cpu_initialization=True` (§2.1 #3):

@@ -1,8 +1,8 @@
-"""Megatron modules whose forward is the kernel seam, with top_rl.model.Qwen3's dtype policy.
+"""Megatron modules whose forward is the kernel seam, with the native model's dtype policy (top_rl/dtypes.py).
 
 Each class has the constructor signature Megatron's spec builders call and returns what the stock
-module returns, so it drops into the local layer spec (top_rl.train.spec). Where the seam and Qwen3
-cast (contract.DtypePolicy, model/qwen3.py):
+module returns, so it drops into the local layer spec (top_rl/model/<family>/megatron.py). Where the seam and the native model
+cast (top_rl/dtypes.py, the native model):
   - residual-stream norms (input, pre-MLP, final) take the fp32 stream and output fp32;
   - q/k norms take the compute-dtype projection and output fp32 (fp32 weight x n rounded to compute),
     RoPE runs on that fp32 tensor through `kernels.rope` (SelfAttention below) and the core attention
@@ -10,7 +10,7 @@ cast (contract.DtypePolicy, model/qwen3.py):
   - every GEMM input is rounded to the compute dtype inside the linear (weights live in it already,
     the tied LM head rounds the fp32 embedding table per call);
   - Megatron's bias-dropout-add upcasts the sublayer output to the residual's dtype (fp32) and adds,
-    which is Qwen3's f32(x) + residual (IEEE addition commutes), so it is kept.
+    which is the native model's f32(x) + residual (IEEE addition commutes), so it is kept.
 Parameters carry Megatron's tensor-parallel attributes so its DDP/optimizer/grad-norm code on GPU
 treats shards and replicas correctly.
 """
@@ -37,12 +37,12 @@ SEAM_ATTR = "top_seam"
 class SeamSettings:
     """What the seam modules need beyond Megatron's TransformerConfig (whose params_dtype is fp32, the
     dtype of the embedding and norms): recorded on the config object under SEAM_ATTR by
-    spec.transformer_config, since Megatron's builders pass only the config."""
+    the family's transformer_config, since Megatron's builders pass only the config."""
 
     compute_dtype: torch.dtype
     rope_theta: float
     max_positions: int
-    megatron_rope: bool = False  # RoPE by Megatron's unfused path instead of kernels.rope (top_rl.train.spec)
+    megatron_rope: bool = False  # RoPE by Megatron's unfused path instead of kernels.rope (top_rl/model/<family>/megatron.py)
 
 
 def seam(config) -> SeamSettings:
@@ -55,7 +55,7 @@ def compute_dtype(config) -> torch.dtype:
 
 @functools.lru_cache(maxsize=8)
 def _rope_table(head_dim: int, theta: float, max_positions: int, device: torch.device) -> torch.Tensor:
-    return kernels.rope_cache(head_dim, theta, max_positions, device)  # computed on the device, as Qwen3 does
+    return kernels.rope_cache(head_dim, theta, max_positions, device)  # computed on the device, as the native model does
 
 
 def _device(config):
@@ -82,7 +82,7 @@ class ResidualNorm(nn.Module):
 
 
 class QKNorm(ResidualNorm):
-    """Per-head q/k RMSNorm: input in the compute dtype, output fp32 = w32 * round_c(n) (Qwen3 q_norm).
+    """Per-head q/k RMSNorm: input in the compute dtype, output fp32 = w32 * round_c(n) (the native q_norm).
 
     With TP the weight is replicated but each rank normalises its own heads, so its gradient is
     partial: the optimizers sum it over TP (by name, as Megatron's finalize_model_grads does)."""
@@ -97,7 +97,7 @@ class ColumnLinear(nn.Module):
                  tp_group=None, skip_weight_param_allocation=False, stride=1, **kwargs):
         super().__init__()
         if bias or gather_output:
-            raise ValueError("TOP linears have no bias and never gather their output (Qwen3 has no biases)")
+            raise ValueError("TOP linears have no bias and never gather their output (the contract's models have none)")
         self.tp_group = _tp_group(tp_group)
         tp = self.tp_group.size()
         if output_size % tp:
@@ -147,7 +147,7 @@ class SelfAttention(MegatronSelfAttention):
 
     def forward(self, *args, rotary_pos_emb=None, packed_seq_params=None, **kwargs):
         if packed_seq_params is None or getattr(packed_seq_params, "positions", None) is None:
-            raise ValueError("the TOP trainer feeds packed THD batches with positions (top_rl.train.batch.pack)")
+            raise ValueError("the TOP trainer feeds packed THD batches with positions (top_rl.train.batch.pack_micro_batch)")
         self._positions = packed_seq_params.positions
         return super().forward(*args, rotary_pos_emb=None, packed_seq_params=packed_seq_params, **kwargs)
 
@@ -167,14 +167,14 @@ class CoreAttention(nn.Module):
     """Varlen causal attention over packed THD sequences through `kernels.attention`.
 
     Receives q/k after RoPE (fp32, contract §4.5) and v in the compute dtype; rounds q/k to the
-    compute dtype, exactly where Qwen3 does. GQA is passed unexpanded, as the seam expects.
+    compute dtype, exactly where the native model does. GQA is passed unexpanded, as the seam expects.
     Context parallelism (Ulysses) wraps this call: see top_rl.train.ulysses."""
 
     def __init__(self, config, layer_number, attn_mask_type=None, attention_type="self", cp_comm_type=None,
                  softmax_scale=None, pg_collection=None, **kwargs):
         super().__init__()
         self.compute_dtype = compute_dtype(config)
-        self.scale = config.kv_channels ** -0.5  # Qwen3: head_dim ** -0.5 (same Python float)
+        self.scale = config.kv_channels ** -0.5  # the native model's head_dim ** -0.5 (same Python float)
         self.cp_group = getattr(pg_collection, "cp", None) if pg_collection is not None else None
 
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,

@@ -10,7 +10,7 @@ rank normalises its own heads), ties the two embedding copies across pipeline st
 global norm (each parameter counted once) and rounds the updated master weights back into the model.
 MegatronAdam wraps the model in Megatron's DDP (fp32 grad buffers) and uses `get_megatron_optimizer`
 plus `finalize_model_grads`, which do the same reductions on GPU (NCCL). It cannot run on CPU
-(reference §2.3) and is not exercised by the CPU tests.
+(docs/megatron.md §2.3) and is not exercised by the CPU tests.
 """
 
 from __future__ import annotations
@@ -33,7 +33,13 @@ def _is_tp_replicated(param) -> bool:
     return not getattr(param, "tensor_model_parallel", False)
 
 
-class CpuAdamW:
+class _LrMixin:
+    def set_lr(self, lr: float) -> None:
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+
+
+class CpuAdamW(_LrMixin):
     def __init__(self, model: torch.nn.Module, cfg, layout: Layout):
         self.layout, self.cfg = layout, cfg
         self.g = groups()
@@ -121,10 +127,6 @@ class CpuAdamW:
         self.zero_grad()
         return {"grad_norm": norm}
 
-    def set_lr(self, lr: float) -> None:
-        for group in self.opt.param_groups:
-            group["lr"] = lr
-
     def state_dict(self) -> dict:
         separate = {n for n, p in self.named if self.master[n] is not p}
         # deepcopy: torch's optimizer state_dict holds live references to exp_avg/exp_avg_sq
@@ -138,7 +140,7 @@ class CpuAdamW:
         self.opt.load_state_dict(copy.deepcopy(sd["adamw"]))
 
 
-class MegatronAdam:
+class MegatronAdam(_LrMixin):
     """GPU path: Megatron DDP (fp32 grad buffers, summed over DP x CP) + Megatron's Adam/mixed precision."""
 
     def __init__(self, model: torch.nn.Module, cfg, layout: Layout, tc):
@@ -184,10 +186,6 @@ class MegatronAdam:
             raise FloatingPointError("Megatron optimizer skipped the step (non-finite gradients)")
         self.zero_grad()
         return {"grad_norm": float(grad_norm) if grad_norm is not None else float("nan")}
-
-    def set_lr(self, lr: float) -> None:
-        for group in self.opt.param_groups:
-            group["lr"] = lr
 
     def state_dict(self) -> dict:
         return {"megatron": self.opt.state_dict()}

@@ -83,9 +83,17 @@ def groups():
     }
 
 
-def free_port() -> int:
+def layer_offset(tc: TransformerConfig, pp_rank: int) -> int:
+    """Global index of this stage's first layer (Megatron's even split; layer_number is 1-based)."""
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    return get_transformer_layer_offset(tc, None, pp_rank)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now ("" : on every interface of this node, for peers on other nodes)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 

@@ -1,6 +1,6 @@
 """Running micro-batches through this rank's pipeline stage, with explicit send/recv between stages.
 
-Why not Megatron's schedules: they assume CUDA (streams, `device='cuda'` literals, reference §2.3) and
+Why not Megatron's schedules: they assume CUDA (streams, `device='cuda'` literals, docs/megatron.md §2.3) and
 fixed activation shapes, while packed THD micro-batches have a different token count each. Here every
 rank already knows each micro-batch's shape (SPMD: all ranks hold the whole batch), so stages exchange
 the fp32 residual stream [T_local, 1, H] with plain `dist.send`/`dist.recv` (gloo or NCCL).
@@ -46,7 +46,7 @@ class StageRunner:
             self.core.set_input_tensor(input_tensor)
         return self.forward_module(
             input_ids=mb.input_ids if lay.first_stage else None,
-            position_ids=None,  # GPTModel's RoPE ignores them; positions come from cu_seqlens (reference §5)
+            position_ids=None,  # GPTModel's RoPE ignores them; positions come from cu_seqlens (docs/megatron.md §5)
             attention_mask=None,
             packed_seq_params=mb.params,
             output_processor=self.output_processor if lay.last_stage else None,

@@ -1,4 +1,4 @@
-"""The trainer the RL loop drives: Megatron-core Qwen3 over the kernel seam, log-probs bitwise equal
+"""The trainer the RL loop drives: Megatron-core over the kernel seam (the model family's layer spec), log-probs bitwise equal
 to the rollout engine's.
 
 SPMD: construct one `Trainer` per rank (after `parallel.init_process_group`) and call the same method
@@ -16,9 +16,10 @@ import torch
 import torch.distributed as dist
 
 from top_rl.contract import as_dtype
-from top_rl.model.config import NotDenseQwen3, Qwen3Config
-from top_rl.train import cpu_shims, parallel, recompute, spec, weights
-from top_rl.train.batch import TrainSequence, pack, plan
+from top_rl.model import family
+from top_rl.model.family import UnsupportedModel
+from top_rl.train import cpu_shims, parallel, recompute, weights
+from top_rl.train.batch import TrainSequence, pack_micro_batch, plan
 from top_rl.train.config import TrainerConfig
 from top_rl.train.logprobs import make_output_processor, split_per_sample
 from top_rl.train.optim import CpuAdamW, MegatronAdam
@@ -28,9 +29,13 @@ LossFn = Callable[[list[torch.Tensor], list[int]], torch.Tensor]
 
 
 class Trainer:
-    def __init__(self, model_cfg: Qwen3Config, cfg: TrainerConfig | None = None):
+    def __init__(self, model_cfg, cfg: TrainerConfig | None = None):
+        """`model_cfg`: the model family's architecture config (top_rl/model/family.py)."""
         cfg = dataclasses.replace(cfg) if cfg is not None else TrainerConfig()  # own copy: micro-batching is adjustable
+        cfg.dtype = cfg.dtype or model_cfg.torch_dtype
         self.model_cfg, self.cfg = model_cfg, cfg
+        self.family = family.of(model_cfg)
+        spec = self.family.load_megatron()
         if model_cfg.num_hidden_layers % cfg.pp:
             raise ValueError(f"{model_cfg.num_hidden_layers} layers do not split evenly over PP={cfg.pp}")
         self.compute_dtype = as_dtype(cfg.dtype)
@@ -46,7 +51,7 @@ class Trainer:
                                           cp=cfg.cp, recompute=cfg.recompute, cpu=self.device.type == "cpu",
                                           megatron_rope=cfg.megatron_rope)
         self.model = spec.build_gpt_model(model_cfg, self.tc, pp_rank=self.layout.pp_rank, device=self.device)
-        self.offset = spec.layer_offset(self.tc, self.layout.pp_rank)
+        self.offset = parallel.layer_offset(self.tc, self.layout.pp_rank)
         if self.device.type == "cpu":
             self.optimizer = CpuAdamW(self.model, cfg, self.layout)
         else:
@@ -59,16 +64,16 @@ class Trainer:
     # ---------------------------------------------------------------- weights
     @torch.no_grad()
     def load_hf(self, src: str | Path | Mapping[str, torch.Tensor]) -> None:
-        """Load an HF Qwen3 checkpoint directory or an HF-named state dict (e.g. `hf_state_dict(model)`).
+        """Load an HF checkpoint directory of the trainer's family or an HF-named state dict (e.g. `hf_state_dict(model)`).
         Each parameter keeps its contract dtype (values are rounded into it, as the engine does)."""
         if not isinstance(src, Mapping):
             from top_rl.model.hf_io import read_safetensors
 
-            ckpt_cfg = Qwen3Config.from_dir(src)
+            ckpt_cfg = family.config_from_dir(src)
             if _arch(ckpt_cfg) != _arch(self.model_cfg):
-                raise NotDenseQwen3(f"{src} has config {ckpt_cfg}, the trainer was built for {self.model_cfg}")
+                raise UnsupportedModel(f"{src} has config {ckpt_cfg}, the trainer was built for {self.model_cfg}")
             src = read_safetensors(src)
-        full = weights.hf_to_megatron(src, self.model_cfg)
+        full = self.family.hf_to_megatron(src, self.model_cfg)
         lay = self.layout
         for name, p in self.model.named_parameters():
             g = weights.global_name(name, self.offset)
@@ -76,7 +81,7 @@ class Trainer:
                 g = "embedding.word_embeddings.weight"
             value = weights.shard(g, full[g], lay.tp, lay.tp_rank)
             if tuple(value.shape) != tuple(p.shape):
-                raise NotDenseQwen3(f"{g}: shard shape {tuple(value.shape)} != parameter {tuple(p.shape)}")
+                raise UnsupportedModel(f"{g}: shard shape {tuple(value.shape)} != parameter {tuple(p.shape)}")
             p.copy_(value)
         self.optimizer.reset()  # master weights from the loaded values, empty optimizer state
 
@@ -99,13 +104,13 @@ class Trainer:
                     t = weights.unshard(name, parts)
                 t = t.clone()
             else:
-                t = torch.empty(weights.full_shape(name, cfg), dtype=self._dtype_of(name), device=self.device)
+                t = torch.empty(self.family.full_shape(name, cfg), dtype=self._dtype_of(name), device=self.device)
             if lay.pp > 1:
                 dist.broadcast(t, dist.get_global_rank(pp_group, stage_of[name]), group=pp_group)
             return t
 
-        for name in weights.megatron_names(cfg):
-            yield from weights.iter_megatron_to_hf([(name, full_tensor(name))], cfg)
+        for name in self.family.megatron_names(cfg):
+            yield from self.family.iter_megatron_to_hf([(name, full_tensor(name))], cfg)
 
     def export_hf_weights(self) -> dict[str, torch.Tensor]:
         """HF-named full weights for `NativeEngine.update_weights` / `save_model` (CPU tensors)."""
@@ -118,7 +123,7 @@ class Trainer:
     def _stage_of_names(self) -> dict[str, int]:
         pp, n = self.layout.pp, self.model_cfg.num_hidden_layers
         out = {}
-        for name in weights.megatron_names(self.model_cfg):
+        for name in self.family.megatron_names(self.model_cfg):
             if name.startswith("decoder.layers."):
                 out[name] = weights.layer_of(name)[0] * pp // n  # Megatron's even split
             else:
@@ -130,7 +135,7 @@ class Trainer:
         lay = self.layout
         for idx in plan(batch, dp_rank=lay.dp_rank, dp_size=lay.dp, micro_batch_size=self.cfg.micro_batch_size,
                         micro_batch_tokens=self.cfg.micro_batch_tokens):
-            yield pack(batch, idx, cp_size=lay.cp, cp_rank=lay.cp_rank, device=self.device)
+            yield pack_micro_batch(batch, idx, cp_size=lay.cp, cp_rank=lay.cp_rank, device=self.device)
 
     def _owns_results(self) -> bool:
         lay = self.layout
@@ -237,7 +242,7 @@ class Trainer:
         self.step = sd["step"]
 
 
-def _arch(c: Qwen3Config) -> tuple:
+def _arch(c) -> tuple:
     d = dataclasses.asdict(c)
     for k in ("torch_dtype", "bos_token_id", "eos_token_id", "pad_token_id", "max_position_embeddings"):
         d.pop(k)

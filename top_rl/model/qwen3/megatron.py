@@ -1,8 +1,8 @@
-"""Dense Qwen3 as a megatron-core GPTModel with the TOP layer spec.
+"""Dense Qwen3 as a megatron-core GPTModel with the TOP layer spec (the trainer's model for this family).
 
 The spec is Megatron's local spec (`get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")`)
 with every op that touches a log-prob substituted by a seam module (top_rl.train.layers); see
-shared/reference/megatron-core.md §3.2 for the substitution points.
+docs/megatron.md §3.2 for the substitution points.
 
 RoPE. Megatron's own unfused, non-interleaved RoPE (`apply_rope_fusion=False`) is bitwise our eager
 `kernels.rope` (= SGLang's NeoX forward_native) on fp32 and bf16 (tests/test_train_rope.py), and Megatron
@@ -27,7 +27,7 @@ from megatron.core.transformer.mlp import MLPSubmodules
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
-from top_rl.model.config import Qwen3Config
+from top_rl.model.qwen3.config import Qwen3Config
 from top_rl.train import layers
 from top_rl.train.layers import SEAM_ATTR, SeamSettings
 
@@ -132,10 +132,3 @@ def build_gpt_model(cfg: Qwen3Config, tc: TransformerConfig, *, pp_rank: int, de
         model.output_layer = layers.OutputLayer(tc, cfg.hidden_size, cfg.vocab_size, cfg.tie_word_embeddings, pre)
     model.share_embeddings_and_output_weights = cfg.tie_word_embeddings
     return model.to(device)
-
-
-def layer_offset(tc: TransformerConfig, pp_rank: int) -> int:
-    """Global index of this stage's first layer (Megatron's even split; layer_number is 1-based)."""
-    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
-
-    return get_transformer_layer_offset(tc, None, pp_rank)

@@ -6,14 +6,18 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
+
+from top_rl.model.family import UnsupportedModel
 
 
-class NotDenseQwen3(ValueError):
+class NotDenseQwen3(UnsupportedModel):
     """A checkpoint or config this project cannot serve: TOP covers dense Qwen3 only."""
 
 
 @dataclass(frozen=True)
 class Qwen3Config:
+    family: ClassVar[str] = "qwen3"
     vocab_size: int = 64
     hidden_size: int = 64
     intermediate_size: int = 128

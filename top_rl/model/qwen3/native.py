@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from top_rl import contract, kernels
-from top_rl.model.config import Qwen3Config
+from top_rl.model.qwen3.config import Qwen3Config
 
 
 class KVCache:
@@ -122,6 +122,19 @@ class Qwen3(nn.Module):
         w = self.embed_tokens if self.lm_head is None else self.lm_head
         return w.to(self.policy.compute)
 
+    def new_kv_cache(self, slots: int, max_len: int) -> KVCache:
+        return KVCache(self.cfg, slots, max_len, self.policy.kv_cache, self.cos_sin.device)
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        from top_rl.model.qwen3.hf_names import hf_state_dict
+
+        return hf_state_dict(self)
+
+    def load_hf(self, sd: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
+        from top_rl.model.qwen3.hf_names import load_hf_state_dict
+
+        load_hf_state_dict(self, sd, source)
+
     def forward(self, input_ids, positions, cu_seqlens=None, cache: KVCache | None = None, slots=None):
         """Logits [T, V] in the compute dtype. Packed prefill: cu_seqlens given (with a cache, each
         sequence i is written to slot slots[i]). Decode: cache and slots given, cu_seqlens None."""
@@ -136,37 +149,3 @@ class Qwen3(nn.Module):
             h, residual = layer(h, residual, positions, cos_sin, cu_seqlens, cache, i, slots)
         u, _ = kernels.rms_norm(h, self.norm, self.cfg.rms_norm_eps, residual, out_dtype=self.policy.norm_output)
         return kernels.linear(u.to(self.policy.compute), self.lm_head_weight())
-
-
-def packed_positions(cu_seqlens: torch.Tensor) -> torch.Tensor:
-    """Positions restarting at 0 for each packed sequence."""
-    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-    starts = torch.repeat_interleave(cu_seqlens[:-1], lengths)
-    return torch.arange(int(cu_seqlens[-1]), device=cu_seqlens.device) - starts
-
-
-def pack(sequences: list[list[int]], device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(input_ids, positions, cu_seqlens) for a list of token lists."""
-    lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long)
-    cu = torch.zeros(len(sequences) + 1, dtype=torch.long)
-    cu[1:] = torch.cumsum(lengths, 0)
-    ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long)
-    return ids.to(device), packed_positions(cu).to(device), cu.to(device)
-
-
-def sequence_logprobs(model: Qwen3, sequences: list[list[int]], starts: list[int], temperature=None):
-    """Per sequence, log p(tok[j] | tok[:j]) for j in [starts[i], len): the prefill path (fp32, §6.1)
-    when temperature is None, else the sampler path (§6.2) at that temperature."""
-    ids, pos, cu = pack(sequences, model.cos_sin.device)
-    logits = model(ids, pos, cu)
-    rows, targets, temps = [], [], []
-    bounds = cu.tolist()
-    for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
-        rows.append(torch.arange(s + starts[i] - 1, e - 1))
-        targets.append(ids[s + starts[i] : e])
-    rows_t, targets_t = torch.cat(rows), torch.cat(targets)
-    if temperature is None:
-        lp = kernels.prefill_logprobs(logits[rows_t], targets_t)
-    else:
-        lp = kernels.sample_logprobs(logits[rows_t], targets_t, temperature)
-    return list(lp.split([len(r) for r in rows]))

@@ -1,0 +1,47 @@
+"""Model families: everything that knows one architecture (its config, HF tensor names, native model,
+Megatron layer spec) lives in one package, top_rl/model/<family>/; the rest of TOP-RL reaches it through
+this registry. A family package exposes:
+  NAME, Config (frozen dataclass: from_hf_dict / from_dir / to_hf_dict, `family` = NAME), NotSupported,
+  NativeModel(config, dtype)      the engine's model over the kernel seam (.load_hf, .hf_state_dict,
+                                  .new_kv_cache, .init_random)
+  hf_to_megatron, iter_megatron_to_hf, megatron_names, full_shape   HF <-> Megatron names and layouts
+  load_megatron()                 its Megatron module: transformer_config, build_gpt_model (imports Megatron)
+  serves(model_type)              whether a config.json's model_type is this family's
+Adding a size of a family is config; adding a family is one new package and one line below.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from types import ModuleType
+
+FAMILIES = {"qwen3": "top_rl.model.qwen3"}  # family name -> its package
+DEFAULT = "qwen3"
+
+
+class UnsupportedModel(ValueError):
+    """A checkpoint or config no family (or not the chosen one) can serve under a TOP contract."""
+
+
+def get(name: str) -> ModuleType:
+    if name not in FAMILIES:
+        raise UnsupportedModel(f"model family {name!r} is not one TOP-RL serves ({', '.join(FAMILIES)})")
+    return importlib.import_module(FAMILIES[name])
+
+
+def of(config) -> ModuleType:
+    """The family of a model config object."""
+    return get(config.family)
+
+
+def config_from_dir(path: str | Path):
+    """The config of the HF checkpoint at `path`, read by the family its config.json names."""
+    f = Path(path) / "config.json"
+    if not f.is_file():
+        raise UnsupportedModel(f"{path} has no config.json: not a Hugging Face model directory")
+    model_type = json.loads(f.read_text()).get("model_type")
+    served = [get(name) for name in FAMILIES if get(name).serves(model_type)]
+    # No family serves it: the default family's reader refuses it, saying what it needs and what it found.
+    return (served[0] if served else get(DEFAULT)).Config.from_dir(path)

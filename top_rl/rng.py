@@ -1,0 +1,34 @@
+"""Every global RNG of a process (python, numpy, torch CPU and CUDA): seeded at start, saved with each
+checkpoint and restored on resume, so a resumed run is the run that never stopped."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+
+def state() -> dict:
+    """This process's RNG states (python, numpy, torch CPU and CUDA)."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed(seed: int) -> None:
+    """Seed this process's global RNGs (driver and trainer ranks). Nothing draws from them today (seeds
+    are pure functions of the step); if something ever does, a fresh run is reproducible and a resume
+    restores the states saved with the checkpoint."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
