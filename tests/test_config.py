@@ -96,3 +96,18 @@ def test_dry_run_plan_shows_the_placement():
     plan = launch_plan(cfg)
     assert plan["trainer"]["world_size"] == 2 and plan["ray"]["engine_bundle"] == [1]
     assert plan["ray"]["bundles"] == [{"CPU": 2.0, "GPU": 1.0}, {"CPU": 4.0, "GPU": 1.0}]
+
+
+def test_task_sections_are_typed_by_their_task():
+    """Each task group file starts from its task's dataclass: unknown keys and wrong types fail at compose."""
+    with pytest.raises(ConfigError, match=r"task\.max_operand.*could not be converted to Integer"):
+        compose(["task.max_operand=abc"])
+    with pytest.raises(ConfigError, match=r"Key 'no_such_key' not in 'Gsm8kConfig'"):
+        compose(["task=gsm8k", "task.no_such_key=1"])
+    assert compose(["task=gsm8k"]).task["reward_mode"] == "strict"
+
+
+def test_importing_the_config_loads_no_runtime():
+    code = "import sys, top_rl.config; print(sorted(m for m in ('torch', 'ray', 'megatron') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -32,6 +32,11 @@ def _register_schema() -> None:
 
     from top_rl.config import RunConfig
 
+    from top_rl.tasks import TASKS
+
+    store = ConfigStore.instance()
+    for name, (task_config, _) in TASKS.items():  # each task group file starts from its task's own dataclass
+        store.store(group="task", name=f"{name}_schema", node=task_config)
     node = OmegaConf.structured(RunConfig)
     with open_dict(node):
         node.hydra = HYDRA_SETTINGS
