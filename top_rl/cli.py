@@ -79,6 +79,7 @@ def compose(overrides: list[str]):
 def launch_plan(cfg) -> dict:
     """What `dry_run=true` prints: engines (with full commands for SGLang), trainer layout, contract, Ray."""
     from top_rl import contract
+    from top_rl.config import kernel_backend
 
     top = contract.get(cfg.top.contract)
     engines = []
@@ -88,8 +89,7 @@ def launch_plan(cfg) -> dict:
 
             engines.append(sglang_plan(cfg, index=i))
         else:
-            engines.append({"kind": "native", "in_process": True, "kernels": cfg.top.kernels if cfg.top.enabled
-                            else "plain", "logprob_source": cfg.rollout.logprob_source, "dtype": cfg.model.dtype})
+            engines.append({"kind": "native", "in_process": True, "kernels": kernel_backend(cfg), "logprob_source": cfg.rollout.logprob_source, "dtype": cfg.model.dtype})
     from top_rl import placement
 
     t = cfg.trainer
@@ -103,7 +103,7 @@ def launch_plan(cfg) -> dict:
         "engines": engines,
         "trainer": {"framework": "megatron-core", "dp": t.dp, "tp": t.tp, "pp": t.pp, "cp": t.cp, "world_size": world,
                     "dtype": cfg.model.dtype, "recompute": "full, non-reentrant" if t.recompute else "off",
-                    "kernels": cfg.top.kernels if cfg.top.enabled else "plain"},
+                    "kernels": kernel_backend(cfg)},
         "ray": {"address": cfg.cluster.address or "local", "placement": plan.describe(), "bundles": plan.bundles,
                 "engine_bundle": plan.engine_bundle, "trainer_bundle": plan.trainer_bundle,
                 "weight_transport": cfg.cluster.weight_transport},
@@ -137,6 +137,7 @@ def _hydra_entry():
             last = loop.run(cfg)
         # Refusals and stops whose message is the whole story: no traceback.
         except (RunStopped, ParityViolation, *REFUSALS) as e:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # exiting now: a late Ctrl-C must not kill the exit path
             print(f"top-rl: {e}", file=sys.stderr, flush=True)
             sys.exit(getattr(e, "exit_code", 1))
         print(json.dumps({"run_dir": cfg.run_dir, "final": last}, default=str))
@@ -153,6 +154,7 @@ def main() -> None:
         _register_schema()
         _hydra_entry()()
     except KeyboardInterrupt:  # before the run started (inside it, RunGuard reports it as RunStopped)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         print(f"top-rl: interrupted ({faults.startup_signal_name()}) before the run started; nothing was written",
               file=sys.stderr, flush=True)
         sys.exit(128 + int(signal.Signals[faults.startup_signal_name()]))

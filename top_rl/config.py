@@ -18,16 +18,18 @@ from top_rl.kernels import KernelBackend
 from top_rl.checkpoint import CheckpointConfig
 from top_rl.placement import ClusterConfig
 from top_rl.model.source import ModelConfig
-from top_rl.rl.config import AlgoConfig, OnViolation
+from top_rl.rl.config import AlgoConfig, GateConfig
 from top_rl.rollout.config import RolloutConfig
 from top_rl.tracking import TrackingConfig
 from top_rl.train import TrainerConfig
 
 
 @dataclass
-class TopConfig:
-    enabled: bool = True  # false: the non-TOP baseline (plain kernels both sides, parity logged, no gate)
-    on_violation: OnViolation = OnViolation.halt
+class TopConfig(GateConfig):
+    """TOP's switch and gate (GateConfig: enabled, on_violation; the trainer's gate reads this object itself), and
+    what both sides run: the contract, its kernels and the attention backend. enabled=false is the non-TOP
+    baseline (plain kernels both sides, parity logged, no gate)."""
+
     contract: str = contract.DEFAULT.name  # a name in top_rl.contract.CONTRACTS
     kernels: KernelBackend = KernelBackend.reference  # reference (CPU/any device) | sglang (GPU); plain is the baseline's
     attention_backend: AttentionBackend = AttentionBackend.triton  # = the SGLang engines' --attention-backend

@@ -32,8 +32,7 @@ def run(cfg: RunConfig) -> dict:
     ready = preflight.check(cfg)
     task, model_cfg, max_prompt_len = ready.task, ready.model_cfg, ready.max_prompt_len
     rng.seed(cfg.seed)
-    gate_cfg = gate.GateConfig(enabled=cfg.top.enabled, on_violation=cfg.top.on_violation)
-    step_cfg = RLStepConfig(loss=cfg.algo.loss, gate=gate_cfg, dump_dir=str((run_dir / "parity").resolve()))
+    step_cfg = RLStepConfig(loss=cfg.algo.loss, gate=cfg.top, dump_dir=str((run_dir / "parity").resolve()))
     # One run per run_dir; SIGINT/SIGTERM stop the run after a checkpointed step; a dead trainer stops it
     # naming the checkpoint.
     with faults.RunGuard(run_dir) as guard, run_lock.RunLock(run_dir), contextlib.ExitStack() as cleanup:
@@ -80,7 +79,7 @@ def run(cfg: RunConfig) -> dict:
             report = cluster.rl_step(batch)
             t_train = time.perf_counter() - t1
             if report.violation is not None:
-                gate.act(gate.Verdict(None, report.violation, report.dump_path), step + 1, gate_cfg)
+                gate.act(gate.Verdict(None, report.violation, report.dump_path), step + 1, cfg.top)
             t2 = time.perf_counter()
             cluster.push_weights()
             t_push = time.perf_counter() - t2
