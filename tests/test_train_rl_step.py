@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 import torch
 
-from test_train_common import TEMPERATURE, reference_model, rollouts, tiny_config
+from test_train_common import TEMPERATURE, reference_model, tiny_config
 from top_rl.model import hf_state_dict
 from top_rl.rl import gate
 from top_rl.rl.batch import RLBatch, RLSample, RLStepConfig

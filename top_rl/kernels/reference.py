@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from top_rl.kernels.reference_attention import attention, decode_attention
+from top_rl.kernels.reference_attention import attention, decode_attention  # noqa: F401  (ops of this backend module)
 from top_rl.kernels.tiled_gemm import acc_dtype, matmul_nt
 
 

@@ -29,7 +29,7 @@ def sequence_logprobs(model, sequences: list[list[int]], starts: list[int], temp
     when temperature is None, else the sampler path (§6.2) at that temperature."""
     ids, pos, cu = pack(sequences, model.cos_sin.device)
     logits = model(ids, pos, cu)
-    rows, targets, temps = [], [], []
+    rows, targets = [], []
     bounds = cu.tolist()
     for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
         rows.append(torch.arange(s + starts[i] - 1, e - 1))

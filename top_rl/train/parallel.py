@@ -83,8 +83,8 @@ def groups():
     }
 
 
-def layer_offset(tc: TransformerConfig, pp_rank: int) -> int:
-    """Global index of this stage's first layer (Megatron's even split; layer_number is 1-based)."""
+def layer_offset(tc, pp_rank: int) -> int:
+    """Global index of this stage's first layer for Megatron TransformerConfig `tc` (its even split)."""
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     return get_transformer_layer_offset(tc, None, pp_rank)

@@ -48,7 +48,6 @@ def hf_state_dict(model) -> dict[str, torch.Tensor]:
 def load_hf_state_dict(model, sd: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
     """Copy HF-named tensors into the model; each parameter keeps its contract dtype (fp32 norms and
     embedding hold the sent values exactly, linears round to the compute dtype, as SGLang's copy_ does)."""
-    cfg = model.cfg
 
     def take(name):
         try:
