@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -157,7 +158,11 @@ def main() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         print(f"top-rl: interrupted ({faults.startup_signal_name()}) before the run started; nothing was written",
               file=sys.stderr, flush=True)
-        sys.exit(128 + int(signal.Signals[faults.startup_signal_name()]))
+        sys.stdout.flush()
+        # Not sys.exit: when the interrupt landed inside C code that ran Python through PyRun_String (pybind11's
+        # exec, during the torch/megatron imports), CPython has flagged it "unhandled" and would re-kill the
+        # process with SIGINT at exit (returncode -2) although it was handled here. Nothing is open yet.
+        os._exit(128 + int(signal.Signals[faults.startup_signal_name()]))
 
 
 def export_main(argv: list[str] | None = None) -> int:

@@ -116,6 +116,17 @@ def interrupt_on_signals() -> None:
         signal.signal(sig, _interrupt)
 
 
+def _record(signum, frame) -> None:
+    global _startup_signal
+    _startup_signal = signum
+
+
+def raise_if_interrupted() -> None:
+    """Raise the start-up interrupt that `_record` noted, if one came."""
+    if _startup_signal is not None:
+        raise KeyboardInterrupt
+
+
 def startup_signal_name() -> str:
     return signal.Signals(_startup_signal or signal.SIGINT).name
 
@@ -153,11 +164,20 @@ class RunGuard:
         a SIGTERM handler of its own (it aborts the process) when it initialises."""
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
-                self._previous[sig] = signal.signal(sig, self._on_signal)
+                signal.signal(sig, self._on_signal)
             except ValueError:  # not the main thread (e.g. run() called from a worker thread)
                 pass
+        raise_if_interrupted()  # one that came while Ray started
 
     def __enter__(self) -> "RunGuard":
+        # Until catch_signals, a signal is only noted: Ray forks its processes while it starts, and Python
+        # swallows an exception raised inside an at-fork hook ("Exception ignored in ..."), so raising where
+        # the signal lands could let the run go on as if never stopped. catch_signals raises it.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, _record)
+            except ValueError:  # not the main thread
+                pass
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
