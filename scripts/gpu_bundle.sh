@@ -10,6 +10,11 @@
 #               and friends: the GPU job (`scripts/gpu_run.sh e2e`)                           (~38 MiB)
 #   flashinfer  flashinfer-python (JIT-compiles on the device) + apache-tvm-ffi + cuda-tile   (~12 MiB)
 #   sglang_ref  what SGLang's own Qwen3ForCausalLM imports beyond core (tests/gpu/test_sglang_reference.py)
+#   deep_gemm   DeepGEMM's source (csrc, the Python package, its device headers, CUTLASS/CuTe and fmt headers) as
+#               one tarball, built on the device against its torch by scripts/build_deep_gemm.py (no published
+#               build loads under torch 2.11). From a git clone of $DEEPGEMM_REPO at $DEEPGEMM_REV with submodules;
+#               offline: DEEPGEMM_GIT_DIR (a git dir holding that commit), CUTLASS_INCLUDE and FMT_INCLUDE (dirs
+#               holding cute/ + cutlass/, and fmt/)                                           (~4 MiB)
 # Usage: bash scripts/gpu_bundle.sh [GROUP ...]   (default: core). gpu_run.sh installs every carried group.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +43,30 @@ RAY=(ray==2.60.0 jsonschema==4.25.1 referencing==0.36.2 jsonschema-specification
 RAY_DROP=(ray/jars ray/rllib ray/serve ray/data ray/llm ray/tune ray/train ray/dashboard/client/build)
 FLASHINFER=(flashinfer-python==0.6.7.post3 apache-tvm-ffi==0.1.15.post2 cuda-tile==1.7.0)
 SGLANG_REF=(compressed-tensors==0.20.1 loguru==0.7.3 msgspec==0.22.0 gguf==0.19.0 einops==0.8.2)  # SGLang's Qwen3 (+einops: insurance)
+
+DEEPGEMM_REPO=${DEEPGEMM_REPO:-https://github.com/sgl-project/DeepGEMM}
+DEEPGEMM_REV=${DEEPGEMM_REV:-a348cd95a8ddfd3ef337b595d8e8b841c0d9cf0f}  # main = upstream DeepGEMM 2.5.0, 2026-06-02
+
+deep_gemm_src() {  # pack DeepGEMM's source into $ROOT/deep_gemm/deep_gemm_src-REV.tar.gz
+  local out="$ROOT/deep_gemm/deep_gemm_src-${DEEPGEMM_REV:0:12}.tar.gz" tmp
+  [ -f "$out" ] && return 0
+  tmp=$(mktemp -d)
+  mkdir -p "$ROOT/deep_gemm" "$tmp/src"
+  if [ -n "${DEEPGEMM_GIT_DIR:-}" ]; then
+    git --git-dir="$DEEPGEMM_GIT_DIR" archive "$DEEPGEMM_REV" csrc deep_gemm | tar -x -C "$tmp/src"
+  else
+    git clone -q "$DEEPGEMM_REPO" "$tmp/clone" && git -C "$tmp/clone" checkout -q "$DEEPGEMM_REV" &&
+      git -C "$tmp/clone" submodule update -q --init third-party/cutlass third-party/fmt
+    cp -r "$tmp/clone/csrc" "$tmp/clone/deep_gemm" "$tmp/src/"
+    CUTLASS_INCLUDE=${CUTLASS_INCLUDE:-$tmp/clone/third-party/cutlass/include}
+    FMT_INCLUDE=${FMT_INCLUDE:-$tmp/clone/third-party/fmt/include}
+  fi
+  cp -r "$CUTLASS_INCLUDE/cute" "$CUTLASS_INCLUDE/cutlass" "$tmp/src/deep_gemm/include/"  # where its JIT looks
+  mkdir -p "$tmp/src/third-party/fmt/include" && cp -r "$FMT_INCLUDE/fmt" "$tmp/src/third-party/fmt/include/"
+  echo "$DEEPGEMM_REV" >"$tmp/src/REVISION"
+  tar -C "$tmp/src" -czf "$out" .
+  rm -rf "$tmp"
+}
 
 download() {  # download DEST PKG...
   local dest=$1; shift
@@ -82,7 +111,8 @@ for g in "${groups[@]}"; do
     ray) download "$ROOT/ray" "${RAY[@]}"; slim_ray ;;
     flashinfer) download "$ROOT/flashinfer" "${FLASHINFER[@]}" ;;
     sglang_ref) download "$ROOT/sglang_ref" "${SGLANG_REF[@]}" ;;
-    *) echo "gpu_bundle.sh: unknown group '$g' (core, ray, flashinfer, sglang_ref)" >&2; exit 2 ;;
+    deep_gemm) deep_gemm_src ;;
+    *) echo "gpu_bundle.sh: unknown group '$g' (core, ray, flashinfer, sglang_ref, deep_gemm)" >&2; exit 2 ;;
   esac
   size=$(du -sb "$ROOT/$g" 2>/dev/null | cut -f1 || echo 0)
   total=$((total + size))

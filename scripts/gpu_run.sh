@@ -7,7 +7,8 @@
 # script stays under the tool's 10-minute limit. Extra pytest args: PYTEST_ARGS="-k invariance"; test files:
 # PYTEST_PATHS="tests/gpu/test_a.py tests/gpu/test_b.py" (default tests/gpu).
 # `bench-trainer` (its own call: ~5-8 minutes) runs bench/trainer_step.py, TOP trainer vs stock Megatron-core
-# (TOP_RL_BENCH_QUICK=1 or TOP_RL_BENCH_MODELS=qwen3-0.6b: one model; TOP_RL_BENCH_BUDGET_S: when it stops
+# (TOP_RL_BENCH_QUICK=1 or TOP_RL_BENCH_MODELS=qwen3-0.6b: one model; TOP_RL_BENCH_ARGS: more flags of
+# bench/trainer_step.py; TOP_RL_BENCH_BUDGET_S: when it stops
 # starting workers, default 420).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,13 +31,22 @@ else
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
+# DeepGEMM from source (carry .gpu_bundle/deep_gemm; scripts/build_deep_gemm.py): its `_C` comes back in $OUT
+# (deep_gemm_C.so); copied into .gpu_bundle/deep_gemm/ and carried, it skips the build next time.
+DG_SRC=$(compgen -G ".gpu_bundle/deep_gemm/deep_gemm_src-*.tar.gz" | head -n 1)
+if [[ -n "$DG_SRC" ]]; then
+  timeout "${DEEPGEMM_BUILD_TIMEOUT:-300}" "$PY" scripts/build_deep_gemm.py "$DG_SRC" "$SITE" \
+    --prebuilt .gpu_bundle/deep_gemm/deep_gemm_C.so --keep "$OUT" >"$OUT/deep_gemm_build.log" 2>&1 ||
+    echo "gpu_run: DeepGEMM build failed (see deep_gemm_build.log)"
+fi
+
 {
   echo "# TOP-RL GPU run ($(date -u +%FT%TZ), attention backend $TOP_RL_ATTENTION_BACKEND)"
   echo
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
   "$PY" -W ignore - <<'PYEOF' 2>/dev/null
 import importlib
-for m in ("torch", "triton", "sglang", "megatron.core"):
+for m in ("torch", "triton", "sglang", "megatron.core", "deep_gemm"):
     try:
         mod = importlib.import_module(m)
         print(f"{m}: {getattr(mod, '__version__', '?')}")
@@ -88,7 +98,8 @@ if [[ "$WHAT" == all || "$WHAT" == bench ]]; then
 fi
 
 if [[ "$WHAT" == bench-trainer ]]; then
-  timeout "${BENCH_TRAINER_TIMEOUT:-540}" "$PY" bench/trainer_step.py --out "$OUT" >"$OUT/bench_trainer_step.log" 2>&1
+  # shellcheck disable=SC2086  # TOP_RL_BENCH_ARGS: extra flags, e.g. "--no-before --profile none"
+  timeout "${BENCH_TRAINER_TIMEOUT:-540}" "$PY" bench/trainer_step.py --out "$OUT" ${TOP_RL_BENCH_ARGS:-} >"$OUT/bench_trainer_step.log" 2>&1
   rc=$?
   echo "bench trainer_step exit code: $rc ($(( $(date +%s) - T0 )) s since start)" >>"$OUT/summary.md"
   if [[ -f "$OUT/trainer_step.md" ]]; then

@@ -3,9 +3,15 @@ batch invariance at 1..4096 rows with torch.equal on every Qwen3-0.6B GEMM shape
 
 Skipped where `deep_gemm` does not import: on the lent H200 (torch 2.11) no published build loads (sgl-deep-gemm
 0.2.x's _C.so needs c10::cuda::CUDAErrorLogCapture, which torch 2.11 does not export; PyPI has no sdist to rebuild).
+A build from source (`scripts/gpu_bundle.sh deep_gemm`, built there by scripts/build_deep_gemm.py) imports; its
+first GEMM runs in a subprocess first, so a crash fails these tests with its signal instead of killing pytest.
 """
 
 from __future__ import annotations
+
+import functools
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -21,6 +27,32 @@ except Exception as e:  # noqa: BLE001
     _WHY = f"deep_gemm does not import here: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
 
 pytestmark = [needs_cuda, pytest.mark.gpu, pytest.mark.skipif(_WHY is not None, reason=_WHY or "")]
+
+_PROBE = """
+import torch, deep_gemm
+a = torch.randn(256, 1024, device="cuda").bfloat16()
+w = torch.randn(1024, 1024, device="cuda").bfloat16()
+out = torch.empty(256, 1024, device="cuda", dtype=torch.bfloat16)
+deep_gemm.bf16_gemm_nn(a, w.t(), out)
+torch.cuda.synchronize()
+"""
+
+
+@functools.cache
+def _probe() -> str | None:
+    """None when one bf16_gemm_nn runs in a fresh process; else what happened (a crash would kill pytest)."""
+    proc = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=600)
+    if proc.returncode == 0:
+        return None
+    how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
+    return f"deep_gemm.bf16_gemm_nn crashed in a subprocess probe ({how}): {proc.stderr.strip()[-600:]}"
+
+
+@pytest.fixture(autouse=True)
+def _deepgemm_runs():
+    why = _probe()
+    if why:
+        pytest.fail(why)
 
 
 def _deepgemm_mm(x, w):

@@ -1,0 +1,101 @@
+"""Build DeepGEMM's `_C` extension against this machine's torch and install it as the package `deep_gemm`.
+
+No published DeepGEMM build loads under the lent H200's torch 2.11 (sgl-deep-gemm's `_C.so` was built for another
+torch, and its wheel lacks the source to rebuild), so scripts/gpu_bundle.sh packs the source (csrc, the Python
+package, its device headers with CUTLASS/CuTe, fmt) and this script compiles the one host-side file,
+csrc/python_api.cpp, with torch's extension builder, as DeepGEMM's own setup.py does. Its kernels are compiled at
+run time by its JIT (nvcc from CUDA_HOME, cache in ~/.deep_gemm), from the headers installed here.
+
+  python scripts/build_deep_gemm.py SRC.tar.gz SITE_DIR [--prebuilt _C.so] [--keep OUT_DIR]
+--prebuilt: a `_C` built by an earlier run for the same torch (skips the ~minutes of compiling); --keep: copy the
+built `_C` there (to carry it next time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import sysconfig
+import tarfile
+import time
+from pathlib import Path
+
+
+def _cuda_ldflags(cuda_home: str) -> list[str]:
+    """Link the CUDA runtime and NVRTC that torch itself loads (its pip `nvidia` packages) when it has them: a
+    second, toolkit copy of libcudart in the process is not the one torch initialised."""
+    import glob
+
+    import torch
+
+    site = Path(torch.__file__).parent.parent
+    flags = []
+    for lib in ("cudart", "nvrtc"):
+        found = sorted(glob.glob(str(site / "nvidia" / "**" / f"lib{lib}.so.*[0-9]"), recursive=True))
+        if found and os.environ.get("DG_LINK_TOOLKIT_CUDA") != "1":
+            d = os.path.dirname(found[0])
+            flags += [f"-L{d}", f"-l:{os.path.basename(found[0])}", f"-Wl,-rpath,{d}"]
+        else:
+            flags += [f"-L{cuda_home}/lib64", f"-l{lib}"]
+    print(f"deep_gemm: link {' '.join(flags)}", flush=True)
+    return flags
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("src")
+    p.add_argument("site")
+    p.add_argument("--prebuilt")
+    p.add_argument("--keep")
+    args = p.parse_args(argv)
+
+    import torch
+    from torch.utils import cpp_extension
+
+    t0 = time.time()
+    work = Path("/tmp/top_rl_deep_gemm")
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "src").mkdir(parents=True)
+    with tarfile.open(args.src) as tar:
+        tar.extractall(work / "src", filter="data")
+    src = work / "src"
+    rev = (src / "REVISION").read_text().strip()
+    pkg = Path(args.site) / "deep_gemm"
+    shutil.rmtree(pkg, ignore_errors=True)
+    shutil.copytree(src / "deep_gemm", pkg)  # the Python package and include/ (its JIT's headers)
+    so_name = "_C" + sysconfig.get_config_var("EXT_SUFFIX")
+    stamp = f"deep_gemm {rev} torch {torch.__version__} cuda {torch.version.cuda}"
+
+    if args.prebuilt and Path(args.prebuilt).exists() and Path(args.prebuilt + ".stamp").exists() \
+            and Path(args.prebuilt + ".stamp").read_text().strip() == stamp:
+        shutil.copy(args.prebuilt, pkg / so_name)
+        print(f"deep_gemm: prebuilt _C for {stamp}", flush=True)
+        return 0
+
+    cuda_home = cpp_extension.CUDA_HOME
+    print(f"deep_gemm: building {stamp}, CUDA_HOME={cuda_home}", flush=True)
+    build = work / "build"
+    build.mkdir()
+    os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 8))
+    cpp_extension.load(
+        name="_C",
+        sources=[str(src / "csrc" / "python_api.cpp")],
+        extra_include_paths=[f"{cuda_home}/include", f"{cuda_home}/include/cccl", str(src / "deep_gemm" / "include"),
+                             str(src / "third-party" / "fmt" / "include")],
+        extra_cflags=["-O3", "-Wno-psabi", "-Wno-deprecated-declarations"],
+        extra_ldflags=_cuda_ldflags(cuda_home),
+        build_directory=str(build), with_cuda=True, is_python_module=False, verbose=False)
+    built = next(build.glob("_C*.so"))
+    shutil.copy(built, pkg / so_name)
+    print(f"deep_gemm: built in {time.time() - t0:.0f} s -> {pkg / so_name}", flush=True)
+    if args.keep:
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(built, Path(args.keep) / "deep_gemm_C.so")
+        (Path(args.keep) / "deep_gemm_C.so.stamp").write_text(stamp + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
