@@ -124,10 +124,11 @@ class StockRunner:
 
 
 class TopBaselineRunner(TopRunner):
-    """The TOP trainer with this branch's speedups switched off: eager elementwise backwards and the
-    memory-efficient attention backward (≈ the trainer before issue 12; set in run_worker before any import)."""
+    """The TOP trainer with this branch's speedups switched off: eager elementwise forwards (RMSNorm, SiLU-and-mul)
+    and backwards, and the memory-efficient attention backward (≈ the trainer before issue 12; set in run_worker
+    before any import)."""
 
-    ENV = {"TOP_RL_FUSED_BACKWARD": "0", "TOP_RL_ATTENTION_BACKWARD": "efficient"}
+    ENV = {"TOP_RL_FUSED_FORWARD": "0", "TOP_RL_FUSED_BACKWARD": "0", "TOP_RL_ATTENTION_BACKWARD": "efficient"}
 
 
 RUNNERS = {"top": TopRunner, "top_base": TopBaselineRunner, "stock": StockRunner}
@@ -192,7 +193,7 @@ def run_worker(args) -> None:
         if device.type == "cuda":
             sglang_attention.set_attention_backend(attn)
         note = f"kernels {kernels.backend_name()}, attention {attn}" + (
-            " (fused backwards off, memory-efficient attention backward)" if args.impl == "top_base" else "")
+            " (fused forwards/backwards off, memory-efficient attention backward)" if args.impl == "top_base" else "")
     else:
         from bench import _stock_attention, _stock_gpt
 
@@ -222,9 +223,10 @@ def run_worker(args) -> None:
                 break
             mbt //= 2
     if args.impl in ("top", "top_base") and device.type == "cuda":
-        from top_rl.kernels import sglang_attention, sglang_backward
+        from top_rl.kernels import sglang_attention, sglang_backward, sglang_fused_forward
 
         fell_back = [f"{op} backward not compiled ({why})" for op, why in sglang_backward._failed.items()]
+        fell_back += [f"{op} fused forward failed ({why})" for op, why in sglang_fused_forward._failed.items()]
         fell_back += [f"flash attention backward failed ({why[:200]})" for why in sglang_attention._flash_backward_failed]
         if fell_back:
             emit("NOTE", {"model": args.model, "impl": args.impl, "recompute": args.recompute == "on",

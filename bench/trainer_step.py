@@ -8,7 +8,7 @@ Same model shape, same ~16k-token batch of mixed-length sequences, same scored r
 (Megatron DDP + Adam, fp32 master weights), recompute on and off: step time, tokens/s, MFU (model FLOPs,
 recompute not counted, against 790 TFLOP/s), peak memory; and a torch.profiler table of GPU time per op family.
 "TOP before" (first model, recompute on) is the TOP trainer with the issue-12 speedups switched off (eager
-elementwise backwards, memory-efficient attention backward): the before/after of this code in one run.
+elementwise forwards and backwards, memory-efficient attention backward): the before/after of this code in one run.
 
 Each (model, trainer, recompute) runs in its own process (bench/_trainer_worker.py) with a timeout; tables are printed as
 workers finish and in full at the end (also written to $OUT/trainer_step.md when $OUT is set).
@@ -52,7 +52,7 @@ def parse(argv=None):
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--profile", default="on", help="profile the step with recompute on | off | none")
     p.add_argument("--no-before", dest="before", action="store_false",
-                   help="skip the 'TOP before' row (fused backwards off, memory-efficient attention backward)")
+                   help="skip the 'TOP before' row (fused forwards/backwards off, memory-efficient attention backward)")
     p.add_argument("--budget-s", type=float, default=float(os.environ.get("TOP_RL_BENCH_BUDGET_S", 420)),
                    help="stop starting workers past this many seconds (the device call allows 600)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (the first compiles)")

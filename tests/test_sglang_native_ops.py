@@ -110,6 +110,29 @@ def test_qk_rmsnorm(x_dtype):
     assert theirs.dtype == torch.float32  # fp32 weight x bf16 value promotes (§4.4)
 
 
+@pytest.mark.parametrize("case", ["no_residual", "fp32_residual", "qk"])
+@pytest.mark.parametrize("x_dtype", DTYPES)
+def test_sglang_backend_eager_rmsnorm_chain(case, x_dtype):
+    """The eager chain the `sglang` backend's fused RMSNorm forward is proven bitwise against on the GPU
+    (sglang_fused_forward.rms_norm_eager, tests/gpu/test_fused_forward.py) is SGLang's forward_native, with
+    torch.mean standing for mean_BI here."""
+    from top_rl.kernels.sglang_fused_forward import rms_norm_eager
+
+    hidden = 128 if case == "qk" else 256
+    w = _randn(hidden, seed=40)
+    kw = {} if case == "qk" else dict(override_orig_dtype=torch.float32, fp32_residual=True)
+    n = _sglang_rmsnorm(hidden, w, **kw)
+    x = _randn(T, hidden, dtype=x_dtype, seed=41) * 3
+    r = _randn(T, hidden, seed=42) * 4 if case == "fp32_residual" else None
+    theirs = n.forward_native(x) if r is None else n.forward_native(x, r.clone())
+    out, new_residual, *_ = rms_norm_eager(x, w, r, EPS, x_dtype if case == "qk" else torch.float32, torch.mean)
+    if r is None:
+        _assert_equal(out, theirs, f"eager rms_norm chain ({case}, {x_dtype})")
+    else:
+        _assert_equal(out, theirs[0], f"eager rms_norm chain ({case}, {x_dtype}) output")
+        _assert_equal(new_residual, theirs[1], f"eager rms_norm chain ({case}, {x_dtype}) new residual")
+
+
 # ---------------------------------------------------------------- RoPE
 
 ROPE_CASES = [(128, 1_000_000, 40960), (64, 10_000, 2048)]  # (head_dim, base, max_position): Qwen3, small
@@ -208,3 +231,6 @@ def test_silu_and_mul(shape, dtype):
     assert op._forward_method == op.forward_native
     g = _randn(*shape, dtype=dtype, seed=30) * 3
     _assert_equal(K.silu_and_mul(g), op.forward_native(g), f"silu_and_mul {dtype}")
+    from top_rl.kernels.sglang_fused_forward import silu_and_mul_eager  # the sglang backend's eager chain
+
+    _assert_equal(silu_and_mul_eager(g), op.forward_native(g), f"sglang backend's eager silu_and_mul {dtype}")

@@ -4,9 +4,11 @@ Forward = what the engine runs in rl mode (docs/numerics.md §2, §4), by callin
   linear        `matmul_persistent(x, W.t())` (mm_BI), as F.linear -> aten::mm under the engine's override; the
                 GEMM inside it is the one the process's TOP contract names (`gemm`: SGLang's Triton persistent
                 kernel, or DeepGEMM's bf16_gemm_nn), pinned through SGLang's env switch as on the engine
-  rms_norm      RMSNorm.forward_native with `mean` = `mean_dim` (mean_BI); pow/rsqrt/mul are native ops
+  rms_norm      RMSNorm.forward_native with `mean` = `mean_dim` (mean_BI); pow/rsqrt/mul are native ops (on CUDA
+                the elementwise ops around mean_BI run as two Triton passes, bitwise the same: sglang_fused_forward.py)
   rope          torch.compile(dynamic=True)(sglang...rotary_embedding.utils.apply_rotary_emb), NeoX
-  silu_and_mul  SiluAndMul.forward_native: F.silu(g[..., :I]) * g[..., I:] (native, as rl mode forces)
+  silu_and_mul  SiluAndMul.forward_native: F.silu(g[..., :I]) * g[..., I:] (native, as rl mode forces; on CUDA
+                one Triton pass, bitwise the same)
   log-probs     `log_softmax` (lsm_BI): fp32 for the prefill path, bf16 in/out for the sampler path
   attention     top_rl.kernels.attention (the engine's --attention-backend kernel)
 Backwards use native torch ops (cuBLAS GEMMs; RMSNorm, RoPE and SiLU-and-mul each one kernel compiled from the
@@ -33,6 +35,7 @@ from top_rl import contract as _contract
 from top_rl.kernels import reference as _ref
 from top_rl.kernels import sglang_attention as _attention
 from top_rl.kernels import sglang_backward as _fused
+from top_rl.kernels import sglang_fused_forward as _fused_forward
 
 CONTRACT_ENV = "TOP_RL_CONTRACT"  # the contract name this process computes under (default: contract.DEFAULT)
 _contract_name: str | None = None
@@ -186,21 +189,14 @@ def row_linear(x, w, group=None):
 
 
 class _RMSNorm(_ref._RMSNorm):
-    """forward_native (weight fp32, cast_x_before_out_mul, fp32 residual) with mean = mean_BI; the
-    reference's analytic backward, fused."""
+    """forward_native (weight fp32, cast_x_before_out_mul, fp32 residual) with mean = mean_BI, on CUDA as two
+    Triton passes around mean_BI with the same bits (sglang_fused_forward.py); the reference's analytic backward,
+    fused."""
 
     @staticmethod
     def forward(ctx, x, w, residual, eps, out_dtype):
-        orig = out_dtype or x.dtype
-        xf = x.contiguous().to(torch.float32)
-        new_residual = None
-        if residual is not None:
-            xf = xf + residual.to(torch.float32)
-            new_residual = xf.clone()
-        rstd = torch.rsqrt(ops().mean(xf.pow(2), -1, keepdim=True) + eps)
-        n = xf * rstd
-        n_cast = n.to(orig)
-        out = w * n_cast
+        out, new_residual, n, rstd, n_cast = _fused_forward.rms_norm(x, w, residual, eps, out_dtype or x.dtype,
+                                                                     ops().mean)
         ctx.save_for_backward(n, rstd, w, n_cast)
         ctx.dtypes = (x.dtype, None if residual is None else residual.dtype)
         return out if residual is None else (out, new_residual)

@@ -1,10 +1,10 @@
 """The `sglang` backend's elementwise backwards (RMSNorm, RoPE, SiLU-and-mul, log-softmax), each one compiled kernel.
 
-The forwards stay the engine's own eager ops: their bits are the contract. Gradients need to be right, not
-bitwise anything, so the reference backend's analytic formulas (top_rl/kernels/reference.py) run through
-`torch.compile` here: one pass over the activations instead of ~10 eager kernels, each reading and writing a
-[tokens, hidden] fp32 tensor. Should compiling fail in this process, that op's eager formula runs from then on,
-after one warning: same gradients, slower.
+The forwards give the engine's own eager ops' bits: they are the contract (RMSNorm and SiLU-and-mul run bitwise
+equal Triton passes, sglang_fused_forward.py). Gradients need to be right, not bitwise anything, so the reference
+backend's analytic formulas (top_rl/kernels/reference.py) run through `torch.compile` here: one pass over the
+activations instead of ~10 eager kernels, each reading and writing a [tokens, hidden] fp32 tensor. Should compiling
+fail in this process, that op's eager formula runs from then on, after one warning: same gradients, slower.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import warnings
 import torch
 
 from top_rl.kernels import reference as _ref
+from top_rl.kernels import sglang_fused_forward as _fused_forward
 
 ENV = "TOP_RL_FUSED_BACKWARD"  # "0": the eager formulas (A/B measurements, bench/trainer_step.py)
 _compiled: dict = {}
@@ -83,7 +84,13 @@ def token_logprobs_grad(logits, ids, temperature, g):
 
 
 class SiluAndMul(_ref._SiluAndMul):
-    """SGLang's native forward (the reference's, bitwise: tests/test_sglang_native_ops.py), fused backward."""
+    """SGLang's native forward (the reference's, bitwise: tests/test_sglang_native_ops.py; on CUDA one Triton pass
+    with the same bits, sglang_fused_forward.py), fused backward."""
+
+    @staticmethod
+    def forward(ctx, g):
+        ctx.save_for_backward(g)
+        return _fused_forward.silu_and_mul(g)
 
     @staticmethod
     def backward(ctx, go):

@@ -1,0 +1,81 @@
+"""The `sglang` backend's RMSNorm and SiLU-and-mul forwards: the engine's eager chains, or one Triton pass each.
+
+The engine runs the eager chains below (SGLang rl mode, forward_native); on CUDA the trainer runs the kernels of
+top_rl/kernels/sglang_fused_triton.py instead, which give the same bits (that file says why; the GPU tests
+compare bit patterns). Fewer passes over [tokens, hidden] fp32 tensors is all they change. Elsewhere (CPU, odd
+dtypes or shapes), with TOP_RL_FUSED_FORWARD=0 (A/B measurements), or once a Triton launch failed in this
+process (after one warning), the eager chain runs: same bits, slower. Triton is imported on first CUDA use.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+ENV = "TOP_RL_FUSED_FORWARD"  # "0": the eager chains (bench/trainer_step.py's "TOP before" row)
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_failed: dict[str, str] = {}  # op -> the first launch error, once it fell back to eager
+
+
+def _run(name: str, fused, eager, *args):
+    if name not in _failed and os.environ.get(ENV, "1") != "0":
+        try:
+            return fused(*args)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any Triton import/compile/launch failure: the eager chain, same bits
+            _failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            warnings.warn(f"the fused {name} forward failed ({_failed[name]}); its eager chain runs from now on",
+                          RuntimeWarning, stacklevel=3)
+    return eager(*args)
+
+
+def _kernels():
+    from top_rl.kernels import sglang_fused_triton
+
+    return sglang_fused_triton
+
+
+# ------------------------------------------------------------------------------------------------- RMSNorm
+def rms_norm_eager(x, w, residual, eps, orig, mean):
+    """RMSNorm.forward_native (fp32 weight, cast_x_before_out_mul, fp32 residual) with mean = mean_BI, as the
+    engine runs it. Returns (out, new_residual or None, n, rstd, n_cast); the last three are what backward uses."""
+    xf = x.contiguous().to(torch.float32)
+    new_residual = None
+    if residual is not None:
+        xf = xf + residual.to(torch.float32)
+        new_residual = xf.clone()
+    rstd = torch.rsqrt(mean(xf.pow(2), -1, keepdim=True) + eps)
+    n = xf * rstd
+    n_cast = n.to(orig)
+    return w * n_cast, new_residual, n, rstd, n_cast
+
+
+def _rms_norm_fusable(x, w, residual, orig) -> bool:
+    return (x.is_cuda and w.is_cuda and x.numel() > 0 and x.dtype in _FLOATS and w.dtype in _FLOATS
+            and orig in _FLOATS and w.dim() == 1 and w.shape[0] == x.shape[-1]
+            and (residual is None or (residual.is_cuda and residual.dtype in _FLOATS and residual.shape == x.shape)))
+
+
+def rms_norm(x, w, residual, eps, orig, mean):
+    """rms_norm_eager's results, from the Triton kernels where they apply (module docstring)."""
+    if not _rms_norm_fusable(x, w, residual, orig):
+        return rms_norm_eager(x, w, residual, eps, orig, mean)
+    return _run("rms_norm", lambda *a: _kernels().rms_norm(*a), rms_norm_eager, x, w, residual, eps, orig, mean)
+
+
+# -------------------------------------------------------------------------------------------- SiLU-and-mul
+def silu_and_mul_eager(g):
+    """SiluAndMul.forward_native: F.silu(g[..., :d]) * g[..., d:]."""
+    d = g.shape[-1] // 2
+    return F.silu(g[..., :d]) * g[..., d:]
+
+
+def silu_and_mul(g):
+    """silu_and_mul_eager's result, from the Triton kernel where it applies (module docstring)."""
+    if not (g.is_cuda and g.dtype in _FLOATS and g.numel() > 0 and g.shape[-1] % 2 == 0):
+        return silu_and_mul_eager(g)
+    return _run("silu_and_mul", lambda *a: _kernels().silu_and_mul(*a), silu_and_mul_eager, g)
