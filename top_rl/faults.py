@@ -102,9 +102,13 @@ def resume_hint(run_dir: Path) -> str:
 _startup_signal: int | None = None
 
 
-def _interrupt(signum, frame) -> None:
+def _record(signum, frame) -> None:
     global _startup_signal
     _startup_signal = signum
+
+
+def _interrupt(signum, frame) -> None:
+    _record(signum, frame)
     raise KeyboardInterrupt
 
 
@@ -114,11 +118,6 @@ def interrupt_on_signals() -> None:
     it into a message). Also re-arms SIGINT when the process inherited it ignored."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _interrupt)
-
-
-def _record(signum, frame) -> None:
-    global _startup_signal
-    _startup_signal = signum
 
 
 def raise_if_interrupted() -> None:

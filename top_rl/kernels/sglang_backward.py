@@ -10,10 +10,10 @@ fail in this process, that op's eager formula runs from then on, after one warni
 from __future__ import annotations
 
 import os
-import warnings
 
 import torch
 
+from top_rl.kernels import fallback as _fallback
 from top_rl.kernels import reference as _ref
 from top_rl.kernels import sglang_fused_forward as _fused_forward
 
@@ -22,21 +22,20 @@ _compiled: dict = {}
 _failed: dict[str, str] = {}  # op -> the first compile/run error, once it fell back to eager
 
 
+def _compiled_fn(name: str, eager):
+    fn = _compiled.get(name)
+    if fn is None:
+        fn = _compiled[name] = torch.compile(eager, dynamic=True)
+    return fn
+
+
 def _run(name: str, eager, *args, fallback=None):
     """`eager` compiled (once per op), or `fallback` (default: `eager` itself) once compiling has failed."""
-    if name not in _failed and os.environ.get(ENV, "1") != "0":
-        fn = _compiled.get(name)
-        if fn is None:
-            fn = _compiled[name] = torch.compile(eager, dynamic=True)
-        try:
-            return fn(*args)
-        except torch.OutOfMemoryError:
-            raise
-        except Exception as e:  # noqa: BLE001 - any compiler failure: the eager formula is the same math
-            _failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-            warnings.warn(f"torch.compile of the {name} backward failed ({_failed[name]}); its eager formula runs "
-                          "from now on", RuntimeWarning, stacklevel=2)
-    return (fallback or eager)(*args)
+    slow = fallback or eager
+    if os.environ.get(ENV, "1") == "0":
+        return slow(*args)
+    return _fallback.run(_failed, name, f"torch.compile of the {name} backward", "its eager formula",
+                         lambda *a: _compiled_fn(name, eager)(*a), slow, *args)
 
 
 def rms_norm_grads(g_out, g_res, n, rstd, w, n_cast, x_dtype, res_dtype):

@@ -10,10 +10,11 @@ process (after one warning), the eager chain runs: same bits, slower. Triton is 
 from __future__ import annotations
 
 import os
-import warnings
 
 import torch
 import torch.nn.functional as F
+
+from top_rl.kernels import fallback as _fallback
 
 ENV = "TOP_RL_FUSED_FORWARD"  # "0": the eager chains (bench/trainer_step.py's "TOP before" row)
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -21,16 +22,9 @@ _failed: dict[str, str] = {}  # op -> the first launch error, once it fell back 
 
 
 def _run(name: str, fused, eager, *args):
-    if name not in _failed and os.environ.get(ENV, "1") != "0":
-        try:
-            return fused(*args)
-        except torch.OutOfMemoryError:
-            raise
-        except Exception as e:  # noqa: BLE001 - any Triton import/compile/launch failure: the eager chain, same bits
-            _failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-            warnings.warn(f"the fused {name} forward failed ({_failed[name]}); its eager chain runs from now on",
-                          RuntimeWarning, stacklevel=3)
-    return eager(*args)
+    if os.environ.get(ENV, "1") == "0":
+        return eager(*args)
+    return _fallback.run(_failed, name, f"the fused {name} forward", "its eager chain", fused, eager, *args)
 
 
 def _kernels():
