@@ -11,6 +11,7 @@ import types
 import pytest
 import torch
 
+from top_rl.kernels import packed_batch as pb
 from top_rl.kernels import sglang_attention as attn
 
 
@@ -60,6 +61,10 @@ class _Wrapper:
             _check_paged_kv(args[0])
         self.runs.append((args, kw))
         return torch.zeros_like(q)
+
+    def forward_return_lse(self, q, *args, **kw):  # flashinfer: the same call, plus the base-2 LSE [T, Hq]
+        self.lse_runs = getattr(self, "lse_runs", 0) + 1
+        return self.forward(q, *args, **kw), torch.full(q.shape[:2], 2.0)
 
 
 def _check_paged_kv(kv):
@@ -211,3 +216,63 @@ def test_attention_backward_kernel_choice(monkeypatch):
         assert attn.attention_backward(*args) == "efficient"
     assert attn.backward_kernel(torch.bfloat16) == "efficient"  # no second attempt
 
+
+
+def test_one_host_read_of_cu_seqlens_per_batch(fake_fi):
+    """Every layer gets the same cu_seqlens; reading it on the host (max length, the plan key) syncs the device,
+    so it is read once per tensor, not per layer: 28 layers, one read; a new batch or an in-place change, one more."""
+    q, k, v, cu = _qkv([0, 3, 5, 9])
+    cu = cu.to(torch.int32)  # the trainer's PackedSeqParams dtype
+    before = pb.host_reads
+    for _layer in range(28):
+        attn.attention(q, k, v, cu, 0.25)
+    assert pb.host_reads == before + 1
+    assert attn.FlashinferState.get("cpu").plan_count["prefill"] == 1
+    cu[2] = 4  # same tensor, new values: must be read again (and planned again)
+    attn.attention(q, k, v, cu, 0.25)
+    assert pb.host_reads == before + 2 and attn.FlashinferState.get("cpu").plan_count["prefill"] == 2
+    attn.attention(q, k, v, cu.clone(), 0.25)
+    assert pb.host_reads == before + 3
+
+
+def test_packed_batch_views():
+    cu = torch.tensor([0, 3, 3, 10], dtype=torch.int32)
+    b = pb.packed_batch(cu)
+    assert b.bounds == (0, 3, 3, 10) and b.lengths == (3, 0, 7) and b.max_len == 7 and b.num_tokens == 10
+    assert b.cu(torch.int32) is cu  # no copy of a tensor that already has the dtype
+    c64 = b.cu(torch.int64)
+    assert c64.dtype == torch.int64 and c64.tolist() == cu.tolist() and b.cu(torch.int64) is c64
+    built = []
+    assert b.derived("x", lambda: built.append(1) or torch.ones(1)) is b.derived("x", lambda: built.append(1))
+    assert built == [1]
+    assert pb.packed_batch(torch.tensor([0], dtype=torch.int32)).max_len == 0
+    with torch.inference_mode():
+        inf = torch.tensor([0, 2, 5])
+    assert pb.packed_batch(inf).max_len == 3 and pb.packed_batch(inf) is pb.packed_batch(inf)
+
+
+def test_forward_lse_kept_only_for_a_flash_backward_of_flashinfer(fake_fi, monkeypatch):
+    """flashinfer's forward returns the LSE the flash backward needs (so backward need not re-run a forward):
+    asked for only when a gradient will be taken, in bf16/fp16 (flash backward), and not when switched off."""
+    monkeypatch.delenv(attn.LSE_ENV, raising=False)
+    monkeypatch.delenv(attn.BACKWARD_ENV, raising=False)
+    q, k, v, cu = _qkv([0, 3, 5])
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    s = attn.FlashinferState.get("cpu")
+    attn.attention(q, k, v, cu, 0.5)  # no grad wanted
+    assert getattr(s.prefill, "lse_runs", 0) == 0
+    attn.attention(q.requires_grad_(), k, v, cu, 0.5)
+    assert s.prefill.lse_runs == 1
+    monkeypatch.setenv(attn.LSE_ENV, "0")
+    attn.attention(q, k, v, cu, 0.5)
+    assert s.prefill.lse_runs == 1
+    monkeypatch.delenv(attn.LSE_ENV)
+    attn.attention(q.float().detach().requires_grad_(), k.float(), v.float(), cu, 0.5)  # efficient backward
+    assert s.prefill.lse_runs == 1
+
+
+def test_lse_for_flash_is_natural_log_heads_first():
+    lse2 = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])  # [T=2, Hq=3], base 2
+    out = attn.lse_for_flash(lse2)
+    assert out.shape == (3, 2) and out.is_contiguous() and out.dtype == torch.float32
+    assert torch.allclose(out, lse2.t() * torch.log(torch.tensor(2.0)))

@@ -15,9 +15,10 @@ Our K/V are contiguous per packed sequence, so the "cache" the kernels read is t
 kv_indices = arange: the values and the kernel are the engine's, only the addresses differ.
 
 Backward (all forward backends): aten's varlen fused attention kernels, called directly with cu_seqlens
-and causal masking, so memory is O(L) (no dense mask, no L x L scores). The kernel's own forward is re-run
-inside backward only to get the log-sum-exp its backward needs; no autograd graph is recorded or
-differentiated there. Gradients need to be right, not batch-invariant (only forward log-probs are compared
+and causal masking, so memory is O(L) (no dense mask, no L x L scores). The backward needs the forward's
+log-sum-exp: flashinfer's forward returns it (base 2, [T, Hq]; converted, `_lse_for_flash`), the other
+forwards do not, so for them the flash kernel's own forward is re-run inside backward for it (no autograd
+graph is recorded or differentiated there; $TOP_RL_FLASHINFER_LSE=0 forces the re-run for flashinfer too). Gradients need to be right, not batch-invariant (only forward log-probs are compared
 bitwise), so the fastest correct kernel is used: FlashAttention-2 (aten `_flash_attention_*`, GQA native)
 for bf16/fp16, else memory-efficient attention (K/V heads repeated, their gradients summed).
 $TOP_RL_ATTENTION_BACKWARD=efficient forces the latter (A/B measurements); a flash call that raises falls
@@ -34,6 +35,7 @@ import warnings
 import torch
 
 from top_rl.contract import DEFAULT
+from top_rl.kernels.packed_batch import PackedBatch, packed_batch
 
 ENV_VAR = "TOP_RL_ATTENTION_BACKEND"
 BACKENDS = DEFAULT.attention_backends
@@ -89,21 +91,21 @@ def _triton_ops():
     return ext.extend_attention_fwd_unified, dec.decode_attention_fwd
 
 
-def _triton_prefill(q, k, v, cu_seqlens, scale, max_len):
+def _triton_prefill(q, k, v, batch: PackedBatch, scale, want_lse):
     extend_unified, _ = _triton_ops()
     o = torch.empty_like(q)
-    dev = q.device
-    bs = cu_seqlens.numel() - 1
+    dev, t, bs = q.device, q.shape[0], len(batch.lengths)
+    cu = batch.cu(torch.int64)
     extend_unified(
         q, o, k, v, 1.0, 1.0,  # k/v descale 1.0 as for an unquantised cache
-        cu_seqlens.to(torch.int64),  # qo_indptr
-        cu_seqlens.to(torch.int64),  # unified kv_indptr: no prefix, so the extend tokens themselves
-        torch.arange(q.shape[0], dtype=torch.int64, device=dev),
-        torch.zeros(bs, dtype=torch.int32, device=dev),  # prefix_lens
-        max_len,
+        cu,  # qo_indptr
+        cu,  # unified kv_indptr: no prefix, so the extend tokens themselves
+        batch.derived(("kv_indices", t), lambda: torch.arange(t, dtype=torch.int64, device=dev)),
+        batch.derived("prefix_lens", lambda: torch.zeros(bs, dtype=torch.int32, device=dev)),
+        batch.max_len,
         sm_scale=scale, is_causal=True,
     )
-    return o
+    return o, None  # the kernel does not return its log-sum-exp
 
 
 def _triton_decode(q, k_cache, v_cache, lengths, scale):
@@ -177,15 +179,19 @@ class FlashinferState:
         self.plan_count[kind] += 1
         return True
 
-    def run_prefill(self, q, k, v, cu_seqlens, scale):
+    def run_prefill(self, q, k, v, batch: PackedBatch, scale, want_lse=False):
+        """(out, lse or None). `want_lse`: also the kernel's base-2 log-sum-exp [T, Hq] (forward_return_lse: the
+        engine's forward with the same arguments, whose output is the same; tests/gpu/test_flashinfer.py)."""
         hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
-        cu = cu_seqlens.to(torch.int32)
-        key = (tuple(cu.tolist()), hq, hkv, d, q.dtype, k.dtype)
+        cu = batch.cu(torch.int32)
+        key = (batch.bounds, hq, hkv, d, q.dtype, k.dtype)
         if FLASHINFER_PREFILL == "ragged":
             if self._needs_plan("prefill", key):
                 self._keep["prefill"] = cu
                 self.prefill.begin_forward(cu, cu, hq, hkv, d, q_data_type=q.dtype, fixed_split_size=FLASHINFER_PREFILL_SPLIT)
-            return self.prefill.forward(q.contiguous(), k, v, causal=True, sm_scale=scale, logits_soft_cap=0.0)
+            call = self.prefill.forward_return_lse if want_lse else self.prefill.forward
+            res = call(q.contiguous(), k, v, causal=True, sm_scale=scale, logits_soft_cap=0.0)
+            return res if want_lse else (res, None)
         if self._needs_plan("prefill", key):
             indices = torch.arange(q.shape[0], dtype=torch.int32, device=q.device)
             last = torch.ones(cu.numel() - 1, dtype=torch.int32, device=q.device)
@@ -194,10 +200,12 @@ class FlashinferState:
                 cu, cu, indices, last, hq, hkv, d, 1, q_data_type=q.dtype, kv_data_type=k.dtype,
                 custom_mask=None, non_blocking=True, fixed_split_size=FLASHINFER_PREFILL_SPLIT,
             )
-        return self.prefill.forward(
+        call = self.prefill.forward_return_lse if want_lse else self.prefill.forward
+        res = call(
             q.contiguous(), kv_buffers(k, v), causal=True, sm_scale=scale, window_left=-1, logits_soft_cap=0.0,
             k_scale=None, v_scale=None,
         )
+        return res if want_lse else (res, None)
 
     def run_decode(self, q, k_cache, v_cache, lengths, scale):
         b, max_len, hkv, d = k_cache.shape
@@ -217,8 +225,8 @@ class FlashinferState:
         return self.decode.forward(q.contiguous(), kv, sm_scale=scale, logits_soft_cap=0.0, k_scale=None, v_scale=None)
 
 
-def _flashinfer_prefill(q, k, v, cu_seqlens, scale, max_len):
-    return FlashinferState.get(q.device).run_prefill(q, k, v, cu_seqlens, scale)
+def _flashinfer_prefill(q, k, v, batch: PackedBatch, scale, want_lse):
+    return FlashinferState.get(q.device).run_prefill(q, k, v, batch, scale, want_lse)
 
 
 def _flashinfer_decode(q, k_cache, v_cache, lengths, scale):
@@ -234,7 +242,8 @@ def _fa3():
         raise RuntimeError("attention backend 'fa3' needs sgl_kernel's FA3 build (sglang-kernel 0.4.1)") from e
 
 
-def _fa3_prefill(q, k, v, cu_seqlens, scale, max_len):
+def _fa3_prefill(q, k, v, batch: PackedBatch, scale, want_lse):
+    cu_seqlens, max_len = batch.cu(torch.int64), batch.max_len
     lengths = _lengths(cu_seqlens)
     b, t = lengths.numel(), q.shape[0]
     # page table row b = the token indices of sequence b (page size 1), padded with index 0
@@ -243,12 +252,12 @@ def _fa3_prefill(q, k, v, cu_seqlens, scale, max_len):
     page_table[torch.repeat_interleave(torch.arange(b, device=q.device), lengths), col] = torch.arange(
         t, dtype=torch.int32, device=q.device
     )
-    cu32 = cu_seqlens.to(torch.int32)
+    cu32 = batch.cu(torch.int32)
     return _fa3()(
         q=q.contiguous(), k_cache=k.unsqueeze(1), v_cache=v.unsqueeze(1), page_table=page_table,
         cache_seqlens=lengths.to(torch.int32), cu_seqlens_q=cu32, cu_seqlens_k_new=cu32, max_seqlen_q=max_len,
         softmax_scale=scale, causal=True, num_splits=1,
-    )
+    ), None
 
 
 def _fa3_decode(q, k_cache, v_cache, lengths, scale):
@@ -273,10 +282,11 @@ def _expand_kv(t: torch.Tensor, group: int) -> torch.Tensor:
     return t if group == 1 else t.repeat_interleave(group, dim=1)
 
 
-def efficient_attention_backward(g, q, k, v, cu_seqlens, max_len, scale):
-    """(dq, dk, dv) of causal varlen attention through aten's memory-efficient kernels (O(L) memory)."""
+def efficient_attention_backward(g, q, k, v, cu_seqlens, max_len, scale, out=None, lse=None):
+    """(dq, dk, dv) of causal varlen attention through aten's memory-efficient kernels (O(L) memory). Its LSE
+    layout is its own, so it always re-runs its forward (`out`/`lse` are for the flash kernel)."""
     group = q.shape[1] // k.shape[1]
-    cu = cu_seqlens.to(torch.int32)
+    cu = packed_batch(cu_seqlens).cu(torch.int32)
     qb, kb, vb = q.unsqueeze(0), _expand_kv(k, group).unsqueeze(0), _expand_kv(v, group).unsqueeze(0)
     causal_from_top_left = 1
     out, lse, seed, offset, _, _ = torch.ops.aten._efficient_attention_forward(
@@ -294,15 +304,36 @@ def efficient_attention_backward(g, q, k, v, cu_seqlens, max_len, scale):
     return dq, dk.to(k.dtype), dv.to(v.dtype)
 
 
-def flash_attention_backward(g, q, k, v, cu_seqlens, max_len, scale):
-    """(dq, dk, dv) of causal varlen attention through aten's FlashAttention-2 kernels (bf16/fp16, GQA native)."""
-    cu = cu_seqlens.to(torch.int32)
+def flash_attention_backward(g, q, k, v, cu_seqlens, max_len, scale, out=None, lse=None):
+    """(dq, dk, dv) of causal varlen attention through aten's FlashAttention-2 kernels (bf16/fp16, GQA native).
+    `out` and `lse` (natural log, [Hq, T] fp32: `lse_for_flash`) from the forward that ran skip the re-run."""
+    cu = packed_batch(cu_seqlens).cu(torch.int32)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    out, lse, rng_state, unused, _ = torch.ops.aten._flash_attention_forward(
-        q, k, v, cu, cu, max_len, max_len, 0.0, True, False, scale=scale)
+    if lse is None:
+        out, lse, rng_state, unused, _ = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu, cu, max_len, max_len, 0.0, True, False, scale=scale)
+    else:
+        rng_state = unused = _no_dropout_state(q.device)
     dq, dk, dv = torch.ops.aten._flash_attention_backward(
-        g.contiguous(), q, k, v, out, lse, cu, cu, max_len, max_len, 0.0, True, rng_state, unused, scale=scale)
+        g.contiguous(), q, k, v, out.contiguous(), lse, cu, cu, max_len, max_len, 0.0, True, rng_state, unused,
+        scale=scale)
     return dq, dk, dv
+
+
+@functools.cache
+def _no_dropout_state(device) -> torch.Tensor:
+    # The philox seed/offset the flash backward takes; read only when dropout > 0, and ours is 0.
+    return torch.zeros(2, dtype=torch.int64, device=device)
+
+
+LSE_ENV = "TOP_RL_FLASHINFER_LSE"  # "0": re-run the flash forward in backward even after flashinfer
+_LN2 = 0.6931471805599453
+
+
+def lse_for_flash(lse_base2: torch.Tensor) -> torch.Tensor:
+    """flashinfer's prefill LSE (base 2, [T, Hq]) as FlashAttention-2's varlen backward reads it (natural log,
+    [Hq, T], contiguous fp32)."""
+    return (lse_base2.float() * _LN2).t().contiguous()
 
 
 BACKWARD_ENV = "TOP_RL_ATTENTION_BACKWARD"
@@ -318,10 +349,10 @@ def backward_kernel(dtype: torch.dtype) -> str:
     return choice
 
 
-def attention_backward(g, q, k, v, cu_seqlens, max_len, scale):
+def attention_backward(g, q, k, v, cu_seqlens, max_len, scale, out=None, lse=None):
     if backward_kernel(q.dtype) == "flash":
         try:
-            return flash_attention_backward(g, q, k, v, cu_seqlens, max_len, scale)
+            return flash_attention_backward(g, q, k, v, cu_seqlens, max_len, scale, out, lse)
         except torch.OutOfMemoryError:
             raise
         except (RuntimeError, TypeError) as e:  # an op this torch build lacks or rejects: same gradients, slower
@@ -331,19 +362,31 @@ def attention_backward(g, q, k, v, cu_seqlens, max_len, scale):
     return efficient_attention_backward(g, q, k, v, cu_seqlens, max_len, scale)
 
 
+def _keep_forward_lse(backend: str, ctx) -> bool:
+    """Whether the forward should hand its LSE to the backward: only a forward that returns one (flashinfer),
+    only when a gradient will be taken, and only for the flash backward (whose LSE layout it is converted to)."""
+    return (backend == "flashinfer" and any(ctx.needs_input_grad[:3]) and os.environ.get(LSE_ENV, "1") != "0"
+            and backward_kernel(ctx.dtype) == "flash")
+
+
 class _VarlenCausalAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens, scale, backend):
-        max_len = int(_lengths(cu_seqlens).max()) if cu_seqlens.numel() > 1 else 0
-        out = _PREFILL[backend](q, k, v, cu_seqlens, scale, max_len)
-        ctx.save_for_backward(q, k, v, cu_seqlens)
-        ctx.scale, ctx.max_len = scale, max_len
+        batch = packed_batch(cu_seqlens)
+        ctx.dtype = q.dtype
+        want_lse = _keep_forward_lse(backend, ctx)
+        out, lse = _PREFILL[backend](q, k, v, batch, scale, want_lse)
+        if want_lse:
+            ctx.save_for_backward(q, k, v, cu_seqlens, out, lse_for_flash(lse))
+        else:
+            ctx.save_for_backward(q, k, v, cu_seqlens)
+        ctx.scale, ctx.max_len = scale, batch.max_len
         return out
 
     @staticmethod
     def backward(ctx, g):
-        q, k, v, cu_seqlens = ctx.saved_tensors
-        dq, dk, dv = attention_backward(g, q, k, v, cu_seqlens, ctx.max_len, ctx.scale)
+        q, k, v, cu_seqlens, *forward_state = ctx.saved_tensors
+        dq, dk, dv = attention_backward(g, q, k, v, cu_seqlens, ctx.max_len, ctx.scale, *forward_state)
         return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 

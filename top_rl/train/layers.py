@@ -183,7 +183,9 @@ class CoreAttention(nn.Module):
             raise ValueError("the TOP trainer feeds packed THD batches only (PackedSeqParams(qkv_format='thd'))")
         c = self.compute_dtype
         q, k, v = query.to(c), key.to(c), value.to(c)
-        cu = packed_seq_params.cu_seqlens_q.to(torch.long)
+        # The batch's own tensor, not a per-layer copy: kernels read its values on the host once per tensor
+        # (top_rl/kernels/packed_batch.py).
+        cu = packed_seq_params.cu_seqlens_q
         if self.cp_group is not None and self.cp_group.size() > 1:
             from top_rl.train.ulysses import ulysses_attention
 

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from top_rl import kernels
+from top_rl.kernels.packed_batch import packed_batch
 from top_rl.train.batch import cp_positions
 
 
@@ -50,8 +51,8 @@ def ulysses_attention(q, k, v, packed_seq_params, scale, cp_group) -> torch.Tens
     if q.shape[1] % c or k.shape[1] % c:
         raise ValueError(f"Ulysses CP={c} needs query heads ({q.shape[1]}) and KV groups ({k.shape[1]}) per "
                          "TP rank divisible by the CP size")
-    cu = packed_seq_params.cu_seqlens_q.to(torch.long)
-    bounds = cu.tolist()
+    cu = packed_seq_params.cu_seqlens_q
+    bounds = list(packed_batch(cu).bounds)
     # Global positions of the rank-major concatenation of every rank's local tokens, and its inverse.
     order = torch.tensor([p for r in range(c) for p in cp_positions(bounds, c, r)], device=q.device)
     to_global = torch.argsort(order)

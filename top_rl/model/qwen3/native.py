@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from top_rl import contract, kernels
+from top_rl.kernels.packed_batch import packed_batch
 from top_rl.model.qwen3.config import Qwen3Config
 
 
@@ -53,7 +54,7 @@ class DecoderLayer(nn.Module):
         if cache is None:
             out = kernels.attention(q, k, v, cu_seqlens, scale)
         elif cu_seqlens is not None:  # prefill into the cache: write each sequence's K/V at its slot
-            bounds = cu_seqlens.tolist()
+            bounds = packed_batch(cu_seqlens).bounds
             for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
                 cache.k[layer, slots[i], : e - s] = k[s:e]
                 cache.v[layer, slots[i], : e - s] = v[s:e]
