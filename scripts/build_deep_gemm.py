@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 import sysconfig
 import tarfile
@@ -39,8 +40,27 @@ def _cuda_ldflags(cuda_home: str) -> list[str]:
             flags += [f"-L{d}", f"-l:{os.path.basename(found[0])}", f"-Wl,-rpath,{d}"]
         else:
             flags += [f"-L{cuda_home}/lib64", f"-l{lib}"]
+    flags += _shared_libstdcxx()
     print(f"deep_gemm: link {' '.join(flags)}", flush=True)
     return flags
+
+
+def _shared_libstdcxx() -> list[str]:
+    """Link the shared libstdc++ by its soname. On the lent H200 the compiler finds no `libstdc++.so` dev link and
+    silently links `libstdc++.a` into `_C`; that copy's locale state is never set up while the process's other C++
+    code (torch) uses the shared one, and the first std::regex / ostream call in `_C` (DeepGEMM's JIT include
+    parser) dereferenced a null locale facet: the bf16_gemm segfault. Measured with a SIGSEGV backtrace: frames in
+    `std::__detail::_Compiler` under `IncludeParser::get_includes`, and `ldd _C.so` listing no libstdc++."""
+    try:
+        dev = subprocess.run(["c++", "-print-file-name=libstdc++.so"], capture_output=True, text=True).stdout.strip()
+        runtime = subprocess.run(["c++", "-print-file-name=libstdc++.so.6"], capture_output=True,
+                                 text=True).stdout.strip()
+    except OSError:
+        return []
+    print(f"deep_gemm: c++ finds {dev!r} and {runtime!r}", flush=True)
+    if os.path.isabs(runtime) and os.path.exists(runtime):
+        return [f"-L{os.path.dirname(runtime)}", "-l:libstdc++.so.6"]
+    return ["-l:libstdc++.so.6"]  # the loader's default search path (/lib/x86_64-linux-gnu on Debian/Ubuntu)
 
 
 def main(argv=None) -> int:
@@ -66,7 +86,7 @@ def main(argv=None) -> int:
     shutil.rmtree(pkg, ignore_errors=True)
     shutil.copytree(src / "deep_gemm", pkg)  # the Python package and include/ (its JIT's headers)
     so_name = "_C" + sysconfig.get_config_var("EXT_SUFFIX")
-    stamp = f"deep_gemm {rev} torch {torch.__version__} cuda {torch.version.cuda}"
+    stamp = f"deep_gemm {rev} torch {torch.__version__} cuda {torch.version.cuda} shared-libstdc++"
 
     if args.prebuilt and Path(args.prebuilt).exists() and Path(args.prebuilt + ".stamp").exists() \
             and Path(args.prebuilt + ".stamp").read_text().strip() == stamp:
@@ -88,6 +108,10 @@ def main(argv=None) -> int:
         extra_ldflags=_cuda_ldflags(cuda_home),
         build_directory=str(build), with_cuda=True, is_python_module=False, verbose=False)
     built = next(build.glob("_C*.so"))
+    linked = subprocess.run(["ldd", str(built)], capture_output=True, text=True).stdout
+    if "libstdc++" not in linked:
+        print("deep_gemm: WARNING: _C does not link the shared libstdc++ (ldd below); its first JIT call will crash\n"
+              + linked, flush=True)
     shutil.copy(built, pkg / so_name)
     print(f"deep_gemm: built in {time.time() - t0:.0f} s -> {pkg / so_name}", flush=True)
     if args.keep:

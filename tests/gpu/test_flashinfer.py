@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from top_rl import kernels
-from tests.gpu._common import QWEN3_06B, needs_cuda
+from tests.gpu._common import QWEN3_06B, needs_cuda, rel_err
 
 pytestmark = [needs_cuda, pytest.mark.gpu]
 
@@ -88,3 +88,70 @@ def test_decode_with_strided_cache_views():
         one = kernels.decode_attention(q[i:i + 1], kc[i:i + 1].contiguous(), vc[i:i + 1].contiguous(), lengths[i:i + 1],
                                        D**-0.5)
         assert torch.equal(one[0], out[i]), f"row {i} changed with its batch"
+
+
+def _cu(lengths):
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), device="cuda")
+
+
+def test_forward_return_lse_gives_the_engine_forwards_output():
+    """The trainer's forward asks flashinfer for its LSE too (forward_return_lse) when a gradient follows; the
+    engine calls forward. The output must be the same bits, or the gate would compare different forwards."""
+    from top_rl.kernels import packed_batch, sglang_attention
+
+    lengths = [5, 300, 1100, 4500]  # the last one spans two 4096 splits: the merged LSE path
+    q, k, v = _fused_qkv(sum(lengths), seed=3)
+    cu = _cu(lengths)  # held: a PackedBatch refers to its tensor weakly
+    batch = packed_batch.packed_batch(cu)
+    state = sglang_attention.FlashinferState.get(q.device)
+    plain, none = state.run_prefill(q, k, v, batch, D**-0.5, want_lse=False)
+    with_lse, lse = state.run_prefill(q, k, v, batch, D**-0.5, want_lse=True)
+    assert none is None and torch.equal(plain, with_lse)
+    assert lse.shape == (q.shape[0], HQ) and lse.dtype == torch.float32
+
+
+def test_flashinfer_lse_is_what_the_flash_backward_reads():
+    """lse_for_flash(flashinfer's LSE) against FlashAttention-2's own forward LSE for the same inputs: same layout
+    and units. Not the same bits: the two kernels' scores differ at bf16 level (max 1.7e-3 of LSEs near 7 on the
+    H200), which moves the backward's softmax by as much; test_gradients_... bounds the effect on gradients."""
+    from top_rl.kernels import packed_batch, sglang_attention
+
+    lengths = [1, 700, 1300, 64]
+    q, k, v = _fused_qkv(sum(lengths), seed=4)
+    k, v = k.contiguous(), v.contiguous()
+    cu = _cu(lengths)
+    batch = packed_batch.packed_batch(cu)
+    _, lse = sglang_attention.FlashinferState.get(q.device).run_prefill(q, k, v, batch, D**-0.5, want_lse=True)
+    ours = sglang_attention.lse_for_flash(lse)
+    cu32 = cu.to(torch.int32)
+    _, fa_lse, *_ = torch.ops.aten._flash_attention_forward(q, k, v, cu32, cu32, 1300, 1300, 0.0, True, False,
+                                                            scale=D**-0.5)
+    assert ours.shape == fa_lse.shape, (ours.shape, fa_lse.shape)
+    torch.testing.assert_close(ours, fa_lse, rtol=0, atol=4e-3)
+
+
+def test_gradients_with_the_forward_lse_equal_the_rerun_ones(monkeypatch):
+    """The flash backward fed flashinfer's output and LSE against the same backward after a re-run FA2 forward
+    (TOP_RL_FLASHINFER_LSE=0), and both against the fp64 formula."""
+    from top_rl.kernels import sglang_attention
+    from tests.gpu.test_grads import _attn_ref, _check
+
+    monkeypatch.delenv(sglang_attention.BACKWARD_ENV, raising=False)
+    lengths = [700, 1, 1300, 64]
+    cu = _cu(lengths)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v = (torch.randn(sum(lengths), h, D, generator=g, device="cuda").bfloat16() for h in (HQ, HKV, HKV))
+    go = torch.randn(sum(lengths), HQ, D, generator=g, device="cuda")
+    scale = D**-0.5
+    grads = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv(sglang_attention.LSE_ENV, flag)
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        kernels.attention(*leaves, cu, scale).float().backward(go)
+        grads[flag] = [t.grad for t in leaves]
+        _check(lambda a, b, c: kernels.attention(a, b, c, cu, scale), lambda a, b, c: _attn_ref(a, b, c, cu, scale),
+               [q, k, v], go, 2e-2)
+    for name, a, b in zip("qkv", grads["1"], grads["0"]):
+        print(f"d{name}: relative error {rel_err(a, b):.2e} between the forward-LSE and the re-run backward")
+        assert rel_err(a, b) < 1e-2, f"d{name}: relative error {rel_err(a, b)} between the two backwards"
+    assert not sglang_attention._flash_backward_failed, sglang_attention._flash_backward_failed
