@@ -9,7 +9,9 @@ Forward = what the engine runs in rl mode (docs/numerics.md §2, §4), by callin
   rope          torch.compile(dynamic=True)(sglang...rotary_embedding.utils.apply_rotary_emb), NeoX
   silu_and_mul  SiluAndMul.forward_native: F.silu(g[..., :I]) * g[..., I:] (native, as rl mode forces; on CUDA
                 one Triton pass, bitwise the same)
-  log-probs     `log_softmax` (lsm_BI): fp32 for the prefill path, bf16 in/out for the sampler path
+  log-probs     `log_softmax` (lsm_BI): fp32 for the prefill path, bf16 in/out for the sampler path (on CUDA the
+                trainer's token log-probs come from one Triton kernel that repeats lsm_BI's row reductions and
+                writes only the gathered column, bitwise the same: sglang_logprob_triton.py)
   attention     top_rl.kernels.attention (the engine's --attention-backend kernel)
 Backwards use native torch ops (cuBLAS GEMMs; RMSNorm, RoPE and SiLU-and-mul each one kernel compiled from the
 reference backend's formula, top_rl/kernels/sglang_backward.py): gradients need to be right, not batch-invariant;
@@ -32,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from top_rl import contract as _contract
+from top_rl.kernels import fallback as _fallback
 from top_rl.kernels import reference as _ref
 from top_rl.kernels import sglang_attention as _attention
 from top_rl.kernels import sglang_backward as _fused
@@ -238,6 +241,30 @@ def _sampler_input(logits, temperature):
     return logits.div(temperature.reshape(-1, 1)).to(logits.dtype)
 
 
+_gather_failed: dict[str, str] = {}  # the gather kernel's first launch error, once it fell back to lsm_BI + gather
+
+
+def _lsm_bi_gather(z, ids):
+    """What the engine computes: lsm_BI's whole [T, V] output, then the column of each row's id."""
+    return ops().log_softmax(z, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+
+
+def _gather_kernel():
+    from top_rl.kernels import sglang_logprob_triton
+
+    return sglang_logprob_triton
+
+
+def _gathered_lsm_bi(z, ids):
+    """_lsm_bi_gather's bits; on CUDA from the gather kernel (no [T, V] output, sglang_logprob_triton.py), unless
+    TOP_RL_FUSED_FORWARD=0 or its launch once failed in this process (one warning, then lsm_BI + gather)."""
+    if not (z.is_cuda and ids.is_cuda and z.dtype in (torch.float32, torch.bfloat16) and ids.dtype == torch.int64
+            and z.numel() > 0 and ids.shape == z.shape[:-1]) or os.environ.get(_fused_forward.ENV, "1") == "0":
+        return _lsm_bi_gather(z, ids)
+    return _fallback.run(_gather_failed, "logprob_gather", "the log-prob gather kernel", "lsm_BI + gather",
+                         lambda *a: _gather_kernel().gathered_log_softmax(*a), _lsm_bi_gather, z, ids)
+
+
 class _TokenLogprobs(torch.autograd.Function):
     """lsm_BI gathered at ids. temperature None: prefill path (§6.1, fp32 of f32(L)); else the sampler path
     (§6.2). Backward: (onehot - softmax(z)) * g / T, softmax recomputed from the saved logits (no [T, V]
@@ -246,7 +273,7 @@ class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, ids, temperature):
         z = logits.float() if temperature is None else _sampler_input(logits, temperature)
-        lp = ops().log_softmax(z, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+        lp = _gathered_lsm_bi(z, ids)
         ctx.save_for_backward(logits, ids, temperature if temperature is not None else logits.new_empty(0))
         ctx.tempered = temperature is not None
         return lp
