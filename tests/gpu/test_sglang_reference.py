@@ -61,6 +61,20 @@ def no_sgl_kernel_call():
     assert not calls, f"SGLang called sgl_kernel functions {calls} (first: {calls[0]}); sglang-kernel is absent here"
 
 
+@pytest.fixture(autouse=True)
+def triton_attention_on_both_sides():
+    """SGLang's reference runs TritonAttnBackend (the only one it builds without sglang-kernel), so our side must
+    too, whatever TOP_RL_ATTENTION_BACKEND chose: conftest's per-test fixture (which runs before this one) had set
+    our side to it, so under TOP_RL_ATTENTION_BACKEND=flashinfer these tests compared our flashinfer attention with
+    SGLang's triton attention (and failed at layer 0)."""
+    from top_rl.kernels import sglang_attention
+
+    before = sglang_attention.attention_backend()
+    sglang_attention.set_attention_backend("triton")
+    yield
+    sglang_attention.set_attention_backend(before)
+
+
 @pytest.fixture(scope="module", params=["tied", "untied"])
 def setup(request, tmp_path_factory):
     from top_rl.kernels import sglang_attention

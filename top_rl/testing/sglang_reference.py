@@ -19,7 +19,6 @@ The builder runs on CPU up to the first kernel launch (tests/test_sglang_referen
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -36,10 +35,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def prepare_process(top: contract.TopContract = contract.DEFAULT) -> None:
-    """The contract's engine env and the sgl_kernel stand-in, before anything imports sglang's layers."""
-    for key, want in top.engine_env:
-        os.environ[key] = want
+def prepare_process(top: contract.TopContract | None = None) -> None:
+    """The contract's engine env (default: the contract this process computes under, $TOP_RL_CONTRACT, so SGLang's
+    model runs the trainer's GEMM path) and the sgl_kernel stand-in, before anything imports sglang's layers."""
+    from top_rl.kernels.sglang import active_contract, pin_engine_env
+
+    pin_engine_env(top or active_contract())
     sgl_kernel_standin.install()
 
 
