@@ -139,8 +139,10 @@ QWEN3_DENSE_TOP_V1 = TopContract(
 )
 
 # The same contract on DeepGEMM's bf16_gemm_nn (SGLang's own Hopper default, ~cuBLAS speed). Not yet a run option
-# (`top.contract` chooses among CONTRACTS): its batch invariance is unproven on the lent H200, where no deep_gemm
-# build loads (tests/gpu/test_deepgemm.py runs wherever one does). Code may name it (`get`, set_contract).
+# (`top.contract` chooses among CONTRACTS): on the H200 a source build (scripts/build_deep_gemm.py) is batch-invariant
+# at 1..4096 rows and the trainer equals the native engine under it, but SGLang's own model has not yet been compared
+# under it, nor the engine image's deep_gemm shown to be the same build (docs/numerics.md §11). Code may name it
+# (`get`, set_contract, $TOP_RL_CONTRACT for benchmarks and tests).
 QWEN3_DENSE_TOP_V1_DEEPGEMM = dataclasses.replace(QWEN3_DENSE_TOP_V1, name="qwen3_dense_top_v1_deepgemm",
                                                   gemm="deepgemm")
 

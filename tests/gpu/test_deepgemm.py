@@ -3,8 +3,9 @@ batch invariance at 1..4096 rows with torch.equal on every Qwen3-0.6B GEMM shape
 
 Skipped where `deep_gemm` does not import: on the lent H200 (torch 2.11) no published build loads (sgl-deep-gemm
 0.2.x's _C.so needs c10::cuda::CUDAErrorLogCapture, which torch 2.11 does not export; PyPI has no sdist to rebuild).
-A build from source (`scripts/gpu_bundle.sh deep_gemm`, built there by scripts/build_deep_gemm.py) imports; its
-first GEMM runs in a subprocess first, so a crash fails these tests with its signal instead of killing pytest.
+A build from source (`scripts/gpu_bundle.sh deep_gemm`, built there by scripts/build_deep_gemm.py) imports and, since
+_C links the shared libstdc++, runs (5/5 on the H200). Its first GEMM still runs in a subprocess first, so a crash
+fails these tests with its signal instead of killing pytest.
 """
 
 from __future__ import annotations
