@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one entry point on the lent GPU machine (device `run` tool, carry=[".gpu_bundle/core", ...]):
-#   bash scripts/gpu_run.sh [all|tests|bench|bench-trainer|e2e]
+#   bash scripts/gpu_run.sh [all|tests|bench|bench-trainer|e2e|none]   (none: only the install, for a command of your own)
 # installs the wheels of .gpu_bundle/ (made here by scripts/gpu_bundle.sh) into a private target dir,
 # runs `pytest tests/gpu` and bench/*.py, and writes logs plus summary.md to $OUT (at most 8 files come
 # back). Each stage has its own timeout so the summary is written even when one stage hangs; the whole
