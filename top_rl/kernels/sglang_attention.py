@@ -16,7 +16,7 @@ kv_indices = arange: the values and the kernel are the engine's, only the addres
 
 Backward (all forward backends): aten's varlen fused attention kernels, called directly with cu_seqlens
 and causal masking, so memory is O(L) (no dense mask, no L x L scores). The backward needs the forward's
-log-sum-exp: flashinfer's forward returns it (base 2, [T, Hq]; converted, `_lse_for_flash`), the other
+log-sum-exp: flashinfer's forward returns it (base 2, [T, Hq]; converted by `lse_for_flash`), the other
 forwards do not, so for them the flash kernel's own forward is re-run inside backward for it (no autograd
 graph is recorded or differentiated there; $TOP_RL_FLASHINFER_LSE=0 forces the re-run for flashinfer too). Gradients need to be right, not batch-invariant (only forward log-probs are compared
 bitwise), so the fastest correct kernel is used: FlashAttention-2 (aten `_flash_attention_*`, GQA native)
@@ -332,7 +332,8 @@ _LN2 = 0.6931471805599453
 
 def lse_for_flash(lse_base2: torch.Tensor) -> torch.Tensor:
     """flashinfer's prefill LSE (base 2, [T, Hq]) as FlashAttention-2's varlen backward reads it (natural log,
-    [Hq, T], contiguous fp32)."""
+    [Hq, T], contiguous fp32). Measured on the H200 (tests/gpu/test_flashinfer.py): within 1.7e-3 of FA2's own LSE
+    (the two kernels' scores differ at bf16 level), gradients within 2.0-2.7e-3 (relative norm) of the re-run's."""
     return (lse_base2.float() * _LN2).t().contiguous()
 
 
