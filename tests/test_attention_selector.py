@@ -5,6 +5,9 @@ contract allows, the flashinfer path shares one 1 GiB fa2 workspace, plans once 
 engine's deterministic-mode arguments, and fails with a clear message when flashinfer is missing.
 """
 
+import os
+import pathlib
+import subprocess
 import sys
 import types
 
@@ -276,3 +279,22 @@ def test_lse_for_flash_is_natural_log_heads_first():
     out = attn.lse_for_flash(lse2)
     assert out.shape == (3, 2) and out.is_contiguous() and out.dtype == torch.float32
     assert torch.allclose(out, lse2.t() * torch.log(torch.tensor(2.0)))
+
+
+def test_triton_prefill_through_the_seam_in_triton_interpreter(tmp_path):
+    """SGLang's own triton extend kernel, run by Triton's CPU interpreter through `kernels.attention` with the
+    trainer's int32 cu_seqlens: the arguments built from the PackedBatch (indptrs, kv indices, prefix lengths,
+    max length) give causal per-sequence attention (fp64 reference), and three layers read cu_seqlens once."""
+    pytest.importorskip("triton")
+    pytest.importorskip("sglang")
+    root = pathlib.Path(__file__).resolve().parent.parent
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
+    run = subprocess.run([sys.executable, str(root / "tests/attention_triton_interpreted.py"), str(tmp_path / "r.pt")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    r = torch.load(tmp_path / "r.pt")
+    assert r["host_reads"] == 1
+    for out in r["outs"]:
+        assert out.shape == r["reference"].shape
+        torch.testing.assert_close(out.double(), r["reference"], rtol=0, atol=1e-5)
