@@ -1,5 +1,6 @@
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -74,11 +75,30 @@ def test_fresh_run_replaces_and_modes(tmp_path, monkeypatch):
         resolve_wandb_mode("sometimes")
 
 
-def _wandb_steps(run_dir, run_id):
-    """Every history row of every attempt's offline file, read back with wandb's own protobufs."""
+def _finished(path, timeout_s=30.0):
+    """Wait until an attempt's offline file holds its exit record: wandb's service writes the file after
+    run.finish() returns (on this 2-core machine a read right after finish saw no history row 1 time in 30)."""
+    from wandb.proto import wandb_internal_pb2
+
     from top_rl import wandb_history
 
-    files = wandb_history.offline_files(run_dir, run_id)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        kinds = []
+        for raw in wandb_history.records(path):
+            rec = wandb_internal_pb2.Record()
+            rec.ParseFromString(raw)
+            kinds.append(rec.WhichOneof("record_type"))
+        if "exit" in kinds or time.monotonic() > deadline:
+            return path
+        time.sleep(0.05)
+
+
+def _wandb_steps(run_dir, run_id):
+    """Every history row of every finished attempt's offline file, read back with wandb's own protobufs."""
+    from top_rl import wandb_history
+
+    files = [_finished(f) for f in wandb_history.offline_files(run_dir, run_id)]
     return sorted(s for f in files for s in wandb_history.history_steps(f)), len(files)
 
 
