@@ -108,10 +108,13 @@ def main(argv=None) -> int:
         extra_ldflags=_cuda_ldflags(cuda_home),
         build_directory=str(build), with_cuda=True, is_python_module=False, verbose=False)
     built = next(build.glob("_C*.so"))
-    linked = subprocess.run(["ldd", str(built)], capture_output=True, text=True).stdout
-    if "libstdc++" not in linked:
-        print("deep_gemm: WARNING: _C does not link the shared libstdc++ (ldd below); its first JIT call will crash\n"
-              + linked, flush=True)
+    try:
+        linked = subprocess.run(["ldd", str(built)], capture_output=True, text=True).stdout
+    except OSError:
+        linked = None  # no ldd here: nothing to check with
+    if linked is not None and "libstdc++" not in linked:
+        raise SystemExit("deep_gemm: _C does not link the shared libstdc++, so its first JIT call would crash "
+                         f"(a static copy's locale is never initialised); not installed, not kept. ldd:\n{linked}")
     shutil.copy(built, pkg / so_name)
     print(f"deep_gemm: built in {time.time() - t0:.0f} s -> {pkg / so_name}", flush=True)
     if args.keep:

@@ -249,9 +249,11 @@ def test_packed_batch_views():
     assert b.derived("x", lambda: built.append(1) or torch.ones(1)) is b.derived("x", lambda: built.append(1))
     assert built == [1]
     assert pb.packed_batch(torch.tensor([0], dtype=torch.int32)).max_len == 0
-    with torch.inference_mode():
+    with torch.inference_mode():  # no version counter: never cached, so an in-place write is seen
         inf = torch.tensor([0, 2, 5])
-    assert pb.packed_batch(inf).max_len == 3 and pb.packed_batch(inf) is pb.packed_batch(inf)
+        assert pb.packed_batch(inf).max_len == 3
+        inf[2] = 9
+        assert pb.packed_batch(inf).bounds == (0, 2, 9)
 
 
 def test_forward_lse_kept_only_for_a_flash_backward_of_flashinfer(fake_fi, monkeypatch):
@@ -298,3 +300,41 @@ def test_triton_prefill_through_the_seam_in_triton_interpreter(tmp_path):
     for out in r["outs"]:
         assert out.shape == r["reference"].shape
         torch.testing.assert_close(out.double(), r["reference"], rtol=0, atol=1e-5)
+
+
+def test_flash_backward_falling_back_mid_step_keeps_recompute_consistent(monkeypatch):
+    """Under non-reentrant recompute each layer's forward runs twice and must save the same tensors both times.
+    A flash backward failing in one layer (-> efficient kernels from then on) happens between the forward and the
+    recompute of the layers before it: whether the forward keeps flashinfer's LSE must not depend on that."""
+    import torch.utils.checkpoint as checkpoint
+
+    monkeypatch.delenv(attn.LSE_ENV, raising=False)
+    monkeypatch.delenv(attn.BACKWARD_ENV, raising=False)
+    monkeypatch.setattr(attn, "_flash_backward_failed", [])
+    kept = []
+
+    def fake_prefill(q, k, v, batch, scale, want_lse):  # a differentiable stand-in for flashinfer's forward
+        kept.append(want_lse)
+        return q * 1.0, (torch.zeros(q.shape[0], q.shape[1]) if want_lse else None)
+
+    def no_flash(*a):
+        raise RuntimeError("flash op missing in this build")
+
+    monkeypatch.setitem(attn._PREFILL, "flashinfer", fake_prefill)
+    monkeypatch.setattr(attn, "flash_attention_backward", no_flash)
+    monkeypatch.setattr(attn, "efficient_attention_backward",
+                        lambda g, q, k, v, *a: (g * 1.0, torch.zeros_like(k), torch.zeros_like(v)))
+    attn.set_attention_backend("flashinfer")
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    x = torch.randn(5, 4, 8, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(5, 2, 8, dtype=torch.bfloat16)
+    h = x
+    for _layer in range(2):
+        h = checkpoint.checkpoint(lambda a: attn.attention(a * 2, k, k, cu, 0.5), h, use_reentrant=False)
+    with pytest.warns(RuntimeWarning, match="flash op missing"):
+        h.float().sum().backward()
+    assert x.grad is not None and torch.equal(x.grad, torch.full_like(x, 4.0))
+    assert kept == [True] * 4  # two forwards, two recomputes: all kept the LSE, before and after the failure
+    with torch.no_grad():
+        attn.attention(x, k, k, cu, 0.5)
+    assert kept[-1] is False  # no gradient: no LSE

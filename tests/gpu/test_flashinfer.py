@@ -143,11 +143,16 @@ def test_gradients_with_the_forward_lse_equal_the_rerun_ones(monkeypatch):
     q, k, v = (torch.randn(sum(lengths), h, D, generator=g, device="cuda").bfloat16() for h in (HQ, HKV, HKV))
     go = torch.randn(sum(lengths), HQ, D, generator=g, device="cuda")
     scale = D**-0.5
+    converted = []  # the forward-LSE path really ran for "1" (else both runs re-run and agree trivially)
+    convert = sglang_attention.lse_for_flash
+    monkeypatch.setattr(sglang_attention, "lse_for_flash", lambda lse: converted.append(1) or convert(lse))
     grads = {}
     for flag in ("1", "0"):
         monkeypatch.setenv(sglang_attention.LSE_ENV, flag)
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        before = len(converted)
         kernels.attention(*leaves, cu, scale).float().backward(go)
+        assert (len(converted) > before) == (flag == "1"), f"TOP_RL_FLASHINFER_LSE={flag}: forward LSE used?"
         grads[flag] = [t.grad for t in leaves]
         _check(lambda a, b, c: kernels.attention(a, b, c, cu, scale), lambda a, b, c: _attn_ref(a, b, c, cu, scale),
                [q, k, v], go, 2e-2)

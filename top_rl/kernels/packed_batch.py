@@ -23,8 +23,7 @@ _CAPACITY = 8  # micro-batches in flight at once under a pipeline schedule, with
 
 
 def _version(t: torch.Tensor) -> int:
-    # Inference tensors have no version counter; they cannot be written outside inference mode either.
-    return -1 if t.is_inference() else t._version
+    return t._version
 
 
 class PackedBatch:
@@ -33,7 +32,7 @@ class PackedBatch:
 
     def __init__(self, cu_seqlens: torch.Tensor, bounds: tuple[int, ...]):
         self._source = weakref.ref(cu_seqlens)
-        self._version = _version(cu_seqlens)
+        self._version = -1 if cu_seqlens.is_inference() else _version(cu_seqlens)
         self.bounds = bounds
         self.lengths = tuple(e - s for s, e in zip(bounds[:-1], bounds[1:]))
         self.max_len = max(self.lengths, default=0)
@@ -67,6 +66,9 @@ host_reads = 0  # PackedBatch objects built, i.e. device-to-host reads of cu_seq
 def packed_batch(cu_seqlens: torch.Tensor) -> PackedBatch:
     """The PackedBatch of `cu_seqlens`, read from the device only the first time this tensor is seen."""
     global host_reads
+    if cu_seqlens.is_inference():  # no version counter to see an in-place write by: read it every time
+        host_reads += 1
+        return PackedBatch(cu_seqlens, tuple(int(b) for b in cu_seqlens.tolist()))
     key = id(cu_seqlens)
     batch = _cache.get(key)
     if batch is not None and batch.describes(cu_seqlens):

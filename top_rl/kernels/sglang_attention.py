@@ -363,21 +363,24 @@ def attention_backward(g, q, k, v, cu_seqlens, max_len, scale, out=None, lse=Non
     return efficient_attention_backward(g, q, k, v, cu_seqlens, max_len, scale)
 
 
-def _keep_forward_lse(backend: str, ctx) -> bool:
+def _keep_forward_lse(backend: str, q, k, v) -> bool:
     """Whether the forward should hand its LSE to the backward: only a forward that returns one (flashinfer),
-    only when a gradient will be taken, and only for the flash backward (whose LSE layout it is converted to)."""
-    return (backend == "flashinfer" and any(ctx.needs_input_grad[:3]) and os.environ.get(LSE_ENV, "1") != "0"
-            and backward_kernel(ctx.dtype) == "flash")
+    only when a gradient will be taken, and only when the flash backward (whose LSE layout it is converted to) is
+    the configured one. Decided from what a recomputed forward sees the same way (grad mode, inputs, env, dtype),
+    never from `_flash_backward_failed`: activation recompute requires both forwards to save the same tensors,
+    and a flash backward failing in between must not change that (attention_backward ignores out/lse when it
+    falls back)."""
+    return (backend == "flashinfer" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+            and os.environ.get(LSE_ENV, "1") != "0" and os.environ.get(BACKWARD_ENV, "flash") == "flash"
+            and q.dtype in (torch.bfloat16, torch.float16))
 
 
 class _VarlenCausalAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens, scale, backend):
+    def forward(ctx, q, k, v, cu_seqlens, scale, backend, keep_lse):
         batch = packed_batch(cu_seqlens)
-        ctx.dtype = q.dtype
-        want_lse = _keep_forward_lse(backend, ctx)
-        out, lse = _PREFILL[backend](q, k, v, batch, scale, want_lse)
-        if want_lse:
+        out, lse = _PREFILL[backend](q, k, v, batch, scale, keep_lse)
+        if keep_lse:
             ctx.save_for_backward(q, k, v, cu_seqlens, out, lse_for_flash(lse))
         else:
             ctx.save_for_backward(q, k, v, cu_seqlens)
@@ -388,11 +391,12 @@ class _VarlenCausalAttention(torch.autograd.Function):
     def backward(ctx, g):
         q, k, v, cu_seqlens, *forward_state = ctx.saved_tensors
         dq, dk, dv = attention_backward(g, q, k, v, cu_seqlens, ctx.max_len, ctx.scale, *forward_state)
-        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None
+        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
 def attention(q, k, v, cu_seqlens, scale):
-    return _VarlenCausalAttention.apply(q, k, v, cu_seqlens, scale, attention_backend())
+    backend = attention_backend()
+    return _VarlenCausalAttention.apply(q, k, v, cu_seqlens, scale, backend, _keep_forward_lse(backend, q, k, v))
 
 
 @torch.no_grad()

@@ -52,10 +52,12 @@ def ulysses_attention(q, k, v, packed_seq_params, scale, cp_group) -> torch.Tens
         raise ValueError(f"Ulysses CP={c} needs query heads ({q.shape[1]}) and KV groups ({k.shape[1]}) per "
                          "TP rank divisible by the CP size")
     cu = packed_seq_params.cu_seqlens_q
-    bounds = list(packed_batch(cu).bounds)
-    # Global positions of the rank-major concatenation of every rank's local tokens, and its inverse.
-    order = torch.tensor([p for r in range(c) for p in cp_positions(bounds, c, r)], device=q.device)
-    to_global = torch.argsort(order)
+    batch = packed_batch(cu)
+    # Global positions of the rank-major concatenation of every rank's local tokens, and its inverse; built once
+    # per batch (a host-to-device copy per layer would stall the stream as a read does).
+    order = batch.derived(("ulysses_order", c, q.device), lambda: torch.tensor(
+        [p for r in range(c) for p in cp_positions(list(batch.bounds), c, r)], device=q.device))
+    to_global = batch.derived(("ulysses_to_global", c, q.device), lambda: torch.argsort(order))
 
     def gather(x):  # local tokens, all heads -> all tokens (global order), this rank's heads
         y = _AllToAll.apply(_heads_to_ranks(x, c), cp_group)  # [c(source rank), t, H/c, d]
