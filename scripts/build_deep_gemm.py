@@ -52,12 +52,10 @@ def _shared_libstdcxx() -> list[str]:
     parser) dereferenced a null locale facet: the bf16_gemm segfault. Measured with a SIGSEGV backtrace: frames in
     `std::__detail::_Compiler` under `IncludeParser::get_includes`, and `ldd _C.so` listing no libstdc++."""
     try:
-        dev = subprocess.run(["c++", "-print-file-name=libstdc++.so"], capture_output=True, text=True).stdout.strip()
         runtime = subprocess.run(["c++", "-print-file-name=libstdc++.so.6"], capture_output=True,
                                  text=True).stdout.strip()
     except OSError:
-        return []
-    print(f"deep_gemm: c++ finds {dev!r} and {runtime!r}", flush=True)
+        runtime = ""
     if os.path.isabs(runtime) and os.path.exists(runtime):
         return [f"-L{os.path.dirname(runtime)}", "-l:libstdc++.so.6"]
     return ["-l:libstdc++.so.6"]  # the loader's default search path (/lib/x86_64-linux-gnu on Debian/Ubuntu)

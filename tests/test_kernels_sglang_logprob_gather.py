@@ -37,7 +37,7 @@ class _Calls:
             raise self.error
         return _torch_gather(z, ids)
 
-    def eager(self, z, ids):
+    def eager(self, z, ids, log_softmax=None):
         self.calls.append(("eager", z.dtype))
         return _torch_gather(z, ids)
 
@@ -45,9 +45,9 @@ class _Calls:
 @pytest.fixture
 def calls(monkeypatch):
     c = _Calls()
-    monkeypatch.setattr(sg, "_gather_kernel", lambda: c)
-    monkeypatch.setattr(sg, "_lsm_bi_gather", c.eager)
-    monkeypatch.setattr(sg, "_gather_failed", {})
+    monkeypatch.setattr(ff, "_gather_kernel", lambda: c)
+    monkeypatch.setattr(ff, "token_logprobs_eager", c.eager)
+    monkeypatch.setattr(ff, "_failed", {})
     monkeypatch.delenv(ff.ENV, raising=False)
     return c
 
@@ -83,8 +83,8 @@ def test_inputs_the_kernel_does_not_take_go_to_lsm_bi(monkeypatch, calls):
     logits, ids = _logits()
     _as_cuda(monkeypatch)
     sg.sample_logprobs(logits.half(), ids, 1.0)  # fp16 logits
-    sg._gathered_lsm_bi(logits.float(), ids.int())  # int32 ids (gather itself refuses them)
-    sg._gathered_lsm_bi(logits.float()[:0], ids[:0])  # no rows
+    ff.token_logprobs(logits.float(), ids.int(), None)  # int32 ids (gather itself refuses them)
+    ff.token_logprobs(logits.float()[:0], ids[:0], None)  # no rows
     assert [c[0] for c in calls.calls] == ["eager"] * 3
 
 
@@ -92,12 +92,12 @@ def test_launch_failure_warns_once_then_lsm_bi(monkeypatch, calls):
     calls.error = RuntimeError("triton: PTX assembly failed")
     logits, ids = _logits()
     _as_cuda(monkeypatch)
-    with pytest.warns(RuntimeWarning, match="log-prob gather kernel failed.*PTX assembly failed"):
+    with pytest.warns(RuntimeWarning, match="fused token_logprobs forward failed.*PTX assembly failed"):
         first = sg.prefill_logprobs(logits, ids)
     second = sg.prefill_logprobs(logits, ids)
     assert torch.equal(first, second) and torch.equal(first, _torch_gather(logits.float(), ids))
     assert [c[0] for c in calls.calls] == ["kernel", "eager", "eager"]  # not retried
-    assert "logprob_gather" in sg._gather_failed
+    assert "token_logprobs" in ff._failed
 
 
 def test_out_of_memory_is_raised(monkeypatch, calls):
@@ -105,7 +105,7 @@ def test_out_of_memory_is_raised(monkeypatch, calls):
     _as_cuda(monkeypatch)
     with pytest.raises(torch.OutOfMemoryError):
         sg.prefill_logprobs(*_logits())
-    assert not sg._gather_failed
+    assert not ff._failed
 
 
 # ----------------------------------------------------------------------------- Triton's CPU interpreter

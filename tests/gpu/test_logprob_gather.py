@@ -83,7 +83,7 @@ def kernel_calls(monkeypatch):
     mod, calls = _gather_module(), []
     real = mod.gathered_log_softmax
     monkeypatch.setattr(mod, "gathered_log_softmax", lambda *a: calls.append(a[0].dtype) or real(*a))
-    monkeypatch.setattr(sg, "_gather_failed", {})
+    monkeypatch.setattr(ff, "_failed", {})
     monkeypatch.delenv(ff.ENV, raising=False)
     return calls
 
@@ -104,7 +104,7 @@ def test_backend_takes_the_kernel_with_the_eager_bits(monkeypatch, kernel_calls,
     g_out = torch.randn(2048, device="cuda").to(torch.float32 if path == "prefill" else torch.bfloat16)
     fast, fast_grad = _out_and_grad(fn, logits, ids, g_out)
     assert kernel_calls == [torch.float32 if path == "prefill" else torch.bfloat16], "the gather kernel did not run"
-    assert not sg._gather_failed
+    assert not ff._failed
     monkeypatch.setenv(ff.ENV, "0")
     eager, eager_grad = _out_and_grad(fn, logits, ids, g_out)
     assert len(kernel_calls) == 1

@@ -22,17 +22,13 @@ import torch
 _CAPACITY = 8  # micro-batches in flight at once under a pipeline schedule, with room to spare
 
 
-def _version(t: torch.Tensor) -> int:
-    return t._version
-
-
 class PackedBatch:
     """The host view of one cu_seqlens tensor: `bounds` (cu_seqlens as ints), `max_len`, and device tensors
     derived from it, each built once (`derived`)."""
 
     def __init__(self, cu_seqlens: torch.Tensor, bounds: tuple[int, ...]):
         self._source = weakref.ref(cu_seqlens)
-        self._version = -1 if cu_seqlens.is_inference() else _version(cu_seqlens)
+        self._version = None if cu_seqlens.is_inference() else cu_seqlens._version  # inference: never cached
         self.bounds = bounds
         self.lengths = tuple(e - s for s, e in zip(bounds[:-1], bounds[1:]))
         self.max_len = max(self.lengths, default=0)
@@ -40,7 +36,7 @@ class PackedBatch:
         self._derived: dict = {}
 
     def describes(self, cu_seqlens: torch.Tensor) -> bool:
-        return self._source() is cu_seqlens and self._version == _version(cu_seqlens)
+        return self._source() is cu_seqlens and self._version == cu_seqlens._version
 
     def cu(self, dtype: torch.dtype) -> torch.Tensor:
         """cu_seqlens in `dtype` (the tensor itself when it already has it)."""
@@ -64,20 +60,20 @@ host_reads = 0  # PackedBatch objects built, i.e. device-to-host reads of cu_seq
 
 
 def packed_batch(cu_seqlens: torch.Tensor) -> PackedBatch:
-    """The PackedBatch of `cu_seqlens`, read from the device only the first time this tensor is seen."""
+    """The PackedBatch of `cu_seqlens`, read from the device only the first time this tensor is seen. Inference
+    tensors have no version counter to see an in-place write by, so they are read every time."""
     global host_reads
-    if cu_seqlens.is_inference():  # no version counter to see an in-place write by: read it every time
-        host_reads += 1
-        return PackedBatch(cu_seqlens, tuple(int(b) for b in cu_seqlens.tolist()))
+    cacheable = not cu_seqlens.is_inference()
     key = id(cu_seqlens)
-    batch = _cache.get(key)
+    batch = _cache.get(key) if cacheable else None
     if batch is not None and batch.describes(cu_seqlens):
         _cache.move_to_end(key)
         return batch
     host_reads += 1
     batch = PackedBatch(cu_seqlens, tuple(int(b) for b in cu_seqlens.tolist()))
-    _cache[key] = batch
-    _cache.move_to_end(key)
-    while len(_cache) > _CAPACITY:
-        _cache.popitem(last=False)
+    if cacheable:
+        _cache[key] = batch
+        _cache.move_to_end(key)
+        while len(_cache) > _CAPACITY:
+            _cache.popitem(last=False)
     return batch

@@ -34,7 +34,6 @@ import torch
 import torch.distributed as dist
 
 from top_rl import contract as _contract
-from top_rl.kernels import fallback as _fallback
 from top_rl.kernels import reference as _ref
 from top_rl.kernels import sglang_attention as _attention
 from top_rl.kernels import sglang_backward as _fused
@@ -241,30 +240,6 @@ def _sampler_input(logits, temperature):
     return logits.div(temperature.reshape(-1, 1)).to(logits.dtype)
 
 
-_gather_failed: dict[str, str] = {}  # the gather kernel's first launch error, once it fell back to lsm_BI + gather
-
-
-def _lsm_bi_gather(z, ids):
-    """What the engine computes: lsm_BI's whole [T, V] output, then the column of each row's id."""
-    return ops().log_softmax(z, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-
-
-def _gather_kernel():
-    from top_rl.kernels import sglang_logprob_triton
-
-    return sglang_logprob_triton
-
-
-def _gathered_lsm_bi(z, ids):
-    """_lsm_bi_gather's bits; on CUDA from the gather kernel (no [T, V] output, sglang_logprob_triton.py), unless
-    TOP_RL_FUSED_FORWARD=0 or its launch once failed in this process (one warning, then lsm_BI + gather)."""
-    if not (z.is_cuda and ids.is_cuda and z.dtype in (torch.float32, torch.bfloat16) and ids.dtype == torch.int64
-            and z.numel() > 0 and ids.shape == z.shape[:-1]) or os.environ.get(_fused_forward.ENV, "1") == "0":
-        return _lsm_bi_gather(z, ids)
-    return _fallback.run(_gather_failed, "logprob_gather", "the log-prob gather kernel", "lsm_BI + gather",
-                         lambda *a: _gather_kernel().gathered_log_softmax(*a), _lsm_bi_gather, z, ids)
-
-
 class _TokenLogprobs(torch.autograd.Function):
     """lsm_BI gathered at ids. temperature None: prefill path (§6.1, fp32 of f32(L)); else the sampler path
     (§6.2). Backward: (onehot - softmax(z)) * g / T, softmax recomputed from the saved logits (no [T, V]
@@ -273,7 +248,7 @@ class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, ids, temperature):
         z = logits.float() if temperature is None else _sampler_input(logits, temperature)
-        lp = _gathered_lsm_bi(z, ids)
+        lp = _fused_forward.token_logprobs(z, ids, ops().log_softmax)
         ctx.save_for_backward(logits, ids, temperature if temperature is not None else logits.new_empty(0))
         ctx.tempered = temperature is not None
         return lp

@@ -18,9 +18,10 @@ Backward (all forward backends): aten's varlen fused attention kernels, called d
 and causal masking, so memory is O(L) (no dense mask, no L x L scores). The backward needs the forward's
 log-sum-exp: flashinfer's forward returns it (base 2, [T, Hq]; converted by `lse_for_flash`), the other
 forwards do not, so for them the flash kernel's own forward is re-run inside backward for it (no autograd
-graph is recorded or differentiated there; $TOP_RL_FLASHINFER_LSE=0 forces the re-run for flashinfer too). Gradients need to be right, not batch-invariant (only forward log-probs are compared
-bitwise), so the fastest correct kernel is used: FlashAttention-2 (aten `_flash_attention_*`, GQA native)
-for bf16/fp16, else memory-efficient attention (K/V heads repeated, their gradients summed).
+graph is recorded or differentiated there; $TOP_RL_FLASHINFER_LSE=0 forces the re-run for flashinfer too).
+Gradients need to be right, not batch-invariant (only forward log-probs are compared bitwise), so the
+fastest correct kernel is used: FlashAttention-2 (aten `_flash_attention_*`, GQA native) for bf16/fp16, else
+memory-efficient attention (K/V heads repeated, their gradients summed).
 $TOP_RL_ATTENTION_BACKWARD=efficient forces the latter (A/B measurements); a flash call that raises falls
 back to it for the rest of the process, with a warning.
 """
@@ -189,9 +190,8 @@ class FlashinferState:
             if self._needs_plan("prefill", key):
                 self._keep["prefill"] = cu
                 self.prefill.begin_forward(cu, cu, hq, hkv, d, q_data_type=q.dtype, fixed_split_size=FLASHINFER_PREFILL_SPLIT)
-            call = self.prefill.forward_return_lse if want_lse else self.prefill.forward
-            res = call(q.contiguous(), k, v, causal=True, sm_scale=scale, logits_soft_cap=0.0)
-            return res if want_lse else (res, None)
+            return self._prefill_forward(want_lse, q.contiguous(), k, v, causal=True, sm_scale=scale,
+                                         logits_soft_cap=0.0)
         if self._needs_plan("prefill", key):
             indices = torch.arange(q.shape[0], dtype=torch.int32, device=q.device)
             last = torch.ones(cu.numel() - 1, dtype=torch.int32, device=q.device)
@@ -200,12 +200,15 @@ class FlashinferState:
                 cu, cu, indices, last, hq, hkv, d, 1, q_data_type=q.dtype, kv_data_type=k.dtype,
                 custom_mask=None, non_blocking=True, fixed_split_size=FLASHINFER_PREFILL_SPLIT,
             )
-        call = self.prefill.forward_return_lse if want_lse else self.prefill.forward
-        res = call(
-            q.contiguous(), kv_buffers(k, v), causal=True, sm_scale=scale, window_left=-1, logits_soft_cap=0.0,
-            k_scale=None, v_scale=None,
+        return self._prefill_forward(
+            want_lse, q.contiguous(), kv_buffers(k, v), causal=True, sm_scale=scale, window_left=-1,
+            logits_soft_cap=0.0, k_scale=None, v_scale=None,
         )
-        return res if want_lse else (res, None)
+
+    def _prefill_forward(self, want_lse, *args, **kwargs):
+        if want_lse:
+            return self.prefill.forward_return_lse(*args, **kwargs)
+        return self.prefill.forward(*args, **kwargs), None
 
     def run_decode(self, q, k_cache, v_cache, lengths, scale):
         b, max_len, hkv, d = k_cache.shape
@@ -282,9 +285,9 @@ def _expand_kv(t: torch.Tensor, group: int) -> torch.Tensor:
     return t if group == 1 else t.repeat_interleave(group, dim=1)
 
 
-def efficient_attention_backward(g, q, k, v, cu_seqlens, max_len, scale, out=None, lse=None):
+def efficient_attention_backward(g, q, k, v, cu_seqlens, max_len, scale):
     """(dq, dk, dv) of causal varlen attention through aten's memory-efficient kernels (O(L) memory). Its LSE
-    layout is its own, so it always re-runs its forward (`out`/`lse` are for the flash kernel)."""
+    layout is its own, so it always re-runs its forward."""
     group = q.shape[1] // k.shape[1]
     cu = packed_batch(cu_seqlens).cu(torch.int32)
     qb, kb, vb = q.unsqueeze(0), _expand_kv(k, group).unsqueeze(0), _expand_kv(v, group).unsqueeze(0)
@@ -341,13 +344,18 @@ BACKWARD_ENV = "TOP_RL_ATTENTION_BACKWARD"
 _flash_backward_failed: list[str] = []  # the first error, once flash fell back to the efficient kernels
 
 
-def backward_kernel(dtype: torch.dtype) -> str:
+def configured_backward_kernel(dtype: torch.dtype) -> str:
+    """The backward the env and dtype choose, before any failure in this process."""
     choice = os.environ.get(BACKWARD_ENV, "flash")
     if choice not in ("flash", "efficient"):
         raise ValueError(f"{BACKWARD_ENV}={choice!r}; choose 'flash' or 'efficient'")
-    if choice == "flash" and (dtype not in (torch.bfloat16, torch.float16) or _flash_backward_failed):
-        return "efficient"
-    return choice
+    return "efficient" if dtype not in (torch.bfloat16, torch.float16) else choice
+
+
+def backward_kernel(dtype: torch.dtype) -> str:
+    """The backward that runs: the configured one, or efficient once flash has failed in this process."""
+    choice = configured_backward_kernel(dtype)
+    return "efficient" if _flash_backward_failed else choice
 
 
 def attention_backward(g, q, k, v, cu_seqlens, max_len, scale, out=None, lse=None):
@@ -371,8 +379,7 @@ def _keep_forward_lse(backend: str, q, k, v) -> bool:
     and a flash backward failing in between must not change that (attention_backward ignores out/lse when it
     falls back)."""
     return (backend == "flashinfer" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-            and os.environ.get(LSE_ENV, "1") != "0" and os.environ.get(BACKWARD_ENV, "flash") == "flash"
-            and q.dtype in (torch.bfloat16, torch.float16))
+            and os.environ.get(LSE_ENV, "1") != "0" and configured_backward_kernel(q.dtype) == "flash")
 
 
 class _VarlenCausalAttention(torch.autograd.Function):

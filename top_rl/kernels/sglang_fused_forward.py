@@ -1,4 +1,5 @@
-"""The `sglang` backend's RMSNorm and SiLU-and-mul forwards: the engine's eager chains, or one Triton pass each.
+"""The `sglang` backend's RMSNorm, SiLU-and-mul and token log-prob forwards: the engine's eager chains, or one
+Triton pass each (log-probs: sglang_logprob_triton.py, lsm_BI's row reductions storing only the gathered column).
 
 The engine runs the eager chains below (SGLang rl mode, forward_native); on CUDA the trainer runs the kernels of
 top_rl/kernels/sglang_fused_triton.py instead, which give the same bits (that file says why; the GPU tests
@@ -73,3 +74,25 @@ def silu_and_mul(g):
     if not (g.is_cuda and g.dtype in _FLOATS and g.numel() > 0 and g.shape[-1] % 2 == 0):
         return silu_and_mul_eager(g)
     return _run("silu_and_mul", lambda *a: _kernels().silu_and_mul(*a), silu_and_mul_eager, g)
+
+
+# ------------------------------------------------------------------------------------------ token log-probs
+def token_logprobs_eager(z, ids, log_softmax):
+    """What the engine computes: lsm_BI's whole [T, V] output, then the column of each row's id."""
+    return log_softmax(z, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+
+
+def _gather_kernel():
+    from top_rl.kernels import sglang_logprob_triton
+
+    return sglang_logprob_triton
+
+
+def token_logprobs(z, ids, log_softmax):
+    """token_logprobs_eager's bits, from the gather kernel (no [T, V] output) where it applies: CUDA, lsm_BI's
+    input dtypes (fp32 prefill path, bf16 sampler path), int64 ids, at least one row."""
+    if not (z.is_cuda and ids.is_cuda and z.dtype in (torch.float32, torch.bfloat16) and ids.dtype == torch.int64
+            and z.numel() > 0 and ids.shape == z.shape[:-1]):
+        return token_logprobs_eager(z, ids, log_softmax)
+    return _run("token_logprobs", lambda z, ids, _: _gather_kernel().gathered_log_softmax(z, ids),
+                token_logprobs_eager, z, ids, log_softmax)
