@@ -1,20 +1,23 @@
-"""Build DeepGEMM's `_C` extension against this machine's torch and install it as the package `deep_gemm`.
+"""Build DeepGEMM's host extension against this machine's torch and install it as the package `deep_gemm`.
 
-No published DeepGEMM build loads under the lent H200's torch 2.11 (sgl-deep-gemm's `_C.so` was built for another
-torch, and its wheel lacks the source to rebuild), so scripts/gpu_bundle.sh packs the source (csrc, the Python
-package, its device headers with CUTLASS/CuTe, fmt) and this script compiles the one host-side file,
-csrc/python_api.cpp, with torch's extension builder, as DeepGEMM's own setup.py does. Its kernels are compiled at
-run time by its JIT (nvcc from CUDA_HOME, cache in ~/.deep_gemm), from the headers installed here.
+No published DeepGEMM build loads under the lent H200's torch 2.11 (sglang-kernel's and sgl-deep-gemm's binaries
+were built for torch 2.9), so scripts/gpu_bundle.sh packs the engine's own package (sglang-kernel 0.4.1's
+`deep_gemm`: Python, kernel headers, CUTLASS/CuTe) with the host code of the commit it was built from, and this
+script compiles the one host-side file, csrc/python_api.cpp, with torch's extension builder, as DeepGEMM's own
+setup.py does. The extension's name is the one the package imports (`deep_gemm_cpp` at sgl-kernel's pin, `_C` in
+upstream 2.5). Its kernels are compiled at run time by its JIT (nvcc from CUDA_HOME, cache in ~/.deep_gemm) from
+the headers installed here, i.e. from the engine's kernel sources.
 
-  python scripts/build_deep_gemm.py SRC.tar.gz SITE_DIR [--prebuilt _C.so] [--keep OUT_DIR]
---prebuilt: a `_C` built by an earlier run for the same torch (skips the ~minutes of compiling); --keep: copy the
-built `_C` there (to carry it next time).
+  python scripts/build_deep_gemm.py SRC.tar.gz SITE_DIR [--prebuilt EXT.so] [--keep OUT_DIR]
+--prebuilt: an extension built by an earlier run for the same source and torch (skips the build); --keep: copy the
+built extension there as deep_gemm_C.so (to carry it next time).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -40,6 +43,7 @@ def _cuda_ldflags(cuda_home: str) -> list[str]:
             flags += [f"-L{d}", f"-l:{os.path.basename(found[0])}", f"-Wl,-rpath,{d}"]
         else:
             flags += [f"-L{cuda_home}/lib64", f"-l{lib}"]
+    flags += [f"-L{cuda_home}/lib64/stubs", "-lcuda"]  # its JIT launches through the driver API (cuLaunchKernelEx)
     flags += _shared_libstdcxx()
     print(f"deep_gemm: link {' '.join(flags)}", flush=True)
     return flags
@@ -59,6 +63,14 @@ def _shared_libstdcxx() -> list[str]:
     if os.path.isabs(runtime) and os.path.exists(runtime):
         return [f"-L{os.path.dirname(runtime)}", "-l:libstdc++.so.6"]
     return ["-l:libstdc++.so.6"]  # the loader's default search path (/lib/x86_64-linux-gnu on Debian/Ubuntu)
+
+
+def extension_name(src: Path) -> str:
+    """The module the package imports its ops from: `from . import NAME` in deep_gemm/__init__.py."""
+    m = re.search(r"^from \. import (\w+)", (src / "deep_gemm" / "__init__.py").read_text(), re.MULTILINE)
+    if not m:
+        raise SystemExit(f"deep_gemm: no `from . import EXT` in {src / 'deep_gemm' / '__init__.py'}")
+    return m.group(1)
 
 
 def main(argv=None) -> int:
@@ -83,13 +95,14 @@ def main(argv=None) -> int:
     pkg = Path(args.site) / "deep_gemm"
     shutil.rmtree(pkg, ignore_errors=True)
     shutil.copytree(src / "deep_gemm", pkg)  # the Python package and include/ (its JIT's headers)
-    so_name = "_C" + sysconfig.get_config_var("EXT_SUFFIX")
-    stamp = f"deep_gemm {rev} torch {torch.__version__} cuda {torch.version.cuda} shared-libstdc++"
+    ext = extension_name(src)
+    so_name = ext + sysconfig.get_config_var("EXT_SUFFIX")
+    stamp = f"deep_gemm {rev} {ext} torch {torch.__version__} cuda {torch.version.cuda} shared-libstdc++ libcuda"
 
     if args.prebuilt and Path(args.prebuilt).exists() and Path(args.prebuilt + ".stamp").exists() \
             and Path(args.prebuilt + ".stamp").read_text().strip() == stamp:
         shutil.copy(args.prebuilt, pkg / so_name)
-        print(f"deep_gemm: prebuilt _C for {stamp}", flush=True)
+        print(f"deep_gemm: prebuilt {ext} for {stamp}", flush=True)
         return 0
 
     cuda_home = cpp_extension.CUDA_HOME
@@ -98,20 +111,20 @@ def main(argv=None) -> int:
     build.mkdir()
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 8))
     cpp_extension.load(
-        name="_C",
+        name=ext,
         sources=[str(src / "csrc" / "python_api.cpp")],
         extra_include_paths=[f"{cuda_home}/include", f"{cuda_home}/include/cccl", str(src / "deep_gemm" / "include"),
                              str(src / "third-party" / "fmt" / "include")],
         extra_cflags=["-O3", "-Wno-psabi", "-Wno-deprecated-declarations"],
         extra_ldflags=_cuda_ldflags(cuda_home),
         build_directory=str(build), with_cuda=True, is_python_module=False, verbose=False)
-    built = next(build.glob("_C*.so"))
+    built = next(build.glob(f"{ext}*.so"))
     try:
         linked = subprocess.run(["ldd", str(built)], capture_output=True, text=True).stdout
     except OSError:
         linked = None  # no ldd here: nothing to check with
     if linked is not None and "libstdc++" not in linked:
-        raise SystemExit("deep_gemm: _C does not link the shared libstdc++, so its first JIT call would crash "
+        raise SystemExit(f"deep_gemm: {ext} does not link the shared libstdc++, so its first JIT call would crash "
                          f"(a static copy's locale is never initialised); not installed, not kept. ldd:\n{linked}")
     shutil.copy(built, pkg / so_name)
     print(f"deep_gemm: built in {time.time() - t0:.0f} s -> {pkg / so_name}", flush=True)

@@ -10,11 +10,13 @@
 #               and friends: the GPU job (`scripts/gpu_run.sh e2e`)                           (~38 MiB)
 #   flashinfer  flashinfer-python (JIT-compiles on the device) + apache-tvm-ffi + cuda-tile   (~12 MiB)
 #   sglang_ref  what SGLang's own Qwen3ForCausalLM imports beyond core (tests/gpu/test_sglang_reference.py)
-#   deep_gemm   DeepGEMM's source (csrc, the Python package, its device headers, CUTLASS/CuTe and fmt headers) as
-#               one tarball, built on the device against its torch by scripts/build_deep_gemm.py (no published
-#               build loads under torch 2.11). From a git clone of $DEEPGEMM_REPO at $DEEPGEMM_REV with submodules;
-#               offline: DEEPGEMM_GIT_DIR (a git dir holding that commit), CUTLASS_INCLUDE and FMT_INCLUDE (dirs
-#               holding cute/ + cutlass/, and fmt/)                                           (~4 MiB)
+#   deep_gemm   the engine's DeepGEMM, to be built on the device against its torch by scripts/build_deep_gemm.py (no
+#               published build loads under torch 2.11): the `deep_gemm` package of sglang-kernel 0.4.1 (what sglang
+#               0.5.10.post1 pins; its kernel headers and the CUTLASS/CuTe its JIT compiles with) without its binary,
+#               the host code (csrc) of sgl-project/DeepGEMM at $DEEPGEMM_REV (sgl-kernel's pin; its Python package must
+#               equal the wheel's, file for file, or nothing is packed) and fmt's headers, as one tarball. Sources: git
+#               clones, or offline DEEPGEMM_GIT_DIR / FMT_GIT_DIR (git dirs holding those commits); the 352 MB wheel is
+#               cached in $SGLANG_KERNEL_CACHE                                                (~4 MiB)
 # Usage: bash scripts/gpu_bundle.sh [GROUP ...]   (default: core). gpu_run.sh installs every carried group.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,26 +46,47 @@ RAY_DROP=(ray/jars ray/rllib ray/serve ray/data ray/llm ray/tune ray/train ray/d
 FLASHINFER=(flashinfer-python==0.6.7.post3 apache-tvm-ffi==0.1.15.post2 cuda-tile==1.7.0)
 SGLANG_REF=(compressed-tensors==0.20.1 loguru==0.7.3 msgspec==0.22.0 gguf==0.19.0 einops==0.8.2)  # SGLang's Qwen3 (+einops: insurance)
 
+SGLANG_KERNEL=${SGLANG_KERNEL:-sglang-kernel==0.4.1}  # sglang 0.5.10.post1's Requires-Dist: the engine's deep_gemm
+SGLANG_KERNEL_CACHE=${SGLANG_KERNEL_CACHE:-$HOME/.cache/top_rl/wheels}
 DEEPGEMM_REPO=${DEEPGEMM_REPO:-https://github.com/sgl-project/DeepGEMM}
-DEEPGEMM_REV=${DEEPGEMM_REV:-a348cd95a8ddfd3ef337b595d8e8b841c0d9cf0f}  # main = upstream DeepGEMM 2.5.0, 2026-06-02
+DEEPGEMM_REV=${DEEPGEMM_REV:-ffe2b6b97420a9f8c58268ca55755168e6e2f360}  # sgl-kernel's FetchContent pin (sgl-release tip)
+FMT_REPO=${FMT_REPO:-https://github.com/fmtlib/fmt}
+FMT_REV=${FMT_REV:-553ec11ec06fbe0beebfbb45f9dc3c9eabd83d28}  # DeepGEMM's submodule at that commit
 
-deep_gemm_src() {  # pack DeepGEMM's source into $ROOT/deep_gemm/deep_gemm_src-REV.tar.gz
-  local out="$ROOT/deep_gemm/deep_gemm_src-${DEEPGEMM_REV:0:12}.tar.gz" tmp
+git_export() {  # git_export GIT_DIR_OR_EMPTY REPO REV DEST PATH...: the PATHs of REV, from a local git dir or a clone
+  local gd=$1 repo=$2 rev=$3 dest=$4; shift 4
+  if [ -z "$gd" ]; then
+    gd=$(mktemp -d)/clone.git
+    git clone -q --bare "$repo" "$gd"
+  fi
+  mkdir -p "$dest"
+  git --git-dir="$gd" archive "$rev" "$@" | tar -x -C "$dest"
+}
+
+deep_gemm_src() {  # pack the engine's DeepGEMM into $ROOT/deep_gemm/deep_gemm_src-REV.tar.gz
+  local out="$ROOT/deep_gemm/deep_gemm_src-${DEEPGEMM_REV:0:12}.tar.gz" tmp whl
   [ -f "$out" ] && return 0
   tmp=$(mktemp -d)
-  mkdir -p "$ROOT/deep_gemm" "$tmp/src"
-  if [ -n "${DEEPGEMM_GIT_DIR:-}" ]; then
-    git --git-dir="$DEEPGEMM_GIT_DIR" archive "$DEEPGEMM_REV" csrc deep_gemm | tar -x -C "$tmp/src"
-  else
-    git clone -q "$DEEPGEMM_REPO" "$tmp/clone" && git -C "$tmp/clone" checkout -q "$DEEPGEMM_REV" &&
-      git -C "$tmp/clone" submodule update -q --init third-party/cutlass third-party/fmt
-    cp -r "$tmp/clone/csrc" "$tmp/clone/deep_gemm" "$tmp/src/"
-    CUTLASS_INCLUDE=${CUTLASS_INCLUDE:-$tmp/clone/third-party/cutlass/include}
-    FMT_INCLUDE=${FMT_INCLUDE:-$tmp/clone/third-party/fmt/include}
+  mkdir -p "$ROOT/deep_gemm" "$tmp/src" "$SGLANG_KERNEL_CACHE"
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux2014_x86_64 -d "$SGLANG_KERNEL_CACHE" "$SGLANG_KERNEL"
+  whl=$(ls "$SGLANG_KERNEL_CACHE"/sglang_kernel-"${SGLANG_KERNEL##*==}"-*manylinux*x86_64.whl | head -n 1)
+  "$PY" - "$whl" "$tmp/src" <<'PYEOF'
+import sys, zipfile
+whl, dest = sys.argv[1:]
+with zipfile.ZipFile(whl) as z:  # the package as the engine installs it, minus its binary (built for torch 2.9.1)
+    z.extractall(dest, [n for n in z.namelist() if n.startswith("deep_gemm/") and not n.endswith(".so")])
+PYEOF
+  git_export "${DEEPGEMM_GIT_DIR:-}" "$DEEPGEMM_REPO" "$DEEPGEMM_REV" "$tmp/git" csrc deep_gemm
+  # The host code must be the wheel's: the same commit's Python package and kernel headers, file for file.
+  if ! diff -r -x cute -x cutlass -x __pycache__ "$tmp/git/deep_gemm" "$tmp/src/deep_gemm" >"$tmp/diff"; then
+    echo "gpu_bundle.sh: $SGLANG_KERNEL's deep_gemm is not DeepGEMM $DEEPGEMM_REV:" >&2; head -20 "$tmp/diff" >&2
+    rm -rf "$tmp"; return 1
   fi
-  cp -r "$CUTLASS_INCLUDE/cute" "$CUTLASS_INCLUDE/cutlass" "$tmp/src/deep_gemm/include/"  # where its JIT looks
-  mkdir -p "$tmp/src/third-party/fmt/include" && cp -r "$FMT_INCLUDE/fmt" "$tmp/src/third-party/fmt/include/"
-  echo "$DEEPGEMM_REV" >"$tmp/src/REVISION"
+  mv "$tmp/git/csrc" "$tmp/src/csrc"
+  git_export "${FMT_GIT_DIR:-}" "$FMT_REPO" "$FMT_REV" "$tmp/fmt" include/fmt
+  mkdir -p "$tmp/src/third-party/fmt" && mv "$tmp/fmt/include" "$tmp/src/third-party/fmt/include"
+  echo "$DEEPGEMM_REV ${SGLANG_KERNEL}" >"$tmp/src/REVISION"
   tar -C "$tmp/src" -czf "$out" .
   rm -rf "$tmp"
 }

@@ -117,3 +117,54 @@ def test_ops_refuses_a_deepgemm_contract_where_sglang_runs_triton(monkeypatch):
             sg.set_contract(DG.name)
     finally:
         sg.ops.cache_clear()
+
+
+def _dg_package(root, files):
+    pkg = root / "deep_gemm"
+    for rel, text in files.items():
+        (pkg / "include" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / "include" / rel).write_text(text)
+    (pkg / "__init__.py").write_text("")
+    return SimpleNamespace(__file__=str(pkg / "__init__.py")), pkg
+
+
+def test_deep_gemm_digest_covers_every_header_name_and_byte(tmp_path):
+    from top_rl.kernels import deep_gemm_source as dgs
+
+    _, pkg = _dg_package(tmp_path, {"deep_gemm/impls/sm90_bf16_gemm.cuh": "a", "cute/tensor.hpp": "b"})
+    d0 = dgs.include_digest(pkg)
+    assert dgs.include_digest(pkg) == d0 and len(d0) == 64
+    (pkg / "include" / "cute" / "tensor.hpp").write_text("c")
+    d1 = dgs.include_digest(pkg)
+    (pkg / "include" / "cute" / "tensor.hpp").rename(pkg / "include" / "cute" / "tensor2.hpp")
+    d2 = dgs.include_digest(pkg)
+    assert len({d0, d1, d2}) == 3
+    with pytest.raises(FileNotFoundError, match="no include/"):
+        dgs.include_digest(tmp_path)
+
+
+def test_contract_pins_the_engines_deep_gemm_sources():
+    assert DG.describe()["deep_gemm"]["rev"] == contract.DEEPGEMM_SOURCE["rev"]
+    assert "deep_gemm" not in V1.describe()
+    assert len(contract.DEEPGEMM_SOURCE["include_sha256"]) == 64
+
+
+def test_ops_refuses_a_deep_gemm_with_other_headers_than_the_engines(monkeypatch, tmp_path):
+    """DeepGEMM on and importable, but its JIT headers are not sglang-kernel 0.4.1's: refused before any GEMM."""
+    from top_rl.kernels import deep_gemm_source as dgs
+
+    module, pkg = _dg_package(tmp_path, {"deep_gemm/impls/sm90_bf16_gemm.cuh": "another release"})
+    fake = SimpleNamespace(_ENABLE_MM_DEEPGEMM=True, ENABLE_JIT_DEEPGEMM=True, deep_gemm=module,
+                           matmul_persistent="mm", mean_dim=None, log_softmax=None)
+    monkeypatch.setitem(sys.modules, "sglang.srt.batch_invariant_ops.batch_invariant_ops", fake)
+    monkeypatch.setitem(sys.modules, "sglang.srt.batch_invariant_ops", SimpleNamespace(batch_invariant_ops=fake))
+    monkeypatch.setattr(sg, "_wheel_apply_rotary_emb", lambda: (lambda *a: None))
+    sg.ops.cache_clear()
+    sg.set_contract(DG.name)
+    try:
+        with pytest.raises(RuntimeError, match=r"other headers than the engine's \(sglang-kernel==0.4.1.*gpu_bundle"):
+            sg.ops()
+        monkeypatch.setitem(contract.DEEPGEMM_SOURCE, "include_sha256", dgs.include_digest(pkg))
+        assert sg.ops().mm == "mm" and sg._ops_contract == DG.name  # the engine's headers: accepted
+    finally:
+        sg.ops.cache_clear()

@@ -58,6 +58,16 @@ GEMM_PATHS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 
+# The engine's DeepGEMM (gemm="deepgemm"): sglang 0.5.10.post1 pins sglang-kernel 0.4.1, whose `deep_gemm` package
+# sgl-kernel builds from sgl-project/DeepGEMM at this commit (its package files equal the wheel's). The JIT compiles
+# every kernel from the package's include/ headers, so both sides must hold these (top_rl/kernels/deep_gemm_source.py).
+DEEPGEMM_SOURCE = {
+    "package": "sglang-kernel==0.4.1 (deep_gemm)",
+    "rev": "ffe2b6b97420a9f8c58268ca55755168e6e2f360",
+    "include_sha256": "982772accfc6bb88abacbdb9b913304b7abb44922c8066ab033fb8d68e63cc8e",
+}
+
+
 @dataclass(frozen=True)
 class TopContract:
     name: str
@@ -103,6 +113,8 @@ class TopContract:
         out = dataclasses.asdict(self)
         out["tiling"] = dataclasses.asdict(self.tiling)
         out["engine_env"] = [list(kv) for kv in self.engine_env]
+        if self.gemm == "deepgemm":
+            out["deep_gemm"] = dict(DEEPGEMM_SOURCE)
         return out
 
 

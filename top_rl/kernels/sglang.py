@@ -101,6 +101,11 @@ def ops() -> SimpleNamespace:
 
     apply_rotary_emb = _wheel_apply_rotary_emb()
     check_gemm_path(top, bool(bio._ENABLE_MM_DEEPGEMM and bio.ENABLE_JIT_DEEPGEMM))
+    if top.gemm == "deepgemm":
+        from top_rl.kernels import deep_gemm_source
+
+        deep_gemm_source.check(bio.deep_gemm, _contract.DEEPGEMM_SOURCE["include_sha256"],
+                               _contract.DEEPGEMM_SOURCE["package"])
     _ops_contract = top.name
     return SimpleNamespace(
         mm=bio.matmul_persistent,
