@@ -41,7 +41,7 @@ def test_contracts_name_their_gemm():
         d = json.loads(json.dumps(c.describe()))
         assert d["gemm"] == c.gemm and dict(map(tuple, d["engine_env"])) == dict(c.engine_env)
     assert contract.get(DG.name) is DG
-    assert DG.name not in contract.CONTRACTS  # not a run option until proven on a GPU
+    assert set(contract.CONTRACTS) == {V1.name, DG.name}  # both run options (top.contract)
 
 
 def test_unknown_gemm_or_gemm_switch_in_base_env_refused():
@@ -168,3 +168,44 @@ def test_ops_refuses_a_deep_gemm_with_other_headers_than_the_engines(monkeypatch
         assert sg.ops().mm == "mm" and sg._ops_contract == DG.name  # the engine's headers: accepted
     finally:
         sg.ops.cache_clear()
+
+
+def _sglang_run(*overrides):
+    from top_rl.cli import compose
+
+    engine = ["rollout.engine=sglang", "rollout.logprob_source=prefill", "model.path=/models/Qwen3-0.6B"]
+    return compose(["top.kernels=sglang", *engine, *overrides])
+
+
+def test_top_contract_chooses_the_engines_gemm_in_the_launch_plan():
+    """`top.contract` is a run option: the dry-run plan's server env carries that contract's GEMM switches."""
+    from top_rl.rollout.sglang_plan import launch_plan
+
+    for top in (V1, DG):
+        plan = launch_plan(_sglang_run(f"top.contract={top.name}"))
+        assert all(plan["env"][k] == v for k, v in top.engine_env)
+
+
+def test_deepgemm_contract_needs_the_sglang_kernels():
+    from top_rl.cli import compose
+    from top_rl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=f"top.contract={DG.name} names DeepGEMM.*set top.kernels=sglang"):
+        compose([f"top.contract={DG.name}"])  # the embedded job's reference kernels
+    with pytest.raises(ConfigError, match="top.contract"):
+        compose(["top.contract=qwen3_dense_top_v2"])
+    assert _sglang_run(f"top.contract={DG.name}").top.contract == DG.name
+
+
+def test_actors_compute_under_the_runs_contract(monkeypatch):
+    """Every actor process pins the run's contract before its first kernel (its GEMM path is fixed at import)."""
+    import top_rl.actors as actors
+
+    monkeypatch.setattr(actors.ray, "get_gpu_ids", lambda: [0])
+    monkeypatch.setattr(actors.torch, "set_num_threads", lambda n: None)
+    monkeypatch.setattr("top_rl.kernels.set_backend", lambda name: None)
+    monkeypatch.setattr("top_rl.quiet.install", lambda: None)
+    actors._setup_process("sglang", None, 1, DG.name)
+    assert sg.active_contract() is DG
+    actors._setup_process("reference", None, 1, V1.name)  # other kernels: the contract's GEMM is not theirs to pin
+    assert sg.active_contract() is DG

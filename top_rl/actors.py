@@ -18,7 +18,8 @@ from top_rl import weight_sync
 from top_rl.weight_sync import Endpoint
 
 
-def _setup_process(kernel_backend: str, attention_backend: str | None, threads: int) -> None:
+def _setup_process(kernel_backend: str, attention_backend: str | None, threads: int,
+                   contract_name: str | None = None) -> None:
     from top_rl import quiet
 
     quiet.install()  # third-party start-up notices, once per actor (top_rl/quiet.py)
@@ -28,6 +29,10 @@ def _setup_process(kernel_backend: str, attention_backend: str | None, threads: 
     from top_rl import kernels
 
     kernels.set_backend(kernel_backend)
+    if kernel_backend == "sglang" and contract_name:
+        from top_rl.kernels import sglang
+
+        sglang.set_contract(contract_name)  # the engines' contract (its GEMM path), before any kernel runs
     if kernel_backend == "sglang" and attention_backend:
         from top_rl.kernels import sglang_attention
 
@@ -43,10 +48,11 @@ class EngineActor:
     """Hosts one rollout engine: native (in-process over the kernel seam) or an SGLang server it launches."""
 
     def __init__(self, kind: str, kernel_backend: str, attention_backend: str | None, threads: int, arch,
-                 dtype: str, logprob_source: str, sglang: dict | None = None):
+                 dtype: str, logprob_source: str, sglang: dict | None = None, contract_name: str | None = None):
         """`sglang`: for kind "sglang", the keyword arguments of SglangEngine.from_config (the run's
-        rollout.sglang mapping plus the trainer's attention backend, model path, TOP switch, engine index)."""
-        _setup_process(kernel_backend, attention_backend, threads)
+        rollout.sglang mapping plus the trainer's attention backend, model path, TOP switch, engine index).
+        `contract_name`: the run's top.contract, for the native engine's kernels and the SGLang server alike."""
+        _setup_process(kernel_backend, attention_backend, threads, contract_name)
         self.kind, self.version, self.group = kind, -1, None
         if kind == "native":
             from top_rl.model import family
@@ -57,7 +63,8 @@ class EngineActor:
         elif kind == "sglang":
             from top_rl.rollout.sglang import SglangEngine
 
-            self.engine = SglangEngine.from_config(logprob_source=logprob_source, **(sglang or {}))
+            self.engine = SglangEngine.from_config(logprob_source=logprob_source, contract_name=contract_name,
+                                                   **(sglang or {}))
         else:
             raise ValueError(f"rollout.engine={kind!r}; choose native or sglang")
 
@@ -107,8 +114,9 @@ class TrainerActor:
     """One trainer rank (Megatron-core over the kernel seam). Calls are SPMD: the driver sends each call to
     every rank; rank 0 answers (reports, weights it sends on)."""
 
-    def __init__(self, rank: int, world: int, kernel_backend: str, attention_backend: str | None, threads: int):
-        _setup_process(kernel_backend, attention_backend, threads)
+    def __init__(self, rank: int, world: int, kernel_backend: str, attention_backend: str | None, threads: int,
+                 contract_name: str | None = None):
+        _setup_process(kernel_backend, attention_backend, threads, contract_name)
         self.rank, self.world = rank, world
         self.groups: dict[int, weight_sync.Group] = {}  # rank 0: engine index -> its broadcast group
 

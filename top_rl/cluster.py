@@ -51,9 +51,10 @@ def start_ray(cfg: ClusterConfig) -> None:
 class Cluster:
     def __init__(self, cfg: ClusterConfig, *, kernel_backend: str, attention_backend: str, rollout_cfg, trainer_cfg,
                  step_cfg, model_cfg, arch, vocab_size: int, eos_token_id: int | None,
-                 sglang_context: dict | None = None):
+                 sglang_context: dict | None = None, contract_name: str | None = None):
         """`sglang_context`: run-level settings SGLang engines are checked against (attention backend of the
-        trainer, model path, TOP on/off); unused by the native engine."""
+        trainer, model path, TOP on/off); unused by the native engine. `contract_name`: the run's top.contract, which
+        every actor computes under (trainer ranks, native engines) and SGLang servers launch with."""
         start_ray(cfg)
         world = trainer_cfg.dp * trainer_cfg.tp * trainer_cfg.pp * trainer_cfg.cp
         self.plan = placement.plan(rollout_cfg.num_engines, world, cfg)
@@ -78,7 +79,7 @@ class Cluster:
         self.trainers = [
             TrainerActor.options(scheduling_strategy=self._bundle(self.plan.trainer_bundle[r]), num_cpus=0,
                                  num_gpus=self.plan.trainer_gpus).remote(r, world, kernel_backend, attention_backend,
-                                                                         threads)
+                                                                         threads, contract_name)
             for r in range(world)
         ]
         host, port = ray.get(self.trainers[0].free_address.remote())
@@ -87,7 +88,8 @@ class Cluster:
         self.trainer_endpoint = ray.get(self.trainers[0].endpoint.remote())
 
         self._engine_args = (rollout_cfg.engine, kernel_backend, attention_backend, threads, arch)
-        self._engine_kwargs = dict(dtype=trainer_cfg.dtype, logprob_source=rollout_cfg.logprob_source)
+        self._engine_kwargs = dict(dtype=trainer_cfg.dtype, logprob_source=rollout_cfg.logprob_source,
+                                   contract_name=contract_name)
         self._sglang = dict(sglang=rollout_cfg.sglang, trainer_attention_backend=attention_backend,
                             **(sglang_context or {}))
         self.engines = [self._new_engine(i) for i in range(rollout_cfg.num_engines)]

@@ -158,6 +158,11 @@ def validate(cfg: RunConfig) -> RunConfig:
                       "prefill (extend) kernel, so the sampler's log-probs would fail the gate at step 1; use "
                       "rollout.logprob_source=prefill" + (f" or an attention backend proven equal ({', '.join(source_ok)})"
                                                            if source_ok else ""))
+    chosen = contract.CONTRACTS.get(cfg.top.contract)
+    if cfg.top.enabled and chosen is not None and chosen.gemm == "deepgemm" and kernel_backend(cfg) != "sglang":
+        errors.append(f"top.contract={cfg.top.contract} names DeepGEMM, which only top.kernels=sglang runs (the "
+                      f"{kernel_backend(cfg)} kernels compute their own GEMM); set top.kernels=sglang (a Hopper GPU "
+                      f"with deep_gemm) or top.contract={contract.DEFAULT.name}")
     if not isinstance(cfg.task, dict) or "name" not in cfg.task:
         errors.append("task must be a mapping with a 'name' (pick a group: task=arith | gsm8k | dapo)")
     if errors:

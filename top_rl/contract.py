@@ -150,17 +150,19 @@ QWEN3_DENSE_TOP_V1 = TopContract(
     gemm="triton_persistent",
 )
 
-# The same contract on DeepGEMM's bf16_gemm_nn (SGLang's own Hopper default, ~cuBLAS speed). Not yet a run option
-# (`top.contract` chooses among CONTRACTS): on the H200 a source build (scripts/build_deep_gemm.py) is batch-invariant
-# at 1..4096 rows and the trainer equals the native engine under it, but SGLang's own model has not yet been compared
-# under it, nor the engine image's deep_gemm shown to be the same build (docs/numerics.md §11). Code may name it
-# (`get`, set_contract, $TOP_RL_CONTRACT for benchmarks and tests).
+# The same contract on DeepGEMM's bf16_gemm_nn: SGLang's own Hopper default, at ~cuBLAS speed. The engine's DeepGEMM
+# is sglang-kernel 0.4.1's (DEEPGEMM_SOURCE); measured on the H200 with that package built for torch 2.11
+# (scripts/gpu_bundle.sh deep_gemm + scripts/build_deep_gemm.py): batch-invariant at 1..4096 rows
+# (tests/gpu/test_deepgemm.py), SGLang's own Qwen3ForCausalLM equal to the trainer layer by layer, logits and
+# log-probs (tests/gpu/test_sglang_reference.py), trainer == native engine (docs/numerics.md §11, Question 1). Needs
+# an sm90+ GPU and that deep_gemm on both sides; the default stays the Triton GEMM, which runs anywhere.
 QWEN3_DENSE_TOP_V1_DEEPGEMM = dataclasses.replace(QWEN3_DENSE_TOP_V1, name="qwen3_dense_top_v1_deepgemm",
                                                   gemm="deepgemm")
 
-CONTRACTS = {QWEN3_DENSE_TOP_V1.name: QWEN3_DENSE_TOP_V1}  # what a run config may choose
-UNPROVEN = {QWEN3_DENSE_TOP_V1_DEEPGEMM.name: QWEN3_DENSE_TOP_V1_DEEPGEMM}
+CONTRACTS = {c.name: c for c in (QWEN3_DENSE_TOP_V1, QWEN3_DENSE_TOP_V1_DEEPGEMM)}  # what top.contract may choose
+UNPROVEN: dict[str, TopContract] = {}  # named contracts code may use (`get`) before a GPU run proves them; none now
 DEFAULT = QWEN3_DENSE_TOP_V1
+
 
 def get(name: str) -> TopContract:
     try:

@@ -41,7 +41,8 @@ def run(cfg: RunConfig) -> dict:
                           rollout_cfg=cfg.rollout, trainer_cfg=dataclasses.replace(cfg.trainer, dtype=cfg.model.dtype),
                           step_cfg=step_cfg, model_cfg=cfg.model,
                           arch=model_cfg, vocab_size=task.vocab_size, eos_token_id=task.eos_token_id,
-                          sglang_context={"model_path": cfg.model.path, "top": cfg.top.enabled})
+                          sglang_context={"model_path": cfg.model.path, "top": cfg.top.enabled},
+                          contract_name=cfg.top.contract)
         cleanup.callback(cluster.shutdown)
         guard.catch_signals()  # after Ray started (it installs a SIGTERM handler of its own)
         if state is not None:  # engines get the resumed weights before the first rollout

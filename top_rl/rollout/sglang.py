@@ -66,10 +66,12 @@ class SglangEngine(RolloutEngine):
     @classmethod
     def from_config(cls, sglang: dict | None, logprob_source: str | None = None,
                     trainer_attention_backend: str | None = None, model_path: str | None = None,
-                    top: bool | None = None, index: int = 0, start: bool = True) -> "SglangEngine":
+                    top: bool | None = None, index: int = 0, start: bool = True,
+                    contract_name: str | None = None) -> "SglangEngine":
         """Build (and start) engine `index` from the run config's `rollout.sglang` mapping; the other arguments
         are run-level defaults the mapping may not contradict. The trainer's attention backend comes from the
-        argument or, as the trainer's kernels read it, from $TOP_RL_ATTENTION_BACKEND."""
+        argument or, as the trainer's kernels read it, from $TOP_RL_ATTENTION_BACKEND; the contract from
+        `contract_name` (the run's top.contract; default: contract.DEFAULT)."""
         trainer = trainer_attention_backend or os.environ.get("TOP_RL_ATTENTION_BACKEND")
         cfg = config_from_dict(sglang, index, model_path=model_path, logprob_source=logprob_source, top=top,
                                attention_backend=trainer)
@@ -78,7 +80,7 @@ class SglangEngine(RolloutEngine):
                 raise TopConfigError("the SGLang engine needs the trainer's attention backend to refuse a mismatch: pass "
                                      "trainer_attention_backend=<top.attention_backend> or set TOP_RL_ATTENTION_BACKEND")
             trainer = cfg.attention_backend
-        engine = cls(cfg, trainer)
+        engine = cls(cfg, trainer, contract.get(contract_name) if contract_name else contract.DEFAULT)
         if start:
             engine.start()
         return engine

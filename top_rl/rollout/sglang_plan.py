@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from top_rl import contract
 from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, check_config
 from top_rl.rollout.sglang_launch import build_launch
 
@@ -43,7 +44,8 @@ def launch_plan(run_cfg, index: int = 0) -> dict:
     if not run_cfg.model.path:
         raise TopConfigError("rollout.engine=sglang needs model.path: the HF checkpoint every server loads")
     cfg = config_from_dict(run_cfg.rollout.sglang, index, **run_defaults(run_cfg))
-    check_config(cfg, run_cfg.top.attention_backend, check_version=False)
-    spec = build_launch(cfg, run_cfg.top.attention_backend, check=False)
+    top = contract.get(run_cfg.top.contract)
+    check_config(cfg, run_cfg.top.attention_backend, top, check_version=False)
+    spec = build_launch(cfg, run_cfg.top.attention_backend, top=top, check=False)
     return {"kind": "sglang", "url": cfg.url, **spec.describe(), "weight_sync": cfg.weight_sync,
             "logprob_source": cfg.logprob_source, "attention_backend": cfg.attention_backend, "top": cfg.top}
