@@ -40,6 +40,16 @@ def main(path):
             x, ids = rows(vocab, dtype, seed=vocab)
             out[(str(dtype), vocab)] = (ours.gathered_log_softmax(x, ids),
                                         bio.log_softmax(x, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1))
+    for vocab in VOCABS:  # the sampler pass and its backward, at temperatures that make L / T exact
+        g = torch.Generator().manual_seed(vocab)
+        logits = (torch.randn(5, vocab, generator=g) * 4).to(torch.bfloat16)
+        temps = torch.tensor([1.0, 0.5, 2.0, 0.25, 4.0])
+        sids = torch.randint(0, vocab, (5,), generator=g)
+        sids[0], sids[1] = 0, vocab - 1
+        gout = torch.randn(5, generator=g).to(torch.bfloat16)
+        lp, shift = ours.gathered_sampler_log_softmax(logits, temps, sids)
+        grad = ours.sampler_log_softmax_grad(logits, temps, sids, shift, gout)
+        out[("sampler", vocab)] = (logits, temps, sids, gout, lp, shift, grad)
     x, ids = rows(1030, torch.float32, seed=1)
     out["3d"] = (ours.gathered_log_softmax(x.reshape(2, 3, 1030), ids.reshape(2, 3)), ours.gathered_log_softmax(x, ids))
     out["bad_ids"] = ours.gathered_log_softmax(x[:2], torch.tensor([-1, 1030]))

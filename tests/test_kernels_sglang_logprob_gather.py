@@ -37,6 +37,13 @@ class _Calls:
             raise self.error
         return _torch_gather(z, ids)
 
+    def gathered_sampler_log_softmax(self, logits, temperature, ids):
+        self.calls.append(("sampler_kernel", logits.dtype))
+        if self.error:
+            raise self.error
+        z = (logits.float() / temperature.reshape(-1, 1)).to(logits.dtype)
+        return _torch_gather(z, ids), torch.logsumexp(z.float(), -1)
+
     def eager(self, z, ids, log_softmax=None):
         self.calls.append(("eager", z.dtype))
         return _torch_gather(z, ids)
@@ -72,11 +79,27 @@ def test_cuda_takes_the_kernel_on_both_paths_with_lsm_bis_input_dtype(monkeypatc
     _as_cuda(monkeypatch)
     lp = sg.prefill_logprobs(logits, ids)  # prefill: fp32 of the logits; sampler: tempered, in the logits' dtype
     lt = sg.sample_logprobs(logits, ids, 0.7)
-    assert calls.calls == [("kernel", torch.float32), ("kernel", torch.bfloat16)]
+    assert calls.calls == [("kernel", torch.float32), ("sampler_kernel", torch.bfloat16)]
     assert (lp.dtype, lt.dtype) == (torch.float32, torch.bfloat16)
+    monkeypatch.setenv(ff.SAMPLER_ENV, "0")  # the sampler path's eager rounding, then the gather kernel
+    sg.sample_logprobs(logits, ids, 0.7)
+    assert calls.calls[-1] == ("kernel", torch.bfloat16)
     monkeypatch.setenv(ff.ENV, "0")
     sg.prefill_logprobs(logits, ids)
-    assert calls.calls[-1] == ("eager", torch.float32)
+    sg.sample_logprobs(logits, ids, 0.7)
+    assert calls.calls[-2:] == [("eager", torch.float32), ("eager", torch.bfloat16)]
+
+
+def test_sampler_kernel_takes_only_what_lsm_bi_would_load_alike(monkeypatch, calls):
+    """The fused sampler pass needs loads like lsm_BI's of a fresh bf16 tensor: 2-D, contiguous, 16-byte aligned."""
+    logits, ids = _logits(rows=4, vocab=64)
+    _as_cuda(monkeypatch)
+    sg.sample_logprobs(logits[:, :50], ids.clamp_max(49), 1.0)  # a column slice: not contiguous
+    sg.sample_logprobs(logits.reshape(-1)[1:].reshape(-1)[:3 * 64].reshape(3, 64), ids[:3], 1.0)  # offset by 2 bytes
+    sg.sample_logprobs(logits.float(), ids, 1.0)  # fp32 logits (an fp32 model)
+    assert [c[0] for c in calls.calls] == ["kernel", "kernel", "kernel"]  # each: eager rounding, then the gather
+    sg.sample_logprobs(logits, ids, 1.0)
+    assert calls.calls[-1][0] == "sampler_kernel"
 
 
 def test_inputs_the_kernel_does_not_take_go_to_lsm_bi(monkeypatch, calls):
@@ -132,6 +155,22 @@ def test_interpreted_kernel_equals_interpreted_lsm_bi_gather(interpreted, vocab,
     assert torch.equal(got.view(_BITS[dtype]), want.view(_BITS[dtype])), (got, want)
     assert got[5] == float("-inf")  # the id's own logit is -inf
     assert torch.isfinite(got[:5]).all()
+
+
+@pytest.mark.parametrize("vocab", [7, 1024, 2500])
+def test_interpreted_sampler_kernel_and_its_backward_against_fp64(interpreted, vocab):
+    """The sampler pass (division, rounding, the two row reductions, the gathered id, the kept shift) and its
+    one-pass backward, run by the interpreter at power-of-two temperatures (L / T exact, so the interpreter's
+    truncating bf16 rounding cannot differ from the GPU's): against log_softmax and its gradient in fp64."""
+    logits, temps, ids, g, out, shift, grad = interpreted[("sampler", vocab)]
+    z = (logits.double() / temps.double()[:, None])
+    ref = torch.log_softmax(z, -1).gather(-1, ids[:, None])[:, 0]
+    assert out.dtype == torch.bfloat16 and shift.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref, rtol=2 ** -7, atol=1e-6)
+    torch.testing.assert_close(shift.double(), torch.logsumexp(z, -1), rtol=1e-6, atol=1e-5)
+    want = (torch.nn.functional.one_hot(ids, vocab).double() - torch.softmax(z, -1)) * (g.double() / temps.double())[:, None]
+    assert grad.dtype == torch.bfloat16
+    torch.testing.assert_close(grad.double(), want, rtol=2 ** -7, atol=1e-6)
 
 
 def test_interpreted_kernel_keeps_leading_dims_and_marks_bad_ids_nan(interpreted):

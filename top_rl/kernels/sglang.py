@@ -245,22 +245,34 @@ def _sampler_input(logits, temperature):
     return logits.div(temperature.reshape(-1, 1)).to(logits.dtype)
 
 
+def _sampler_logprobs_eager(logits, ids, temperature):
+    return _fused_forward.token_logprobs(_sampler_input(logits, temperature), ids, ops().log_softmax)
+
+
 class _TokenLogprobs(torch.autograd.Function):
     """lsm_BI gathered at ids. temperature None: prefill path (§6.1, fp32 of f32(L)); else the sampler path
-    (§6.2). Backward: (onehot - softmax(z)) * g / T, softmax recomputed from the saved logits (no [T, V]
-    fp32 log-probs kept alive), one compiled kernel (sglang_backward.py)."""
+    (§6.2; on CUDA one fused pass that rounds bf(L / T) itself and keeps each row's max + log-sum-exp).
+    Backward: (onehot - softmax(z)) * g / T, softmax recomputed from the saved logits (no [T, V] fp32 log-probs
+    kept alive): one Triton pass from the kept shift, else one compiled kernel (sglang_backward.py)."""
 
     @staticmethod
     def forward(ctx, logits, ids, temperature):
-        z = logits.float() if temperature is None else _sampler_input(logits, temperature)
-        lp = _fused_forward.token_logprobs(z, ids, ops().log_softmax)
-        ctx.save_for_backward(logits, ids, temperature if temperature is not None else logits.new_empty(0))
-        ctx.tempered = temperature is not None
+        shift = None
+        if temperature is None:
+            lp = _fused_forward.token_logprobs(logits.float(), ids, ops().log_softmax)
+        else:
+            lp, shift = _fused_forward.sampler_logprobs(logits, ids, temperature, _sampler_logprobs_eager)
+        none = logits.new_empty(0)
+        ctx.save_for_backward(logits, ids, none if temperature is None else temperature,
+                              none if shift is None else shift)
+        ctx.tempered, ctx.fused = temperature is not None, shift is not None
         return lp
 
     @staticmethod
     def backward(ctx, g):
-        logits, ids, t = ctx.saved_tensors
+        logits, ids, t, shift = ctx.saved_tensors
+        if ctx.fused:
+            return _fused.sampler_logprobs_grad(logits, ids, t, shift, g), None, None
         return _fused.token_logprobs_grad(logits, ids, t if ctx.tempered else None, g), None, None
 
 

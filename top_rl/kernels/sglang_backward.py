@@ -82,6 +82,19 @@ def token_logprobs_grad(logits, ids, temperature, g):
                 fallback=_token_logprobs_grad_scatter)
 
 
+def sampler_logprobs_grad(logits, ids, temperature, shift, g):
+    """token_logprobs_grad on the sampler path, given the fused forward's per-row shift: one Triton pass over the
+    logits (sglang_logprob_triton._sampler_log_softmax_grad) instead of the eager division, rounding and the
+    compiled softmax's passes; the compiled formula once that launch has failed in this process."""
+    def fused(logits, ids, temperature, shift, g):
+        from top_rl.kernels import sglang_logprob_triton
+
+        return sglang_logprob_triton.sampler_log_softmax_grad(logits, temperature, ids, shift, g)
+
+    return _fallback.run(_failed, "sampler_logprobs_fused", "the fused sampler log-prob backward", "its compiled formula",
+                         fused, lambda l, i, t, _s, g: token_logprobs_grad(l, i, t, g), logits, ids, temperature, shift, g)
+
+
 class SiluAndMul(_ref._SiluAndMul):
     """SGLang's native forward (the reference's, bitwise: tests/test_sglang_native_ops.py; on CUDA one Triton pass
     with the same bits, sglang_fused_forward.py), fused backward."""

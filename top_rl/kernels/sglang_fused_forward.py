@@ -96,3 +96,26 @@ def token_logprobs(z, ids, log_softmax):
         return token_logprobs_eager(z, ids, log_softmax)
     return _run("token_logprobs", lambda z, ids, _: _gather_kernel().gathered_log_softmax(z, ids),
                 token_logprobs_eager, z, ids, log_softmax)
+
+
+SAMPLER_ENV = "TOP_RL_FUSED_SAMPLER"  # "0": the sampler path's eager division and rounding (A/B measurements)
+
+
+def _sampler_fusable(logits, ids, temperature) -> bool:
+    """The kernel's loads must be lsm_BI's loads of _sampler_input's output (a fresh contiguous bf16 tensor): so 2-D
+    contiguous bf16 logits whose data pointer is 16-byte aligned, as Triton specialises pointers."""
+    t = temperature.reshape(-1)
+    return (os.environ.get(SAMPLER_ENV, "1") != "0" and logits.is_cuda and logits.dtype == torch.bfloat16
+            and logits.dim() == 2 and logits.is_contiguous() and logits.data_ptr() % 16 == 0 and logits.numel() > 0
+            and ids.dtype == torch.int64 and ids.shape == logits.shape[:1] and t.is_cuda
+            and t.dtype == torch.float32 and t.numel() == logits.shape[0])
+
+
+def sampler_logprobs(logits, ids, temperature, eager):
+    """(log-probs, shift or None) on the sampler path. `eager(logits, ids, temperature)`: lsm_BI over the rounded
+    bf(f32(L) / T), gathered (what the engine computes). Where the fused kernel applies it gives the same bits in one
+    pass over L, plus each row's max + log-sum-exp for the backward (sglang_backward.sampler_logprobs_grad)."""
+    if not _sampler_fusable(logits, ids, temperature):
+        return eager(logits, ids, temperature), None
+    return _run("sampler_logprobs", lambda l, i, t: _gather_kernel().gathered_sampler_log_softmax(l, t, i),
+                lambda l, i, t: (eager(l, i, t), None), logits, ids, temperature)

@@ -69,3 +69,91 @@ def gathered_log_softmax(z: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         _gathered_log_softmax[(n_rows,)](z2, ids.reshape(-1).to(torch.int64).contiguous(), out, z2.stride(0), n_cols,
                                          BLOCK_SIZE=BLOCK_SIZE)
     return out.reshape(ids.shape)
+
+
+# ------------------------------------------------------------------------------------------- the sampler path
+# The sampler path's lsm_BI input is bf(f32(L) / T) (docs/numerics.md §6.2): torch divides the bf16 logits by the
+# fp32 temperature in fp32 (IEEE division) and rounds to bf16, two [rows, vocab] passes before lsm_BI reads the
+# result. `_tempered` computes the same value from each loaded block: the loads are of the same dtype, shape and
+# alignment as lsm_BI's loads of that tensor (so the same register layout), the -inf / 0 fills map to -inf / 0 as
+# lsm_BI's fills of the rounded tensor, and div_rn plus round-to-nearest-even are torch's operations. Everything
+# after the load is `_gathered_log_softmax` line for line. Bit patterns: tests/gpu/test_logprob_gather.py.
+@triton.jit
+def _tempered(x, t):
+    return tl.math.div_rn(x.to(tl.float32), t).to(x.dtype)
+
+
+@triton.jit
+def _gathered_sampler_log_softmax(l_ptr, t_ptr, ids_ptr, out_ptr, shift_ptr, x_row_stride: tl.constexpr,
+                                  n_cols: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    row_ptr = l_ptr + row * x_row_stride
+    t = tl.load(t_ptr + row)
+
+    cols = tl.arange(0, BLOCK_SIZE)
+    max_val = tl.max(_tempered(tl.load(row_ptr + cols, mask=cols < n_cols, other=-float("inf")), t))
+    for start in range(BLOCK_SIZE, n_cols, BLOCK_SIZE):
+        cols = start + tl.arange(0, BLOCK_SIZE)
+        block = _tempered(tl.load(row_ptr + cols, mask=cols < n_cols, other=-float("inf")), t)
+        max_val = tl.max(tl.maximum(block, max_val))
+
+    sum_exp = tl.sum(tl.zeros([1], dtype=max_val.dtype))
+    for start in range(0, n_cols, BLOCK_SIZE):
+        cols = start + tl.arange(0, BLOCK_SIZE)
+        mask = cols < n_cols
+        block = _tempered(tl.load(row_ptr + cols, mask=mask, other=0.0), t)
+        sum_exp += tl.sum(tl.where(mask, tl.exp(block - max_val), 0.0))
+    log_sum_exp = tl.log(sum_exp)
+
+    token = tl.load(ids_ptr + row)
+    ok = (token >= 0) & (token < n_cols)
+    x = _tempered(tl.load(row_ptr + token, mask=ok, other=float("nan")), t)
+    tl.store(out_ptr + row, x - max_val - log_sum_exp)
+    tl.store(shift_ptr + row, (max_val + log_sum_exp).to(tl.float32))  # for the backward only (not the engine's)
+
+
+def gathered_sampler_log_softmax(logits: torch.Tensor, temperature: torch.Tensor, ids: torch.Tensor):
+    """(lsm_BI(bf(f32(logits) / T)).gather(ids), shift) for 2-D bf16 logits, T fp32 per row, int64 ids: the log-probs
+    in bf16 and, per row, the fp32 max + log-sum-exp the backward needs (sampler_log_softmax_grad)."""
+    if logits.dim() != 2 or ids.shape != logits.shape[:1] or temperature.numel() != logits.shape[0]:
+        raise ValueError(f"logits {tuple(logits.shape)}, ids {tuple(ids.shape)}, temperature "
+                         f"{tuple(temperature.shape)}: want [rows, vocab], [rows], one temperature per row")
+    l2 = logits.contiguous()  # as _sampler_input's output: a fresh contiguous [rows, vocab] tensor
+    n_rows, n_cols = l2.shape
+    out = torch.empty(n_rows, dtype=l2.dtype, device=l2.device)
+    shift = torch.empty(n_rows, dtype=torch.float32, device=l2.device)
+    if n_rows:
+        _gathered_sampler_log_softmax[(n_rows,)](l2, temperature.reshape(-1).to(torch.float32).contiguous(),
+                                                 ids.to(torch.int64).contiguous(), out, shift, l2.stride(0), n_cols,
+                                                 BLOCK_SIZE=BLOCK_SIZE)
+    return out, shift
+
+
+GRAD_BLOCK = 2048
+
+
+@triton.jit
+def _sampler_log_softmax_grad(l_ptr, t_ptr, ids_ptr, shift_ptr, g_ptr, grad_ptr, x_row_stride, n_cols,
+                              BLOCK: tl.constexpr):
+    """d/dL of g * log_softmax(bf(L / T))[id] = (onehot - softmax(z)) * g / T, z rounded as in the forward, softmax
+    from the forward's shift: one read of L and one write per element (gradients need not be bitwise)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    t = tl.load(t_ptr + row)
+    z = _tempered(tl.load(l_ptr + row * x_row_stride + cols, mask=mask, other=0.0), t).to(tl.float32)
+    p = tl.exp(z - tl.load(shift_ptr + row))
+    scale = tl.load(g_ptr + row).to(tl.float32) / t
+    hit = tl.where(cols == tl.load(ids_ptr + row), 1.0, 0.0)
+    tl.store(grad_ptr + row * x_row_stride + cols, ((hit - p) * scale).to(grad_ptr.dtype.element_ty), mask=mask)
+
+
+def sampler_log_softmax_grad(logits, temperature, ids, shift, g):
+    l2 = logits.contiguous()
+    n_rows, n_cols = l2.shape
+    grad = torch.empty_like(l2)
+    if n_rows:
+        _sampler_log_softmax_grad[(n_rows, triton.cdiv(n_cols, GRAD_BLOCK))](
+            l2, temperature.reshape(-1).to(torch.float32).contiguous(), ids.to(torch.int64).contiguous(), shift,
+            g.reshape(-1).contiguous(), grad, l2.stride(0), n_cols, BLOCK=GRAD_BLOCK)
+    return grad
