@@ -49,7 +49,18 @@ import importlib
 for m in ("torch", "triton", "sglang", "megatron.core", "deep_gemm"):
     try:
         mod = importlib.import_module(m)
-        print(f"{m}: {getattr(mod, '__version__', '?')}")
+        version = getattr(mod, "__version__", None)
+        if m == "deep_gemm":  # the engine's package carries no version: name it by the digest the contract pins
+            try:
+                from top_rl import contract
+                from top_rl.kernels import deep_gemm_source
+
+                same = deep_gemm_source.include_digest(mod.__file__.rsplit("/", 1)[0]) == \
+                    contract.DEEPGEMM_SOURCE["include_sha256"]
+                version = f"{version or ''} include/ {'=' if same else '!='} {contract.DEEPGEMM_SOURCE['package']}".strip()
+            except Exception as e:  # noqa: BLE001
+                version = f"{version or '?'} (digest not computed: {type(e).__name__})"
+        print(f"{m}: {version or '?'}")
     except Exception as e:  # report, don't stop: the tests say what is missing
         print(f"{m}: NOT IMPORTABLE ({type(e).__name__}: {e})")
 PYEOF
