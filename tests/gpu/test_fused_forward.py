@@ -121,6 +121,20 @@ def test_rms_norm_bits(t, tail, x_dtype, residual, out_dtype):
     assert got[4] is got[2] if orig == torch.float32 else got[4].dtype == orig
 
 
+@pytest.mark.parametrize("rows", [1, 31, 33, 16384 * 16 + 5])  # under one program, one and a bit, the 0.6B q norm
+def test_head_mean_bits_equal_mean_bi(rows):
+    """`_head_mean` (32 rows of 128 per program) against SGLang's mean_BI (one program per row), which the per-head
+    q/k norms of rms_norm_bits above use too: squares over the whole fp32 range, zero rows, an inf and a NaN."""
+    sq = _wide_range((rows, 128), 4, torch.float32).square()
+    sq[rows // 2] = 0.0
+    if rows > 40:
+        sq[3, 5], sq[7, 9] = float("inf"), float("nan")
+    got = _triton().head_mean(sq)
+    want = _mean()(sq, -1, keepdim=True)
+    same = (got.view(torch.int32) == want.view(torch.int32)) | (torch.isnan(got) & torch.isnan(want))
+    assert bool(same.all()), f"{int((~same).sum())}/{rows} row means differ"
+
+
 # -------------------------------------------------------------------------- through the backend, gradients
 @pytest.fixture
 def fused_calls(monkeypatch):

@@ -12,7 +12,8 @@ RMSNorm (RMSNorm.forward_native, fp32 weight, cast_x_before_out_mul, fp32 residu
          n = xf * rstd; n_cast = round_orig(n); out = w * n_cast
   here:  `_rms_square` writes xf (only with a residual: it is new_residual) and sq = xf * xf (torch's pow(2) is
          base * base); mean_BI and rsqrt stay the caller's eager calls on the same sq (mean_BI's reduction order
-         is the contract); `_rms_scale` recomputes nothing but reloads xf, then n = xf * rstd, n_cast, out = w * n_cast.
+         is the contract), except for rows of 128 (the q/k norms), whose mean `_head_mean` computes with
+         mean_BI's reduction (below); `_rms_scale` recomputes nothing but reloads xf, then n = xf * rstd, n_cast, out = w * n_cast.
 SiLU-and-mul (SiluAndMul.forward_native: F.silu(g[..., :d]) * g[..., d:]):
   torch's CUDA silu is x / (1 + exp(-x)) in fp32 opmath with the accurate expf (libdevice __nv_expf) and IEEE
   division (div.rn), rounded to the input dtype; the mul converts both operands to fp32, multiplies, rounds.
@@ -86,6 +87,49 @@ def _rms_scale(src_ptr, rstd_ptr, w_ptr, n_ptr, cast_ptr, out_ptr, numel, N: tl.
     tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+# mean_BI (SGLang's `mean_kernel`) runs one program per row with one 1024-wide block: for the per-head q/k norms
+# (rows of head_dim = 128) that is T x heads programs with 7/8 of every load masked, SGLang's slowest kernel in the
+# trainer step. `_head_mean` takes HEAD_ROWS rows per program and gives mean_kernel's bits, by the same reduction:
+#   - mean_kernel's fp32 block of 1024 (4 contiguous elements per thread, 128 threads, two repetitions): a row of 128
+#     lies in warp 0's first repetition, 4 consecutive elements per lane; each thread adds its registers in order
+#     (the zeros of the masked repetition add exactly), warp 0 reduces across its 32 lanes, the other warps add
+#     zeros; `acc = 0.0 + sum` adds zero to a non-negative sum (squares), exactly.
+#   - here a [HEAD_ROWS, 128] fp32 block: 4 contiguous elements per thread, 32 lanes across a row, warps across rows,
+#     so each row's sum is the same within-thread additions and the same cross-lane reduction;
+#   - mean = sum / N with N a runtime int, as mean_kernel divides (Triton's default options, as its launch).
+# tests/gpu/test_fused_forward.py compares bit patterns with mean_BI.
+HEAD_DIM = 128
+HEAD_ROWS = 32
+
+
+@triton.jit
+def _head_mean(x_ptr, out_ptr, n_rows, N, ROWS: tl.constexpr, D: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, D)
+    ok = rows < n_rows
+    vals = tl.load(x_ptr + rows[:, None] * D + cols[None, :], mask=ok[:, None], other=0.0)
+    tl.store(out_ptr + rows, tl.sum(vals, axis=1) / N, mask=ok)
+
+
+def head_mean(sq: torch.Tensor) -> torch.Tensor:
+    """mean_BI(sq, -1, keepdim=True) for contiguous fp32 rows of HEAD_DIM."""
+    assert sq.dtype == torch.float32 and sq.shape[-1] == HEAD_DIM and sq.is_contiguous()
+    n_rows = sq.numel() // HEAD_DIM
+    out = torch.empty((*sq.shape[:-1], 1), dtype=torch.float32, device=sq.device)
+    if n_rows:
+        _head_mean[(triton.cdiv(n_rows, HEAD_ROWS),)](sq, out, n_rows, HEAD_DIM, ROWS=HEAD_ROWS, D=HEAD_DIM)
+    return out
+
+
+HEAD_MEAN_ENV = "TOP_RL_FUSED_HEAD_MEAN"  # "0": mean_BI itself for the per-head norms too (A/B measurements)
+
+
+def _mean(sq, mean):
+    if sq.shape[-1] == HEAD_DIM and os.environ.get(HEAD_MEAN_ENV, "1") != "0":
+        return head_mean(sq)
+    return mean(sq, -1, keepdim=True)
+
+
 @triton.jit
 def _silu_mul(g_ptr, out_ptr, row_stride, D: tl.constexpr, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -112,7 +156,7 @@ def rms_norm(x, w, residual, eps, orig, mean):
     xf = torch.empty_like(sq) if res is not None else None
     _rms_square[grid](x, res if res is not None else x, xf if xf is not None else sq, sq, numel,
                       HAS_RES=res is not None, BLOCK=BLOCK, **OPTIONS)
-    rstd = torch.rsqrt(mean(sq, -1, keepdim=True) + eps)  # mean_BI and rsqrt: the engine's own calls
+    rstd = torch.rsqrt(_mean(sq, mean) + eps)  # mean_BI's bits (per-head rows: `_head_mean`), torch's rsqrt
     del sq
     n = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     cast = orig != torch.float32
