@@ -123,8 +123,8 @@ def test_rms_norm_bits(t, tail, x_dtype, residual, out_dtype):
 
 @pytest.mark.parametrize("rows", [1, 31, 33, 16384 * 16 + 5])  # under one program, one and a bit, the 0.6B q norm
 def test_head_mean_bits_equal_mean_bi(rows):
-    """`_head_mean` (32 rows of 128 per program) against SGLang's mean_BI (one program per row), which the per-head
-    q/k norms of rms_norm_bits above use too: squares over the whole fp32 range, zero rows, an inf and a NaN."""
+    """`_head_mean` (32 rows of 128 per program) against SGLang's mean_BI (one program per row): squares over the
+    whole fp32 range, zero rows, an inf and a NaN. (rms_norm_bits above takes it with TOP_RL_FUSED_HEAD_MEAN=1.)"""
     sq = _wide_range((rows, 128), 4, torch.float32).square()
     sq[rows // 2] = 0.0
     if rows > 40:
