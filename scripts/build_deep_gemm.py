@@ -67,7 +67,7 @@ def _shared_libstdcxx() -> list[str]:
 
 def extension_name(src: Path) -> str:
     """The module the package imports its ops from: `from . import NAME` in deep_gemm/__init__.py."""
-    m = re.search(r"^from \. import (\w+)", (src / "deep_gemm" / "__init__.py").read_text(), re.MULTILINE)
+    m = re.search(r"^from \. import (deep_gemm_cpp|_C)\b", (src / "deep_gemm" / "__init__.py").read_text(), re.MULTILINE)
     if not m:
         raise SystemExit(f"deep_gemm: no `from . import EXT` in {src / 'deep_gemm' / '__init__.py'}")
     return m.group(1)
@@ -95,6 +95,7 @@ def main(argv=None) -> int:
     pkg = Path(args.site) / "deep_gemm"
     shutil.rmtree(pkg, ignore_errors=True)
     shutil.copytree(src / "deep_gemm", pkg)  # the Python package and include/ (its JIT's headers)
+    shutil.copy(src / "REVISION", pkg / "REVISION")  # the host code's commit, checked by top_rl/kernels/deep_gemm_source.py
     ext = extension_name(src)
     so_name = ext + sysconfig.get_config_var("EXT_SUFFIX")
     stamp = f"deep_gemm {rev} {ext} torch {torch.__version__} cuda {torch.version.cuda} shared-libstdc++ libcuda"

@@ -55,12 +55,14 @@ FMT_REV=${FMT_REV:-553ec11ec06fbe0beebfbb45f9dc3c9eabd83d28}  # DeepGEMM's submo
 
 git_export() {  # git_export GIT_DIR_OR_EMPTY REPO REV DEST PATH...: the PATHs of REV, from a local git dir or a clone
   local gd=$1 repo=$2 rev=$3 dest=$4; shift 4
-  if [ -z "$gd" ]; then
-    gd=$(mktemp -d)/clone.git
-    git clone -q --bare "$repo" "$gd"
-  fi
   mkdir -p "$dest"
-  git --git-dir="$gd" archive "$rev" "$@" | tar -x -C "$dest"
+  if [ -z "$gd" ]; then
+    git clone -q --bare "$repo" "$dest.clone.git"
+    git --git-dir="$dest.clone.git" archive "$rev" "$@" | tar -x -C "$dest"
+    rm -rf "$dest.clone.git"
+  else
+    git --git-dir="$gd" archive "$rev" "$@" | tar -x -C "$dest"
+  fi
 }
 
 deep_gemm_src() {  # pack the engine's DeepGEMM into $ROOT/deep_gemm/deep_gemm_src-REV.tar.gz
@@ -68,9 +70,11 @@ deep_gemm_src() {  # pack the engine's DeepGEMM into $ROOT/deep_gemm/deep_gemm_s
   [ -f "$out" ] && return 0
   tmp=$(mktemp -d)
   mkdir -p "$ROOT/deep_gemm" "$tmp/src" "$SGLANG_KERNEL_CACHE"
-  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux2014_x86_64 -d "$SGLANG_KERNEL_CACHE" "$SGLANG_KERNEL"
-  whl=$(ls "$SGLANG_KERNEL_CACHE"/sglang_kernel-"${SGLANG_KERNEL##*==}"-*manylinux*x86_64.whl | head -n 1)
+  whl=$(compgen -G "$SGLANG_KERNEL_CACHE/sglang_kernel-${SGLANG_KERNEL##*==}-*x86_64.whl" | head -n 1 || true)
+  if [ -z "$whl" ]; then  # 352 MB, once: offline, put the wheel in $SGLANG_KERNEL_CACHE
+    download "$SGLANG_KERNEL_CACHE" "$SGLANG_KERNEL"
+    whl=$(compgen -G "$SGLANG_KERNEL_CACHE/sglang_kernel-${SGLANG_KERNEL##*==}-*x86_64.whl" | head -n 1)
+  fi
   "$PY" - "$whl" "$tmp/src" <<'PYEOF'
 import sys, zipfile
 whl, dest = sys.argv[1:]

@@ -31,8 +31,8 @@ else
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
-# DeepGEMM from source (carry .gpu_bundle/deep_gemm; scripts/build_deep_gemm.py): its `_C` comes back in $OUT
-# (deep_gemm_C.so); copied into .gpu_bundle/deep_gemm/ and carried, it skips the build next time.
+# The engine's DeepGEMM (carry .gpu_bundle/deep_gemm; scripts/build_deep_gemm.py): its host extension comes back in
+# $OUT (deep_gemm_C.so, whatever the module's name); copied into .gpu_bundle/deep_gemm/ and carried, it skips the build.
 DG_SRC=$(compgen -G ".gpu_bundle/deep_gemm/deep_gemm_src-*.tar.gz" | head -n 1)
 if [[ -n "$DG_SRC" ]]; then
   timeout "${DEEPGEMM_BUILD_TIMEOUT:-300}" "$PY" scripts/build_deep_gemm.py "$DG_SRC" "$SITE" \
@@ -55,9 +55,9 @@ for m in ("torch", "triton", "sglang", "megatron.core", "deep_gemm"):
                 from top_rl import contract
                 from top_rl.kernels import deep_gemm_source
 
-                same = deep_gemm_source.include_digest(mod.__file__.rsplit("/", 1)[0]) == \
-                    contract.DEEPGEMM_SOURCE["include_sha256"]
-                version = f"{version or ''} include/ {'=' if same else '!='} {contract.DEEPGEMM_SOURCE['package']}".strip()
+                same = deep_gemm_source.package_digest(mod.__file__.rsplit("/", 1)[0]) == \
+                    contract.DEEPGEMM_SOURCE["sources_sha256"]
+                version = f"{version or ''} sources {'=' if same else '!='} {contract.DEEPGEMM_SOURCE['package']}".strip()
             except Exception as e:  # noqa: BLE001
                 version = f"{version or '?'} (digest not computed: {type(e).__name__})"
         print(f"{m}: {version or '?'}")

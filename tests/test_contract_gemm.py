@@ -128,44 +128,65 @@ def _dg_package(root, files):
     return SimpleNamespace(__file__=str(pkg / "__init__.py")), pkg
 
 
-def test_deep_gemm_digest_covers_every_header_name_and_byte(tmp_path):
+def test_deep_gemm_digest_covers_every_header_and_python_file(tmp_path):
     from top_rl.kernels import deep_gemm_source as dgs
 
     _, pkg = _dg_package(tmp_path, {"deep_gemm/impls/sm90_bf16_gemm.cuh": "a", "cute/tensor.hpp": "b"})
-    d0 = dgs.include_digest(pkg)
-    assert dgs.include_digest(pkg) == d0 and len(d0) == 64
+    d0 = dgs.package_digest(pkg)
+    assert dgs.package_digest(pkg) == d0 and len(d0) == 64
+    (pkg / "deep_gemm_cpp.so").write_bytes(b"\x7fELF")  # the built extension and the build record: not sources
+    (pkg / "REVISION").write_text("ffe2b6b local build\n")
+    assert dgs.package_digest(pkg) == d0
     (pkg / "include" / "cute" / "tensor.hpp").write_text("c")
-    d1 = dgs.include_digest(pkg)
+    d1 = dgs.package_digest(pkg)
     (pkg / "include" / "cute" / "tensor.hpp").rename(pkg / "include" / "cute" / "tensor2.hpp")
-    d2 = dgs.include_digest(pkg)
-    assert len({d0, d1, d2}) == 3
+    d2 = dgs.package_digest(pkg)
+    (pkg / "__init__.py").write_text("from . import deep_gemm_cpp\n")
+    d3 = dgs.package_digest(pkg)
+    assert len({d0, d1, d2, d3}) == 4
     with pytest.raises(FileNotFoundError, match="no include/"):
-        dgs.include_digest(tmp_path)
+        dgs.package_digest(tmp_path)
 
 
-def test_contract_pins_the_engines_deep_gemm_sources():
-    assert DG.describe()["deep_gemm"]["rev"] == contract.DEEPGEMM_SOURCE["rev"]
-    assert "deep_gemm" not in V1.describe()
-    assert len(contract.DEEPGEMM_SOURCE["include_sha256"]) == 64
+def test_contract_and_gpu_bundle_name_the_same_deep_gemm():
+    """The contract's pins and the defaults scripts/gpu_bundle.sh packs must not drift apart."""
+    import re
+    from pathlib import Path
+
+    script = (Path(__file__).resolve().parent.parent / "scripts" / "gpu_bundle.sh").read_text()
+    rev = re.search(r"DEEPGEMM_REV=\$\{DEEPGEMM_REV:-([0-9a-f]{40})\}", script).group(1)
+    wheel = re.search(r"SGLANG_KERNEL=\$\{SGLANG_KERNEL:-([^}]+)\}", script).group(1)
+    assert rev == contract.DEEPGEMM_SOURCE["rev"]
+    assert contract.DEEPGEMM_SOURCE["package"].startswith(wheel + " ")
+    assert DG.describe()["deep_gemm"] == contract.DEEPGEMM_SOURCE and "deep_gemm" not in V1.describe()
 
 
-def test_ops_refuses_a_deep_gemm_with_other_headers_than_the_engines(monkeypatch, tmp_path):
-    """DeepGEMM on and importable, but its JIT headers are not sglang-kernel 0.4.1's: refused before any GEMM."""
-    from top_rl.kernels import deep_gemm_source as dgs
-
-    module, pkg = _dg_package(tmp_path, {"deep_gemm/impls/sm90_bf16_gemm.cuh": "another release"})
+def _fake_bio(monkeypatch, module):
     fake = SimpleNamespace(_ENABLE_MM_DEEPGEMM=True, ENABLE_JIT_DEEPGEMM=True, deep_gemm=module,
                            matmul_persistent="mm", mean_dim=None, log_softmax=None)
     monkeypatch.setitem(sys.modules, "sglang.srt.batch_invariant_ops.batch_invariant_ops", fake)
     monkeypatch.setitem(sys.modules, "sglang.srt.batch_invariant_ops", SimpleNamespace(batch_invariant_ops=fake))
     monkeypatch.setattr(sg, "_wheel_apply_rotary_emb", lambda: (lambda *a: None))
+
+
+def test_ops_refuses_a_deep_gemm_with_other_sources_than_the_engines(monkeypatch, tmp_path):
+    """DeepGEMM on and importable, but its sources are not sglang-kernel 0.4.1's, or its build records another host
+    code commit: refused before any GEMM; the engine's sources and commit: accepted."""
+    from top_rl.kernels import deep_gemm_source as dgs
+
+    module, pkg = _dg_package(tmp_path, {"deep_gemm/impls/sm90_bf16_gemm.cuh": "another release"})
+    _fake_bio(monkeypatch, module)
     sg.ops.cache_clear()
     sg.set_contract(DG.name)
     try:
-        with pytest.raises(RuntimeError, match=r"other headers than the engine's \(sglang-kernel==0.4.1.*gpu_bundle"):
+        with pytest.raises(RuntimeError, match=r"other sources than the engine's \(sglang-kernel==0.4.1.*gpu_bundle"):
             sg.ops()
-        monkeypatch.setitem(contract.DEEPGEMM_SOURCE, "include_sha256", dgs.include_digest(pkg))
-        assert sg.ops().mm == "mm" and sg._ops_contract == DG.name  # the engine's headers: accepted
+        monkeypatch.setitem(contract.DEEPGEMM_SOURCE, "sources_sha256", dgs.package_digest(pkg))
+        (pkg / "REVISION").write_text("a348cd95a8ddfd3ef337b595d8e8b841c0d9cf0f upstream\n")
+        with pytest.raises(RuntimeError, match=r"built from DeepGEMM a348cd95a8dd, the engine's .* from ffe2b6b97420"):
+            sg.ops()
+        (pkg / "REVISION").write_text(contract.DEEPGEMM_SOURCE["rev"] + " sglang-kernel==0.4.1\n")
+        assert sg.ops().mm == "mm" and sg._ops_contract == DG.name
     finally:
         sg.ops.cache_clear()
 

@@ -56,6 +56,7 @@ def calls(monkeypatch):
     monkeypatch.setattr(ff, "token_logprobs_eager", c.eager)
     monkeypatch.setattr(ff, "_failed", {})
     monkeypatch.delenv(ff.ENV, raising=False)
+    monkeypatch.delenv(ff.SAMPLER_ENV, raising=False)
     return c
 
 

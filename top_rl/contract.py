@@ -60,11 +60,12 @@ GEMM_PATHS: dict[str, tuple[tuple[str, str], ...]] = {
 
 # The engine's DeepGEMM (gemm="deepgemm"): sglang 0.5.10.post1 pins sglang-kernel 0.4.1, whose `deep_gemm` package
 # sgl-kernel builds from sgl-project/DeepGEMM at this commit (its package files equal the wheel's). The JIT compiles
-# every kernel from the package's include/ headers, so both sides must hold these (top_rl/kernels/deep_gemm_source.py).
+# every kernel from the package's include/ headers, driven by its Python files: both sides must hold these, and a
+# trainer build records the commit of its host code (top_rl/kernels/deep_gemm_source.py).
 DEEPGEMM_SOURCE = {
     "package": "sglang-kernel==0.4.1 (deep_gemm)",
     "rev": "ffe2b6b97420a9f8c58268ca55755168e6e2f360",
-    "include_sha256": "982772accfc6bb88abacbdb9b913304b7abb44922c8066ab033fb8d68e63cc8e",
+    "sources_sha256": "ea12e5d7e9c79994533743178d27be7154dc59d350d915fbd045a4987133a7bc",  # include/ + *.py
 }
 
 

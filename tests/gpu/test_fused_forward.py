@@ -105,6 +105,24 @@ SHAPES = [(1024,), (2560,), (16, 128), (8, 128)]  # hidden norms; q/k norms per 
 @pytest.mark.parametrize("tail", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("t", [1, 7, 1000, 4097])
 def test_rms_norm_bits(t, tail, x_dtype, residual, out_dtype):
+    _check_rms_norm_bits(t, tail, x_dtype, residual, out_dtype)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, None], ids=["out_fp32", "out_x"])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=["x_bf16", "x_fp32"])
+@pytest.mark.parametrize("tail", [s for s in SHAPES if s[-1] == 128], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("t", [1, 1000, 4097])
+def test_rms_norm_bits_with_head_mean(monkeypatch, t, tail, x_dtype, out_dtype):
+    """The q/k norms with TOP_RL_FUSED_HEAD_MEAN=1: `_head_mean`'s [..., 1] means through rsqrt and the scale pass."""
+    monkeypatch.setenv(_triton().HEAD_MEAN_ENV, "1")
+    calls = []
+    real = _triton().head_mean
+    monkeypatch.setattr(_triton(), "head_mean", lambda sq: calls.append(sq.shape) or real(sq))
+    _check_rms_norm_bits(t, tail, x_dtype, False, out_dtype)
+    assert calls, "_head_mean did not run"
+
+
+def _check_rms_norm_bits(t, tail, x_dtype, residual, out_dtype):
     shape = (t, *tail)
     x = _wide_range(shape, 1, x_dtype)
     r = _wide_range(shape, 2, torch.float32) if residual else None
@@ -124,7 +142,7 @@ def test_rms_norm_bits(t, tail, x_dtype, residual, out_dtype):
 @pytest.mark.parametrize("rows", [1, 31, 33, 16384 * 16 + 5])  # under one program, one and a bit, the 0.6B q norm
 def test_head_mean_bits_equal_mean_bi(rows):
     """`_head_mean` (32 rows of 128 per program) against SGLang's mean_BI (one program per row): squares over the
-    whole fp32 range, zero rows, an inf and a NaN. (rms_norm_bits above takes it with TOP_RL_FUSED_HEAD_MEAN=1.)"""
+    whole fp32 range, zero rows, an inf and a NaN. (Through rms_norm: test_rms_norm_bits_with_head_mean.)"""
     sq = _wide_range((rows, 128), 4, torch.float32).square()
     sq[rows // 2] = 0.0
     if rows > 40:

@@ -104,8 +104,8 @@ def ops() -> SimpleNamespace:
     if top.gemm == "deepgemm":
         from top_rl.kernels import deep_gemm_source
 
-        deep_gemm_source.check(bio.deep_gemm, _contract.DEEPGEMM_SOURCE["include_sha256"],
-                               _contract.DEEPGEMM_SOURCE["package"])
+        src = _contract.DEEPGEMM_SOURCE
+        deep_gemm_source.check(bio.deep_gemm, src["sources_sha256"], src["rev"], src["package"])
     _ops_contract = top.name
     return SimpleNamespace(
         mm=bio.matmul_persistent,

@@ -107,7 +107,7 @@ def _sampler_fusable(logits, ids, temperature) -> bool:
     t = temperature.reshape(-1)
     return (os.environ.get(SAMPLER_ENV, "1") != "0" and logits.is_cuda and logits.dtype == torch.bfloat16
             and logits.dim() == 2 and logits.is_contiguous() and logits.data_ptr() % 16 == 0 and logits.numel() > 0
-            and ids.dtype == torch.int64 and ids.shape == logits.shape[:1] and t.is_cuda
+            and ids.is_cuda and ids.dtype == torch.int64 and ids.shape == logits.shape[:1] and t.is_cuda
             and t.dtype == torch.float32 and t.numel() == logits.shape[0])
 
 
