@@ -121,14 +121,18 @@ class Report:
                 base = [r for r in self.results(model=model, impl="top_base", recompute=rc) if r["status"] == "ok"]
                 if top and stock:
                     t, s = top[0], stock[0]
+                    profs = {r["impl"]: r for r in self._of("PROFILE", model=model, recompute=rc)}
+                    busy = (_f(profs["top"]["busy_ms"] / profs["stock"]["busy_ms"], "{:.2f}")
+                            if {"top", "stock"} <= set(profs) else "-")
                     rows.append([model, "on" if rc else "off", _f(base[0]["step_ms"]) if base else "-",
-                                 _f(t["step_ms"]), _f(s["step_ms"]), _f(t["step_ms"] / s["step_ms"], "{:.2f}"),
+                                 _f(t["step_ms"]), _f(s["step_ms"]), _f(t["step_ms"] / s["step_ms"], "{:.2f}"), busy,
                                  _f(100 * t["mfu"], "{:.1f}%"), _f(100 * s["mfu"], "{:.1f}%"),
                                  "" if t["mbt"] == s["mbt"] else f"mbt TOP {t['mbt']} / stock {s['mbt']}"])
         return table("TOP / stock step time (acceptance: <= 1.15; TOP before = fused forwards/backwards off, "
-                     "memory-efficient attention backward)",
-                     ["model", "recompute", "TOP before ms", "TOP ms", "stock ms", "TOP/stock", "TOP MFU", "stock MFU",
-                      "note"], rows)
+                     "memory-efficient attention backward; GPU busy: of the profiled steps, steadier than wall-clock, "
+                     "whose GPU idle time moves by tens of ms between runs)",
+                     ["model", "recompute", "TOP before ms", "TOP ms", "stock ms", "TOP/stock", "GPU busy TOP/stock",
+                      "TOP MFU", "stock MFU", "note"], rows)
 
     def profile_tables(self, top_n: int) -> str:
         text = ""
