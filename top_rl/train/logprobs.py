@@ -75,10 +75,12 @@ def scored_logprobs(hidden: torch.Tensor, mb: MicroBatch, output_layer, output_w
             else:
                 lp = kernels.sample_logprobs(logits, targets[sl], temps[sl])
                 want = mb.sample_gate_prefill[sl]
-                if bool(want.any()):
+                n_want = int(want.sum())  # one host read; all rows (logprob_source=prefill): no [rows, vocab] copy
+                if n_want:
                     with torch.no_grad():  # row-invariant log-softmax: selecting rows first changes no bit
-                        gate_prefill.append((dest[sl][want], kernels.prefill_logprobs(logits.detach()[want],
-                                                                                       targets[sl][want])))
+                        pick = slice(None) if n_want == want.numel() else want
+                        gate_prefill.append((dest[sl][pick], kernels.prefill_logprobs(logits.detach()[pick],
+                                                                                       targets[sl][pick])))
             flat = flat.index_put((dest[sl],), lp.to(torch.float32))
     gate = flat.detach().clone()
     for d, values in gate_prefill:
