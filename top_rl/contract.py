@@ -161,16 +161,14 @@ QWEN3_DENSE_TOP_V1_DEEPGEMM = dataclasses.replace(QWEN3_DENSE_TOP_V1, name="qwen
                                                   gemm="deepgemm")
 
 CONTRACTS = {c.name: c for c in (QWEN3_DENSE_TOP_V1, QWEN3_DENSE_TOP_V1_DEEPGEMM)}  # what top.contract may choose
-UNPROVEN: dict[str, TopContract] = {}  # named contracts code may use (`get`) before a GPU run proves them; none now
 DEFAULT = QWEN3_DENSE_TOP_V1
 
 
 def get(name: str) -> TopContract:
     try:
-        return CONTRACTS.get(name) or UNPROVEN[name]
+        return CONTRACTS[name]
     except KeyError:
-        raise ValueError(f"unknown TOP contract {name!r}; known: {sorted(CONTRACTS)} (unproven: "
-                         f"{sorted(UNPROVEN)})") from None
+        raise ValueError(f"unknown TOP contract {name!r}; known: {sorted(CONTRACTS)}") from None
 
 
 def __getattr__(name: str):
