@@ -108,29 +108,45 @@ def test_rms_norm_bits(t, tail, x_dtype, residual, out_dtype):
     _check_rms_norm_bits(t, tail, x_dtype, residual, out_dtype)
 
 
+@pytest.mark.parametrize("result", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("residual", [False, True], ids=["no_res", "res"])
+@pytest.mark.parametrize("tail", [s for s in SHAPES if len(s) == 1], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("t", [1, 1000, 4097])
+def test_rms_norm_bits_rounded_result(t, tail, residual, result):
+    """The residual-stream norms (fp32 stream, fp32 n) writing their output in the next GEMM's dtype: the eager
+    chain's `.to(result)` of the fp32 output, from the kernel's own rounding."""
+    _check_rms_norm_bits(t, tail, torch.float32, residual, torch.float32, result)
+
+
 @pytest.mark.parametrize("out_dtype", [torch.float32, None], ids=["out_fp32", "out_x"])
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=["x_bf16", "x_fp32"])
 @pytest.mark.parametrize("tail", [s for s in SHAPES if s[-1] == 128], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("t", [1, 1000, 4097])
-def test_rms_norm_bits_with_head_mean(monkeypatch, t, tail, x_dtype, out_dtype):
-    """The q/k norms with TOP_RL_FUSED_HEAD_MEAN=1: `_head_mean`'s [..., 1] means through rsqrt and the scale pass."""
-    monkeypatch.setenv(_triton().HEAD_MEAN_ENV, "1")
+@pytest.mark.parametrize("head_mean", [None, "0"], ids=["default", "mean_bi"])
+def test_rms_norm_bits_with_head_mean(monkeypatch, t, tail, x_dtype, out_dtype, head_mean):
+    """The q/k norms: by default `_head_mean`'s [..., 1] means through rsqrt and the scale pass; with
+    TOP_RL_FUSED_HEAD_MEAN=0, mean_BI's."""
+    if head_mean is None:
+        monkeypatch.delenv(_triton().HEAD_MEAN_ENV, raising=False)
+    else:
+        monkeypatch.setenv(_triton().HEAD_MEAN_ENV, head_mean)
     calls = []
     real = _triton().head_mean
     monkeypatch.setattr(_triton(), "head_mean", lambda sq: calls.append(sq.shape) or real(sq))
     _check_rms_norm_bits(t, tail, x_dtype, False, out_dtype)
-    assert calls, "_head_mean did not run"
+    assert bool(calls) == (head_mean is None), "_head_mean ran" if calls else "_head_mean did not run"
 
 
-def _check_rms_norm_bits(t, tail, x_dtype, residual, out_dtype):
+def _check_rms_norm_bits(t, tail, x_dtype, residual, out_dtype, result=None):
     shape = (t, *tail)
     x = _wide_range(shape, 1, x_dtype)
     r = _wide_range(shape, 2, torch.float32) if residual else None
     gen = torch.Generator(device="cuda").manual_seed(3)
     w = 1.0 + 0.1 * torch.randn(tail[-1], generator=gen, device="cuda")
     orig = out_dtype or x_dtype
-    got = _triton().rms_norm(x, w, r, EPS, orig, _mean())
-    want = ff.rms_norm_eager(x, w, r, EPS, orig, _mean())
+    got = _triton().rms_norm(x, w, r, EPS, orig, _mean(), result)
+    want = ff.rms_norm_eager(x, w, r, EPS, orig, _mean(), result)
+    assert got[0].dtype == want[0].dtype
     for name, a, b in zip(("out", "new_residual", "n", "rstd", "n_cast"), got, want):
         if b is None:
             assert a is None, f"{name}: the eager chain has none"
@@ -187,7 +203,7 @@ def _fused_and_eager(monkeypatch, fn, inputs, grad_out):
     return fused, eager
 
 
-@pytest.mark.parametrize("case", ["residual", "layer0", "qk"])
+@pytest.mark.parametrize("case", ["residual", "layer0", "qk", "rounded"])
 def test_rms_norm_backend_outputs_and_grads_equal_eager(monkeypatch, fused_calls, case):
     t = 1000
     gen = torch.Generator(device="cuda").manual_seed(4)
@@ -198,7 +214,11 @@ def test_rms_norm_backend_outputs_and_grads_equal_eager(monkeypatch, fused_calls
     else:
         x, w = _wide_range((t, 1024), 6, torch.bfloat16), 1 + 0.1 * torch.randn(1024, generator=gen, device="cuda")
         grad_out = [torch.randn(t, 1024, generator=gen, device="cuda")]
-        if case == "residual":
+        if case == "rounded":  # ResidualNorm: output in the compute dtype, the gradient arrives in it
+            fn, inputs = (lambda a, b: kernels.rms_norm(a, b, EPS, out_dtype=torch.float32,
+                                                        result_dtype=torch.bfloat16)), [x.float(), w]
+            grad_out = [grad_out[0].bfloat16()]
+        elif case == "residual":
             r = _wide_range((t, 1024), 7, torch.float32)
             fn, inputs = (lambda a, b, c: kernels.rms_norm(a, b, EPS, c, out_dtype=torch.float32)), [x, w, r]
             grad_out.append(torch.randn(t, 1024, generator=gen, device="cuda"))

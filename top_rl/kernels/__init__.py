@@ -8,7 +8,9 @@ import a backend directly, so a new backend plugs in without touching the model 
 Op semantics (shapes use T tokens, H hidden, heads Hq / Hkv of size d):
   linear(x[..., K], w[N, K]) -> [..., N] in x.dtype      column-parallel or replicated GEMM
   row_linear(x, w, group)    -> same, K split over `group` ranks, TP-invariant reduction
-  rms_norm(x, w, eps, residual=None, out_dtype=None) -> out  (or (out, new_residual) with a residual)
+  rms_norm(x, w, eps, residual=None, out_dtype=None, result_dtype=None) -> out  (or (out, new_residual) with a
+      residual); out = w * n rounded to out_dtype (default x.dtype), in result_dtype if given (the dtype the next
+      GEMM rounds its input to: the same bits, without a separate cast pass)
   rope(x[T, h, d], positions[T], cos_sin[P, d]) -> [T, h, d]    NeoX, in x.dtype
   silu_and_mul(g[..., 2I]) -> [..., I]
   attention(q[T, Hq, d], k[T, Hkv, d], v, cu_seqlens[S+1], scale) -> [T, Hq, d]   causal, per sequence
@@ -84,8 +86,8 @@ def row_linear(x, w, group=None):
     return _b().row_linear(x, w, group)
 
 
-def rms_norm(x, w, eps, residual=None, out_dtype=None):
-    return _b().rms_norm(x, w, eps, residual, out_dtype)
+def rms_norm(x, w, eps, residual=None, out_dtype=None, result_dtype=None):
+    return _b().rms_norm(x, w, eps, residual, out_dtype, result_dtype)
 
 
 def rope(x, positions, cos_sin):

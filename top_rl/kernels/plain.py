@@ -36,12 +36,13 @@ def row_linear(x, w, group=None):
     return out
 
 
-def rms_norm(x, w, eps, residual=None, out_dtype=None):
+def rms_norm(x, w, eps, residual=None, out_dtype=None, result_dtype=None):
     orig = out_dtype or x.dtype
     xf = x.float()
     if residual is not None:
         xf = xf + residual.float()
     out = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(orig)
+    out = out if result_dtype is None else out.to(result_dtype)
     return out if residual is None else (out, xf)
 
 

@@ -48,7 +48,7 @@ class _RMSNorm(torch.autograd.Function):
     """SGLang RMSNorm.forward_native with weight_dtype=fp32, cast_x_before_out_mul=True, fp32_residual=True."""
 
     @staticmethod
-    def forward(ctx, x, w, residual, eps, out_dtype):
+    def forward(ctx, x, w, residual, eps, out_dtype, result_dtype):
         orig = out_dtype or x.dtype
         acc = acc_dtype(x.dtype)
         xf = x.to(acc)
@@ -58,6 +58,7 @@ class _RMSNorm(torch.autograd.Function):
         rstd = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
         n = xf * rstd
         out = w * n.to(orig)
+        out = out if result_dtype is None else out.to(result_dtype)
         ctx.save_for_backward(n, rstd, w, n.to(orig))
         ctx.dtypes = (x.dtype, None if residual is None else residual.dtype)
         if residual is None:
@@ -69,7 +70,7 @@ class _RMSNorm(torch.autograd.Function):
         n, rstd, w, n_cast = ctx.saved_tensors
         x_dtype, res_dtype = ctx.dtypes
         g_x, g_w, g_r = rms_norm_grads(g_out, g_res, n, rstd, w, n_cast, x_dtype, res_dtype)
-        return g_x, g_w, g_r, None, None
+        return g_x, g_w, g_r, None, None, None
 
 
 def rms_norm_grads(g_out, g_res, n, rstd, w, n_cast, x_dtype, res_dtype):
@@ -84,8 +85,8 @@ def rms_norm_grads(g_out, g_res, n, rstd, w, n_cast, x_dtype, res_dtype):
     return g_x.to(x_dtype), g_w, None if res_dtype is None else g_x.to(res_dtype)
 
 
-def rms_norm(x, w, eps, residual=None, out_dtype=None):
-    return _RMSNorm.apply(x, w, residual, eps, out_dtype)
+def rms_norm(x, w, eps, residual=None, out_dtype=None, result_dtype=None):
+    return _RMSNorm.apply(x, w, residual, eps, out_dtype, result_dtype)
 
 
 def _cos_sin(positions, cos_sin, dtype):

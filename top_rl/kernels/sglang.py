@@ -201,9 +201,9 @@ class _RMSNorm(_ref._RMSNorm):
     fused."""
 
     @staticmethod
-    def forward(ctx, x, w, residual, eps, out_dtype):
+    def forward(ctx, x, w, residual, eps, out_dtype, result_dtype):
         out, new_residual, n, rstd, n_cast = _fused_forward.rms_norm(x, w, residual, eps, out_dtype or x.dtype,
-                                                                     ops().mean)
+                                                                     ops().mean, result_dtype)
         ctx.save_for_backward(n, rstd, w, n_cast)
         ctx.dtypes = (x.dtype, None if residual is None else residual.dtype)
         return out if residual is None else (out, new_residual)
@@ -212,11 +212,11 @@ class _RMSNorm(_ref._RMSNorm):
     def backward(ctx, g_out, g_res=None):
         n, rstd, w, n_cast = ctx.saved_tensors
         g_x, g_w, g_r = _fused.rms_norm_grads(g_out, g_res, n, rstd, w, n_cast, *ctx.dtypes)
-        return g_x, g_w, g_r, None, None
+        return g_x, g_w, g_r, None, None, None
 
 
-def rms_norm(x, w, eps, residual=None, out_dtype=None):
-    return _RMSNorm.apply(x, w, residual, eps, out_dtype)
+def rms_norm(x, w, eps, residual=None, out_dtype=None, result_dtype=None):
+    return _RMSNorm.apply(x, w, residual, eps, out_dtype, result_dtype)
 
 
 class _Rope(_ref._Rope):

@@ -35,9 +35,10 @@ def _kernels():
 
 
 # ------------------------------------------------------------------------------------------------- RMSNorm
-def rms_norm_eager(x, w, residual, eps, orig, mean):
+def rms_norm_eager(x, w, residual, eps, orig, mean, result=None):
     """RMSNorm.forward_native (fp32 weight, cast_x_before_out_mul, fp32 residual) with mean = mean_BI, as the
-    engine runs it. Returns (out, new_residual or None, n, rstd, n_cast); the last three are what backward uses."""
+    engine runs it. Returns (out, new_residual or None, n, rstd, n_cast); the last three are what backward uses.
+    `result`: out rounded to that dtype, as the engine's next GEMM rounds its input (None: w * n_cast's dtype)."""
     xf = x.contiguous().to(torch.float32)
     new_residual = None
     if residual is not None:
@@ -46,7 +47,8 @@ def rms_norm_eager(x, w, residual, eps, orig, mean):
     rstd = torch.rsqrt(mean(xf.pow(2), -1, keepdim=True) + eps)
     n = xf * rstd
     n_cast = n.to(orig)
-    return w * n_cast, new_residual, n, rstd, n_cast
+    out = w * n_cast
+    return out if result is None else out.to(result), new_residual, n, rstd, n_cast
 
 
 def _rms_norm_fusable(x, w, residual, orig) -> bool:
@@ -55,11 +57,12 @@ def _rms_norm_fusable(x, w, residual, orig) -> bool:
             and (residual is None or (residual.is_cuda and residual.dtype in _FLOATS and residual.shape == x.shape)))
 
 
-def rms_norm(x, w, residual, eps, orig, mean):
+def rms_norm(x, w, residual, eps, orig, mean, result=None):
     """rms_norm_eager's results, from the Triton kernels where they apply (module docstring)."""
-    if not _rms_norm_fusable(x, w, residual, orig):
-        return rms_norm_eager(x, w, residual, eps, orig, mean)
-    return _run("rms_norm", lambda *a: _kernels().rms_norm(*a), rms_norm_eager, x, w, residual, eps, orig, mean)
+    if not _rms_norm_fusable(x, w, residual, orig) or (result is not None and result not in _FLOATS):
+        return rms_norm_eager(x, w, residual, eps, orig, mean, result)
+    return _run("rms_norm", lambda *a: _kernels().rms_norm(*a), rms_norm_eager, x, w, residual, eps, orig, mean,
+                result)
 
 
 # -------------------------------------------------------------------------------------------- SiLU-and-mul

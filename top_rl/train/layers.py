@@ -3,7 +3,8 @@
 Each class has the constructor signature Megatron's spec builders call and returns what the stock
 module returns, so it drops into the local layer spec (top_rl/model/<family>/megatron.py). Where the seam and the native model
 cast (top_rl/dtypes.py, the native model):
-  - residual-stream norms (input, pre-MLP, final) take the fp32 stream and output fp32;
+  - residual-stream norms (input, pre-MLP, final) take the fp32 stream; the native model's fp32 output is read
+    only by the next GEMM, which rounds it, so the norm kernel writes it rounded to the compute dtype;
   - q/k norms take the compute-dtype projection and output fp32 (fp32 weight x n rounded to compute),
     RoPE runs on that fp32 tensor through `kernels.rope` (SelfAttention below) and the core attention
     rounds q/k to the compute dtype;
@@ -67,18 +68,22 @@ def _tp_group(tp_group):
 
 
 class ResidualNorm(nn.Module):
-    """RMSNorm of the fp32 residual stream with an fp32 weight, fp32 output (input/pre-MLP/final norm)."""
+    """RMSNorm of the fp32 residual stream with an fp32 weight (input/pre-MLP/final norm). The native model's
+    output is fp32 and its only reader, the next GEMM, rounds it to the compute dtype; the norm returns it rounded
+    already (same bits, no separate cast pass over [tokens, hidden])."""
 
     out_dtype: torch.dtype | None = torch.float32
+    rounds_for_gemm = True
 
     def __init__(self, config, hidden_size: int, eps: float = 1e-6, **kwargs):
         super().__init__()
         self.eps = eps
+        self.result_dtype = compute_dtype(config) if self.rounds_for_gemm else None
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=torch.float32, device=_device(config)))
         setattr(self.weight, "sequence_parallel", False)
 
     def forward(self, x):
-        return kernels.rms_norm(x, self.weight, self.eps, out_dtype=self.out_dtype)
+        return kernels.rms_norm(x, self.weight, self.eps, out_dtype=self.out_dtype, result_dtype=self.result_dtype)
 
 
 class QKNorm(ResidualNorm):
@@ -88,6 +93,7 @@ class QKNorm(ResidualNorm):
     partial: the optimizers sum it over TP (by name, as Megatron's finalize_model_grads does)."""
 
     out_dtype = None
+    rounds_for_gemm = False  # RoPE reads the fp32 output
 
 
 class ColumnLinear(nn.Module):
