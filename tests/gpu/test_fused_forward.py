@@ -234,6 +234,12 @@ def test_rms_norm_backend_outputs_and_grads_equal_eager(monkeypatch, fused_calls
 
 
 def test_silu_and_mul_backend_output_and_grad_equal_eager(monkeypatch, fused_calls):
+    from top_rl.kernels import sglang_backward, swiglu_grad_triton
+
+    backward_calls = []
+    real = swiglu_grad_triton.silu_and_mul_grad
+    monkeypatch.setattr(swiglu_grad_triton, "silu_and_mul_grad", lambda *a: backward_calls.append(1) or real(*a))
+    monkeypatch.setattr(sglang_backward, "_failed", {})
     gen = torch.Generator(device="cuda").manual_seed(8)
     g = (torch.randn(1000, 2 * 3072, generator=gen, device="cuda") * 3).bfloat16()
     go = [torch.randn(1000, 3072, generator=gen, device="cuda").bfloat16()]
@@ -242,3 +248,4 @@ def test_silu_and_mul_backend_output_and_grad_equal_eager(monkeypatch, fused_cal
     assert not ff._failed
     _assert_bits(f_out[0], e_out[0], "silu_and_mul output")
     assert torch.equal(f_grads[0], e_grads[0])
+    assert len(backward_calls) == 2 and not sglang_backward._failed, "the Triton backward did not run"

@@ -5,6 +5,8 @@ equal Triton passes, sglang_fused_forward.py). Gradients need to be right, not b
 backend's analytic formulas (top_rl/kernels/reference.py) run through `torch.compile` here: one pass over the
 activations instead of ~10 eager kernels, each reading and writing a [tokens, hidden] fp32 tensor. Should compiling
 fail in this process, that op's eager formula runs from then on, after one warning: same gradients, slower.
+On CUDA two backwards are hand-written Triton passes instead, where Inductor's kernel was far from what its bytes
+need: SiLU-and-mul's (swiglu_grad_triton.py) and the sampler log-softmax's (sglang_logprob_triton.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from top_rl.kernels import fallback as _fallback
 from top_rl.kernels import reference as _ref
 from top_rl.kernels import sglang_fused_forward as _fused_forward
 
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 ENV = "TOP_RL_FUSED_BACKWARD"  # "0": the eager formulas (A/B measurements, bench/trainer_step.py)
 _compiled: dict = {}
 _failed: dict[str, str] = {}  # op -> the first compile/run error, once it fell back to eager
@@ -46,8 +49,22 @@ def rope_grad(g, cos, sin):
     return _run("rope", _ref.rope_grad, g, cos, sin)
 
 
+def _silu_and_mul_grad_triton(g, go):
+    from top_rl.kernels import swiglu_grad_triton
+
+    return swiglu_grad_triton.silu_and_mul_grad(g, go)
+
+
 def silu_and_mul_grad(g, go):
-    return _run("silu_and_mul", _ref.silu_and_mul_grad, g, go)
+    """One Triton pass on CUDA (swiglu_grad_triton.py), else the compiled formula; the compiled formula also once
+    that launch has failed in this process."""
+    compiled = lambda g, go: _run("silu_and_mul", _ref.silu_and_mul_grad, g, go)  # noqa: E731
+    if not (g.is_cuda and go.is_cuda and g.dtype in _FLOATS and go.dtype == g.dtype and g.numel() > 0
+            and g.shape[-1] % 2 == 0 and go.shape == (*g.shape[:-1], g.shape[-1] // 2)) \
+            or os.environ.get(ENV, "1") == "0":
+        return compiled(g, go)
+    return _fallback.run(_failed, "silu_and_mul_triton", "the Triton SiLU-and-mul backward", "its compiled formula",
+                         _silu_and_mul_grad_triton, compiled, g, go)
 
 
 def _token_logprobs_grad_onehot(z, ids, temperature, g):
