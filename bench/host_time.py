@@ -1,0 +1,113 @@
+"""Where a trainer step spends host time, for when the GPU idles: the bench's GPU-busy ratio (bench/trainer_step.py)
+can be fine while the wall-clock one is not, because the host does not keep the GPU's queue full.
+
+    PYTHONPATH=... python bench/host_time.py --impl top|stock [--model qwen3-0.6b] [--recompute on|off]
+
+Prints, for one worker's trainer (bench/_trainer_worker.py builds it, same batch and loss): the synced step time, the
+host time to enqueue a step, the synchronizing CUDA calls of a step (torch's sync debug mode: each one drains the
+queue, and the GPU then idles while the host refills it) by call site, and the Python functions taking the most
+host time in a step (cProfile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import cProfile
+import os
+import pstats
+import sys
+import time
+import warnings
+
+sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
+
+import torch  # noqa: E402
+
+from bench import _trainer_worker as tw  # noqa: E402
+from bench._trainer_common import MODELS, make_batch, make_loss_fn, median  # noqa: E402
+
+
+def _setup(impl: str, device) -> None:
+    if impl == "top":
+        from top_rl import kernels
+        from top_rl.kernels import sglang_attention
+
+        kernels.set_backend("sglang")
+        sglang_attention.set_attention_backend(os.environ.get(sglang_attention.ENV_VAR, "triton"))
+    else:
+        from bench import _stock_attention, _stock_gpt
+
+        _stock_attention.use("flash")
+        _stock_gpt.try_compile(device)
+
+
+def _syncs(step) -> collections.Counter:
+    sites = collections.Counter()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            step()
+            torch.cuda.synchronize()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for w in seen:
+        if "synchroniz" in str(w.message):
+            sites[f"{w.filename.split('site-packages/')[-1].split('/work/')[-1]}:{w.lineno}"] += 1
+    return sites
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--impl", choices=("top", "stock"), default="top")
+    p.add_argument("--model", default="qwen3-0.6b")
+    p.add_argument("--recompute", choices=("on", "off"), default="on")
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--top", type=int, default=25, help="rows of the cProfile table")
+    args = p.parse_args()
+    device = torch.device("cuda")
+    _setup(args.impl, device)
+    cfg = MODELS[args.model]
+    batch, adv = make_batch(cfg, args.tokens)
+    loss_fn = make_loss_fn(batch, adv)
+    runner = tw.RUNNERS[args.impl](cfg, args.tokens, args.recompute == "on", device)
+
+    def step():
+        runner.step(batch, loss_fn)
+
+    step()
+    torch.cuda.synchronize()
+    walls, hosts = [], []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        step()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        hosts.append((t1 - t0) * 1e3)
+        walls.append((time.perf_counter() - t0) * 1e3)
+    print(f"# host time, {args.model} {args.impl}, recompute {args.recompute}\n")
+    print("| step ms (synced) | host ms to enqueue (until the step returns) |\n|---|---|")
+    print(f"| {median(walls):.1f} | {median(hosts):.1f} |\n")
+
+    sites = _syncs(step)
+    print(f"### synchronizing CUDA calls in one step: {sum(sites.values())}\n\n| call site | calls |\n|---|---|")
+    for site, n in sites.most_common(15):
+        print(f"| {site} | {n} |")
+
+    prof = cProfile.Profile()
+    prof.enable()
+    step()
+    torch.cuda.synchronize()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:args.top]  # by own (total minus callees) time
+    print(f"\n### Python functions by own host time, one step (cProfile)\n\n| function | calls | own ms | cumulative ms |")
+    print("|---|---|---|---|")
+    for (file, line, fn), (_cc, nc, tt, ct, _callers) in rows:
+        print(f"| {file.split('site-packages/')[-1].split('/work/')[-1]}:{line}({fn}) | {nc} | {tt * 1e3:.1f} | "
+              f"{ct * 1e3:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
