@@ -2,6 +2,7 @@
 can be fine while the wall-clock one is not, because the host does not keep the GPU's queue full.
 
     PYTHONPATH=... python bench/host_time.py --impl top|stock [--model qwen3-0.6b] [--recompute on|off]
+    python bench/host_time.py --cpu-smoke --impl top|stock     a tiny model on CPU: checks the script, not speed
 
 Prints, for one worker's trainer (bench/_trainer_worker.py builds it, same batch and loss): the synced step time, the
 host time to enqueue a step, the synchronizing CUDA calls of a step (torch's sync debug mode: each one drains the
@@ -29,20 +30,29 @@ from bench._trainer_common import MODELS, make_batch, make_loss_fn, median  # no
 
 
 def _setup(impl: str, device) -> None:
+    cuda = device.type == "cuda"
     if impl == "top":
         from top_rl import kernels
         from top_rl.kernels import sglang_attention
 
-        kernels.set_backend("sglang")
-        sglang_attention.set_attention_backend(os.environ.get(sglang_attention.ENV_VAR, "triton"))
+        kernels.set_backend("sglang" if cuda else "reference")
+        if cuda:
+            sglang_attention.set_attention_backend(os.environ.get(sglang_attention.ENV_VAR, "triton"))
     else:
         from bench import _stock_attention, _stock_gpt
 
-        _stock_attention.use("flash")
+        _stock_attention.use("flash" if cuda else "math")
         _stock_gpt.try_compile(device)
 
 
-def _syncs(step) -> collections.Counter:
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _syncs(step, device) -> collections.Counter | None:
+    if device.type != "cuda":
+        return None
     sites = collections.Counter()
     torch.cuda.set_sync_debug_mode("warn")
     try:
@@ -58,15 +68,18 @@ def _syncs(step) -> collections.Counter:
     return sites
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--impl", choices=("top", "stock"), default="top")
     p.add_argument("--model", default="qwen3-0.6b")
     p.add_argument("--recompute", choices=("on", "off"), default="on")
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--top", type=int, default=25, help="rows of the cProfile table")
-    args = p.parse_args()
-    device = torch.device("cuda")
+    p.add_argument("--cpu-smoke", action="store_true", help="tiny model on CPU: checks the script, not speed")
+    args = p.parse_args(argv)
+    if args.cpu_smoke:
+        args.model, args.tokens = "tiny", 512
+    device = torch.device("cpu" if args.cpu_smoke else "cuda")
     _setup(args.impl, device)
     cfg = MODELS[args.model]
     batch, adv = make_batch(cfg, args.tokens)
@@ -77,28 +90,31 @@ def main() -> None:
         runner.step(batch, loss_fn)
 
     step()
-    torch.cuda.synchronize()
+    _sync(device)
     walls, hosts = [], []
     for _ in range(3):
         t0 = time.perf_counter()
         step()
         t1 = time.perf_counter()
-        torch.cuda.synchronize()
+        _sync(device)
         hosts.append((t1 - t0) * 1e3)
         walls.append((time.perf_counter() - t0) * 1e3)
     print(f"# host time, {args.model} {args.impl}, recompute {args.recompute}\n")
     print("| step ms (synced) | host ms to enqueue (until the step returns) |\n|---|---|")
     print(f"| {median(walls):.1f} | {median(hosts):.1f} |\n")
 
-    sites = _syncs(step)
-    print(f"### synchronizing CUDA calls in one step: {sum(sites.values())}\n\n| call site | calls |\n|---|---|")
-    for site, n in sites.most_common(15):
-        print(f"| {site} | {n} |")
+    sites = _syncs(step, device)
+    if sites is None:
+        print("### synchronizing CUDA calls in one step: none on CPU")
+    else:
+        print(f"### synchronizing CUDA calls in one step: {sum(sites.values())}\n\n| call site | calls |\n|---|---|")
+        for site, n in sites.most_common(15):
+            print(f"| {site} | {n} |")
 
     prof = cProfile.Profile()
     prof.enable()
     step()
-    torch.cuda.synchronize()
+    _sync(device)
     prof.disable()
     stats = pstats.Stats(prof)
     rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:args.top]  # by own (total minus callees) time
