@@ -1,8 +1,11 @@
-"""Small shared builders for tests: tiny random Qwen3 checkpoints and token batches."""
+"""Small shared builders for tests: tiny random Qwen3 checkpoints and token batches, Triton kernels interpreted."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import random
+import sys
 
 import torch
 
@@ -32,3 +35,20 @@ def set_threads(n: int):
     prev = torch.get_num_threads()
     torch.set_num_threads(n)
     return prev
+
+
+@contextlib.contextmanager
+def interpreted_module(monkeypatch, path: str, name: str):
+    """The module at `path` loaded afresh under Triton's CPU interpreter (TRITON_INTERPRET=1: Triton decides at @jit
+    time), as `name`, so its kernels run on CPU tensors."""
+    import pytest
+
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    try:
+        yield mod
+    finally:
+        sys.modules.pop(name, None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers import interpreted_module
 from top_rl.kernels import reference as R
 from top_rl.kernels import sglang_backward as sb
 
@@ -86,18 +87,9 @@ def test_env_switch_runs_the_eager_formula(monkeypatch):
 
 @pytest.fixture
 def interpreted_swiglu_grad(monkeypatch):
-    """swiglu_grad_triton loaded afresh with TRITON_INTERPRET=1 (Triton decides at @jit time)."""
-    pytest.importorskip("triton")
-    import importlib.util
-    import sys
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     path = sb.__file__.replace("sglang_backward.py", "swiglu_grad_triton.py")
-    spec = importlib.util.spec_from_file_location("_top_rl_swiglu_grad_interpreted", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    yield mod
-    sys.modules.pop(spec.name, None)
+    with interpreted_module(monkeypatch, path, "_top_rl_swiglu_grad_interpreted") as mod:
+        yield mod
 
 
 @pytest.mark.parametrize("shape", [(5, 2 * 1100), (2, 3, 2 * 64)])  # a masked second block; 3-D rows

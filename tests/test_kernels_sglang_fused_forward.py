@@ -5,12 +5,10 @@ chains against SGLang's own forward_native: tests/test_sglang_native_ops.py."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 import torch
 
+from tests.helpers import interpreted_module
 from top_rl.kernels import sglang_fused_forward as ff
 
 EPS = 1e-6
@@ -120,15 +118,9 @@ def test_shapes_the_kernels_do_not_take_run_eager(monkeypatch, kernels):
 # ----------------------------------------------------------------------------- Triton's CPU interpreter
 @pytest.fixture
 def interpreted(monkeypatch):
-    """sglang_fused_triton loaded afresh with TRITON_INTERPRET=1 (Triton decides at @jit time)."""
-    pytest.importorskip("triton")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     path = ff.__file__.replace("sglang_fused_forward.py", "sglang_fused_triton.py")
-    spec = importlib.util.spec_from_file_location("_top_rl_fused_triton_interpreted", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    yield mod
-    sys.modules.pop(spec.name, None)
+    with interpreted_module(monkeypatch, path, "_top_rl_fused_triton_interpreted") as mod:
+        yield mod
 
 
 @pytest.mark.parametrize("shape,residual", [((7, 64), True), ((7, 64), False), ((3, 4, 32), False)])
