@@ -24,7 +24,9 @@ import os
 
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
-SGLANG_VERSION = "0.5.10.post1"
+from top_rl.contract import DEFAULT as _CONTRACT  # noqa: E402
+
+SGLANG_VERSION = _CONTRACT.sglang_version  # the release the contract is read from
 
 
 def import_error() -> str | None:

@@ -208,7 +208,7 @@ def test_server_check(ckpt):
             eng.verify_server()
         assert "attention_backend='triton' (need 'fa3')" in str(e.value)
     with StandinServer(str(ckpt[0])) as srv:
-        assert _engine(srv, ckpt).verify_server()["version"] == "0.5.10.post1"
+        assert _engine(srv, ckpt).verify_server()["version"] == sglang_cpu.SGLANG_VERSION
 
 
 # ------------------------------------------------------------------------------------ weights (disk)

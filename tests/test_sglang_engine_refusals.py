@@ -29,7 +29,7 @@ def test_a_good_config_passes():
 
 def test_installed_version_must_be_the_pin(monkeypatch):
     monkeypatch.setattr(sglang_config.importlib.metadata, "version", lambda name: "0.5.9")
-    with pytest.raises(TopConfigError, match=r"sglang 0.5.9 is installed.*sglang==0.5.10.post1.*skip_version_check"):
+    with pytest.raises(TopConfigError, match=r"sglang 0.5.9 is installed.*sglang==0.5.11.*skip_version_check"):
         check_config(_cfg(), "fa3", base_env=ENV)
     check_config(_cfg(skip_version_check=True), "fa3", base_env=ENV)  # only an explicit skip passes
 
@@ -123,3 +123,19 @@ def test_decode_logprobs_need_a_backend_proven_decode_equals_extend(backend):
     check_config(_cfg(attention_backend=backend, logprob_source="decode", top=False), backend, base_env=ENV)
     proven = dataclasses.replace(contract.DEFAULT, decode_equals_extend=(backend,))
     check_config(_cfg(attention_backend=backend, logprob_source="decode"), backend, proven, base_env=ENV)
+
+
+def test_port_above_what_sglang_accepts_is_refused():
+    """SGLang 0.5.11 opens a gRPC port at port + 10000 and refuses a server whose gRPC port passes 65535."""
+    from top_rl.rollout.sglang_config import MAX_PORT
+
+    check_config(_cfg(port=MAX_PORT), "fa3", base_env=ENV)
+    with pytest.raises(TopConfigError, match=rf"port={MAX_PORT + 1}: SGLang .* port \+ 10000 .*rollout.sglang.port"):
+        check_config(_cfg(port=MAX_PORT + 1), "fa3", base_env=ENV)
+
+
+def test_sglang_writes_its_switches_as_true_and_that_is_the_pinned_1():
+    """0.5.11's ServerArgs sets SGLANG_ENABLE_DETERMINISTIC_INFERENCE="True" in-process; the contract pins "1"."""
+    check_config(_cfg(), "fa3", base_env={**ENV, "SGLANG_ENABLE_DETERMINISTIC_INFERENCE": "True"})
+    with pytest.raises(TopConfigError, match="SGLANG_ENABLE_DETERMINISTIC_INFERENCE='False'"):
+        check_config(_cfg(), "fa3", base_env={**ENV, "SGLANG_ENABLE_DETERMINISTIC_INFERENCE": "False"})

@@ -1,6 +1,6 @@
 """The TOP contract: what both sides of a true on-policy run must compute, pinned to one SGLang release.
 
-`qwen3_dense_top_v1` describes SGLang 0.5.10.post1 serving a dense Qwen3 with
+`qwen3_dense_top_v1` describes SGLang 0.5.11 serving a dense Qwen3 with
 `--enable-deterministic-inference --rl-on-policy-target fsdp` (rl mode), as read from the pinned wheel
 (docs/numerics.md, cited by section below). Kernels, the model, the
 trainer and the engine launchers read their dtype policy and flags from here; nothing else hard-codes them.
@@ -46,7 +46,7 @@ class GemmTiling:
     attn_kv_block: int = 64  # keys per online-softmax block in reference attention
 
 
-# The batch-invariant GEMM both sides compute every linear with. SGLang 0.5.10.post1's `matmul_persistent` (the
+# The batch-invariant GEMM both sides compute every linear with. SGLang 0.5.11's `matmul_persistent` (the
 # mm_BI its rl mode installs for aten::mm) runs DeepGEMM's bf16_gemm_nn when `deep_gemm` is importable on an
 # sm90+ GPU and this switch is on (its default), else its Triton persistent kernel (§11.1). A contract names
 # one path; the switch is derived from it for the engine's launch env and the trainer's process alike.
@@ -67,6 +67,17 @@ DEEPGEMM_SOURCE = {
     "rev": "ffe2b6b97420a9f8c58268ca55755168e6e2f360",
     "sources_sha256": "ea12e5d7e9c79994533743178d27be7154dc59d350d915fbd045a4987133a7bc",  # include/ + *.py
 }
+
+
+_BOOL_WORDS = {"true": True, "1": True, "yes": True, "y": True, "false": False, "0": False, "no": False, "n": False}
+
+
+def same_env_value(have: str, want: str) -> bool:
+    """Whether an env var's value means what the contract pins. SGLang reads its switches as booleans
+    (sglang/srt/environ.py EnvBool: true/1/yes/y, false/0/no/n) and 0.5.11's ServerArgs writes them back as
+    "True"/"False" in-process, so "True" and "1" are the same switch; other values compare as strings."""
+    a, b = _BOOL_WORDS.get(have.strip().lower()), _BOOL_WORDS.get(want.strip().lower())
+    return a == b if a is not None and b is not None else have == want
 
 
 @dataclass(frozen=True)
@@ -121,7 +132,7 @@ class TopContract:
 
 QWEN3_DENSE_TOP_V1 = TopContract(
     name="qwen3_dense_top_v1",
-    sglang_version="0.5.10.post1",
+    sglang_version="0.5.11",
     tiling=GemmTiling(),
     engine_flags=(
         "--enable-deterministic-inference",
@@ -134,7 +145,9 @@ QWEN3_DENSE_TOP_V1 = TopContract(
         "--disable-radix-cache",
         "--skip-tokenizer-init",
     ),
-    base_engine_env=(("SGLANG_ENABLE_DETERMINISTIC_INFERENCE", "1"),),
+    # SGLANG_USE_SGL_FA3_KERNEL: 0.5.11's fa3 backend runs sgl_kernel's FA3 build only while this is on (its
+    # default); off, it loads another FA3 build from the Hugging Face Hub (sglang/jit_kernel/flash_attention).
+    base_engine_env=(("SGLANG_ENABLE_DETERMINISTIC_INFERENCE", "1"), ("SGLANG_USE_SGL_FA3_KERNEL", "1")),
     forbidden_env=("SGLANG_RETURN_ORIGINAL_LOGPROB", "SGLANG_BATCH_INVARIANT_OPS_ENABLE_MM_FALLBACK_VARIANT"),
     attention_backends=("fa3", "flashinfer", "triton"),
     radix_cache_required_off=("flashinfer",),

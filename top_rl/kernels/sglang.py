@@ -68,7 +68,7 @@ def pin_engine_env(top: _contract.TopContract | None = None) -> None:
     top = top or active_contract()
     for key, want in top.engine_env:
         have = os.environ.get(key)
-        if have is not None and have != want:
+        if have is not None and not _contract.same_env_value(have, want):
             raise RuntimeError(f"{key}={have!r} in the trainer's environment, but the TOP contract {top.name!r} "
                                f"(gemm={top.gemm!r}) pins {want!r} on both sides: unset it")
         os.environ[key] = want

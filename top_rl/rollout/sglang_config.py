@@ -26,6 +26,11 @@ WeightSync = Literal["disk", "distributed", "tensor"]
 WEIGHT_SYNC_MODES = ("disk", "distributed", "tensor")
 
 
+# SGLang 0.5.11's ServerArgs puts a gRPC port at port + 10000 and refuses a server whose gRPC port would pass 65535
+# (sglang/srt/server_args.py, _handle_grpc... in __post_init__), so a server's HTTP port must stay at or below this.
+MAX_PORT = 65535 - 10000
+
+
 class TopConfigError(ValueError):
     """A configuration that would break the TOP contract; the message says what to change."""
 
@@ -190,7 +195,7 @@ def check_env(env: Mapping[str, str], where: str, top: contract.TopContract = co
                 f"log-probs or the GEMM kernel, §1.2-§1.3): unset it"
             )
     for key, want in top.engine_env:
-        if key in env and env[key] != want:
+        if key in env and not contract.same_env_value(env[key], want):
             raise TopConfigError(
                 f"{key}={env[key]!r} in {where}, but the TOP contract pins {want!r} on both sides: unset it or set {want!r}"
             )
@@ -207,6 +212,10 @@ def check_config(cfg: SglangEngineConfig, trainer_attention_backend: str,
         raise TopConfigError(f"weight_sync={cfg.weight_sync!r}; choose one of {list(WEIGHT_SYNC_MODES)}")
     if cfg.logprob_source not in ("prefill", "decode"):
         raise TopConfigError(f"logprob_source={cfg.logprob_source!r}; choose 'prefill' or 'decode'")
+    if not 1 <= cfg.port <= MAX_PORT:
+        raise TopConfigError(
+            f"port={cfg.port}: SGLang {top.sglang_version} also opens port + 10000 for gRPC and refuses a port above "
+            f"{MAX_PORT}; set rollout.sglang.port so that port + num_engines - 1 <= {MAX_PORT} (e.g. 30000)")
     if check_version:
         check_sglang_version(cfg, top)
     check_tp(cfg)

@@ -109,7 +109,7 @@ class SglangReference:
             device=device, gpu_id=0, dtype=torch.bfloat16, kv_cache_dtype=torch.bfloat16, page_size=1,
             server_args=sa, model_config=mc, req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.kv_pool,
             token_to_kv_pool_allocator=None, sliding_window_size=None, is_hybrid_swa=False, attention_chunk_size=None,
-            hybrid_gdn_config=None, kimi_linear_config=None, attn_cp_size=1)
+            hybrid_gdn_config=None, kimi_linear_config=None, linear_attn_model_spec=None, attn_cp_size=1)
         assert mc.attention_arch == AttentionArch.MHA
         self.attn_backend = self._backend(attention_backend)
         self._next_slot = 1  # slot 0 is SGLang's padding slot
@@ -132,12 +132,16 @@ class SglangReference:
         """SGLang's batch-invariant aten overrides (what its model runner enables in deterministic mode), and no grad."""
         from sglang.srt.batch_invariant_ops import batch_invariant_ops as bio
 
-        bio.enable_batch_invariant_mode()
+        # The overrides register for the CUDA dispatch key only (0.5.11 raises on a host without CUDA or XPU).
+        on_gpu = self.runner.device != "cpu"
+        if on_gpu:
+            bio.enable_batch_invariant_mode()
         try:
             with torch.inference_mode():
                 yield
         finally:
-            bio.disable_batch_invariant_mode()
+            if on_gpu:
+                bio.disable_batch_invariant_mode()
 
     # ------------------------------------------------------------------------------------ batches
     def _alloc(self, n: int) -> list[int]:

@@ -23,11 +23,13 @@ import argparse
 import asyncio
 import contextvars
 import json
+import random
 import socket
 import sys
 import threading
 import time
 
+from top_rl.rollout.sglang_config import MAX_PORT
 from top_rl.testing import sgl_kernel_standin
 from top_rl.testing.sglang_standin_scheduler import StandinScheduler
 
@@ -165,6 +167,21 @@ class _Front:
         return False
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A free TCP port SGLang accepts (<= MAX_PORT: it reserves port + 10000 for gRPC); the OS's ephemeral range
+    reaches past it."""
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randint(20000, MAX_PORT)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in 20000..{MAX_PORT} on {host}")
+
+
 class StandinServer:
     """The stand-in on `host` in a background thread (port 0 picks a free port). `server_args` overrides
     fields of SGLang's ServerArgs (built with the contract's flags); `sglang_server_args` passes a built one."""
@@ -174,7 +191,7 @@ class StandinServer:
         mods = sglang_modules()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, port))
+        self.sock.bind((host, port or free_port(host)))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
         sa = sglang_server_args

@@ -239,7 +239,7 @@ class StandinScheduler:
             spaces_between_special_tokens=[True], no_stop_trim=[False], prompt_tokens=[n_in], reasoning_tokens=[0],
             completion_tokens=[len(out_ids)], cached_tokens=[0], output_token_entropy_val=None,
             output_hidden_states=None, routed_experts=None, placeholder_tokens_idx=None,
-            placeholder_tokens_val=None, retraction_counts=[0], spec_verify_ct=[], spec_accepted_tokens=[],
+            placeholder_tokens_val=None, retraction_counts=[0], spec_verify_ct=[], spec_accepted_drafts=[],
             spec_acceptance_histogram=[], **lp)
 
     # ------------------------------------------------------------------------------ weights
