@@ -1,23 +1,32 @@
 #!/usr/bin/env bash
 # Download the wheels the lent GPU machine lacks into .gpu_bundle/GROUP/ (git-ignored), for
 # `run(carry=[".gpu_bundle/core", ...])`. That machine has no network; it has Python 3.12, torch 2.11 (cu130),
-# triton 3.6 and transformers (so numpy, safetensors, tokenizers, PyYAML, httpx, requests, tqdm, aiohttp, click,
-# msgpack, protobuf too). One call carries at most 64 MiB (working tree included), so the wheels come in groups:
-#   core        the pinned SGLang wheel (installed there without its dependencies: sglang-kernel and its torch
-#               pin cannot be carried), the pure-Python packages `import sglang.srt...` needs, Megatron-core,
-#               Hydra/OmegaConf for top_rl's configs                                          (~22 MiB)
-#   ray         Ray 2.60.0 slimmed (no jars, rllib, serve, data, llm, tune, train, dashboard UI) + jsonschema
-#               and friends: the GPU job (`scripts/gpu_run.sh e2e`)                           (~38 MiB)
-#   flashinfer  flashinfer-python (JIT-compiles on the device) + apache-tvm-ffi + cuda-tile   (~12 MiB)
-#   sglang_ref  what SGLang's own Qwen3ForCausalLM imports beyond core (tests/gpu/test_sglang_reference.py)
-#   deep_gemm   the engine's DeepGEMM, to be built on the device against its torch by scripts/build_deep_gemm.py (no
-#               published build loads under torch 2.11): the `deep_gemm` package of sglang-kernel 0.4.1 (what sglang
-#               0.5.10.post1 pins; its kernel headers and the CUTLASS/CuTe its JIT compiles with) without its binary,
-#               the host code (csrc) of sgl-project/DeepGEMM at $DEEPGEMM_REV (sgl-kernel's pin; its Python package must
-#               equal the wheel's, file for file, or nothing is packed) and fmt's headers, as one tarball. Sources: git
-#               clones, or offline DEEPGEMM_GIT_DIR / FMT_GIT_DIR (git dirs holding those commits); the 352 MB wheel is
-#               cached in $SGLANG_KERNEL_CACHE                                                (~4 MiB)
+# triton 3.6 and transformers 5.17 (so numpy, safetensors, PyYAML, httpx, requests, tqdm, aiohttp, click, msgpack,
+# protobuf, uvloop too). One call carries at most 64 MiB (working tree included), so the wheels come in groups:
+#   core          the pinned SGLang wheel (installed without its dependencies), the pure-Python packages
+#                 `import sglang.srt...` needs (IPython without its optional parts: no import of sglang's needs
+#                 them, tests/test_gpu_bundle.py), transformers 5.6.0 + tokenizers 0.22.2 (sglang 0.5.11's pins: the
+#                 image's transformers breaks `import sglang`), Megatron-core, Hydra/OmegaConf     (~30 MiB)
+#   ray           Ray 2.60.0 slimmed (no jars, rllib, serve, data, llm, tune, train, dashboard UI) + jsonschema
+#                 and friends: the GPU job (`scripts/gpu_run.sh e2e`)                             (~38 MiB)
+#   flashinfer    flashinfer-python (JIT-compiles on the device; SGLang's sampler imports it) + apache-tvm-ffi +
+#                 cuda-tile                                                                        (~13 MiB)
+#   sglang_ref    what SGLang's own Qwen3ForCausalLM imports beyond core (tests/gpu/test_sglang_reference.py)
+#   sglang_server what a live `sglang.launch_server` needs beyond core, flashinfer and sglang_ref: sglang-kernel
+#                 (its Python files and sm90/common_ops only: FA3's flash_ops, sm100 and FlashMLA are left out;
+#                 `import sgl_kernel` loads only common_ops eagerly), its HTTP stack (fastapi, uvicorn, ...)
+#   sglang_live   not a folder: builds core, flashinfer, sglang_ref and sglang_server, the groups a live server
+#                 needs, and prints them split into two carries (gpu_run.sh installs each carry into the same
+#                 site dir, which outlives a call while the machine stays warm)
+#   deep_gemm     the engine's DeepGEMM, to be built on the device against its torch by scripts/build_deep_gemm.py:
+#                 the `deep_gemm` package of sglang-kernel (what sglang pins; its kernel headers and the CUTLASS/CuTe
+#                 its JIT compiles with) without its binary, the host code (csrc) of sgl-project/DeepGEMM at
+#                 $DEEPGEMM_REV (sgl-kernel's pin; its Python package must equal the wheel's, file for file, or
+#                 nothing is packed) and fmt's headers, as one tarball. Sources: git clones, or offline
+#                 DEEPGEMM_GIT_DIR / FMT_GIT_DIR (git dirs holding those commits); the sglang-kernel wheel (326 MB) is
+#                 cached in $SGLANG_KERNEL_CACHE                                                  (~4 MiB)
 # Usage: bash scripts/gpu_bundle.sh [GROUP ...]   (default: core). gpu_run.sh installs every carried group.
+#        bash scripts/gpu_bundle.sh --list GROUP  prints the group's pinned requirements (tests read them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,12 +36,12 @@ ROOT=.gpu_bundle
 MAX_MIB=62  # what the named groups may add up to (64 MiB per call, the working tree included)
 
 CORE=(
-  sglang==0.5.10.post1
+  sglang==0.5.11
+  transformers==5.6.0 tokenizers==0.22.2  # sglang 0.5.11's pins; the image's transformers 5.17 breaks `import sglang`
   megatron-core==0.19.2
-  # sglang import chain (sglang.utils, sglang.lang, sglang.srt.utils, server_args)
-  ipython==9.18.1 ipython-pygments-lexers==1.1.1 jedi==0.20.1 parso==0.8.7 matplotlib-inline==0.2.2
-  pexpect==4.9.0 ptyprocess==0.7.0 prompt-toolkit==3.0.53 wcwidth==0.9.4 stack-data==0.6.3
-  executing==2.3.0 asttokens==3.0.2 pure-eval==0.2.4 traitlets==5.16.1 pygments==2.21.0
+  # sglang import chain (sglang.utils imports IPython.display; IPython's completer, prompt and traceback extras
+  # (jedi, parso, prompt-toolkit, stack-data, pexpect, ...) are never imported on it: IPYTHON_UNUSED below)
+  ipython==9.18.1 ipython-pygments-lexers==1.1.1 traitlets==5.16.1 pygments==2.21.0
   pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
   typing-extensions==4.16.0   # pydantic 2.14 needs >=4.16; the image's may be older
   orjson==3.13.0 pybase64==1.5.1 starlette==1.10.0 anyio==4.16.0
@@ -41,12 +50,23 @@ CORE=(
   # top_rl configs
   hydra-core==1.3.8 omegaconf==2.3.1
 )
+IPYTHON_UNUSED=(jedi parso prompt_toolkit wcwidth pexpect ptyprocess stack_data executing asttokens pure_eval
+                matplotlib_inline)  # import names; tests/test_gpu_bundle.py imports the server with them blocked
 RAY=(ray==2.60.0 jsonschema==4.25.1 referencing==0.36.2 jsonschema-specifications==2025.9.1 rpds-py==0.27.1)
 RAY_DROP=(ray/jars ray/rllib ray/serve ray/data ray/llm ray/tune ray/train ray/dashboard/client/build)
-FLASHINFER=(flashinfer-python==0.6.7.post3 apache-tvm-ffi==0.1.15.post2 cuda-tile==1.7.0)
+FLASHINFER=(flashinfer-python==0.6.8.post1 apache-tvm-ffi==0.1.15.post2 cuda-tile==1.7.0)  # sglang 0.5.11's flashinfer
 SGLANG_REF=(compressed-tensors==0.20.1 loguru==0.7.3 msgspec==0.22.0 gguf==0.19.0 einops==0.8.2)  # SGLang's Qwen3 (+einops: insurance)
 
-SGLANG_KERNEL=${SGLANG_KERNEL:-sglang-kernel==0.4.1}  # sglang 0.5.10.post1's Requires-Dist: the engine's deep_gemm
+# A live server's HTTP stack and what its modules import beyond the other groups (found by importing
+# sglang.launch_server, http_server, scheduler, model_runner, ... with the image's packages: tests/test_gpu_bundle.py)
+SGLANG_SERVER=(fastapi==0.163.2 annotated-doc==0.0.7 uvicorn==0.54.0 python-multipart==0.0.34
+               setproctitle==1.3.8 soundfile==0.13.1 cffi==2.1.1 pycparser==3.12
+               jsonschema==4.25.1 referencing==0.36.2 jsonschema-specifications==2025.9.1 rpds-py==0.27.1)
+# sglang-kernel minus what a dense bf16 model on Hopper never loads (FA3's flash_ops alone is 1 GB unpacked)
+SGLANG_KERNEL_KEEP=(sgl_kernel/)
+SGLANG_KERNEL_DROP=(sgl_kernel/flash_ops sgl_kernel/sm100/ sgl_kernel/flashmla_ops)
+
+SGLANG_KERNEL=${SGLANG_KERNEL:-sglang-kernel==0.4.2}  # sglang 0.5.11's Requires-Dist: common_ops and the engine's deep_gemm
 SGLANG_KERNEL_CACHE=${SGLANG_KERNEL_CACHE:-$HOME/.cache/top_rl/wheels}
 DEEPGEMM_REPO=${DEEPGEMM_REPO:-https://github.com/sgl-project/DeepGEMM}
 DEEPGEMM_REV=${DEEPGEMM_REV:-ffe2b6b97420a9f8c58268ca55755168e6e2f360}  # sgl-kernel's FetchContent pin (sgl-release tip)
@@ -65,16 +85,23 @@ git_export() {  # git_export GIT_DIR_OR_EMPTY REPO REV DEST PATH...: the PATHs o
   fi
 }
 
+sglang_kernel_wheel() {  # the cached sglang-kernel wheel (326 MB, downloaded once; offline: put it in the cache)
+  local whl
+  mkdir -p "$SGLANG_KERNEL_CACHE"
+  whl=$(compgen -G "$SGLANG_KERNEL_CACHE/sglang_kernel-${SGLANG_KERNEL##*==}-*x86_64.whl" | head -n 1 || true)
+  if [ -z "$whl" ]; then
+    download "$SGLANG_KERNEL_CACHE" "$SGLANG_KERNEL" >&2
+    whl=$(compgen -G "$SGLANG_KERNEL_CACHE/sglang_kernel-${SGLANG_KERNEL##*==}-*x86_64.whl" | head -n 1)
+  fi
+  echo "$whl"
+}
+
 deep_gemm_src() {  # pack the engine's DeepGEMM into $ROOT/deep_gemm/deep_gemm_src-REV.tar.gz
   local out="$ROOT/deep_gemm/deep_gemm_src-${DEEPGEMM_REV:0:12}.tar.gz" tmp whl
   [ -f "$out" ] && return 0
   tmp=$(mktemp -d)
-  mkdir -p "$ROOT/deep_gemm" "$tmp/src" "$SGLANG_KERNEL_CACHE"
-  whl=$(compgen -G "$SGLANG_KERNEL_CACHE/sglang_kernel-${SGLANG_KERNEL##*==}-*x86_64.whl" | head -n 1 || true)
-  if [ -z "$whl" ]; then  # 352 MB, once: offline, put the wheel in $SGLANG_KERNEL_CACHE
-    download "$SGLANG_KERNEL_CACHE" "$SGLANG_KERNEL"
-    whl=$(compgen -G "$SGLANG_KERNEL_CACHE/sglang_kernel-${SGLANG_KERNEL##*==}-*x86_64.whl" | head -n 1)
-  fi
+  mkdir -p "$ROOT/deep_gemm" "$tmp/src"
+  whl=$(sglang_kernel_wheel)
   "$PY" - "$whl" "$tmp/src" <<'PYEOF'
 import sys, zipfile
 whl, dest = sys.argv[1:]
@@ -100,36 +127,49 @@ download() {  # download DEST PKG...
   [ "$#" -gt 0 ] || return 0
   mkdir -p "$dest"
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 \
     --platform any -d "$dest" "$@"
 }
 
-slim_ray() {  # rewrite the Ray wheel without the subpackages a local ray.init + actors never import
-  local whl
-  whl=$(ls "$ROOT"/ray/ray-2.60.0-*.whl)
-  "$PY" - "$whl" "${RAY_DROP[@]}" <<'PYEOF'
-import sys, zipfile, os
-path, drop = sys.argv[1], tuple(d.rstrip("/") + "/" for d in sys.argv[2:])
-with zipfile.ZipFile(path) as z:
-    if not any(n.startswith(drop) for n in z.namelist()):
-        sys.exit(0)  # already slim
-    tmp = path + ".tmp"
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as out:
-        for info in z.infolist():
-            if info.filename.startswith(drop):
-                continue
-            data = z.read(info)
-            if info.filename.endswith(".dist-info/RECORD"):  # keep RECORD true to the files shipped
-                data = b"".join(l + b"\n" for l in data.split(b"\n") if l and not l.decode().startswith(drop))
-            out.writestr(info, data)
-os.replace(tmp, path)
-PYEOF
+slim_ray() {  # the Ray wheel without the subpackages a local ray.init + actors never import
+  "$PY" scripts/slim_wheel.py "$(ls "$ROOT"/ray/ray-2.60.0-*.whl)" "$ROOT/ray" --drop "${RAY_DROP[@]/%//}"
 }
 
-groups=("$@")
-[ "${#groups[@]}" -gt 0 ] || groups=(core)
+sglang_server() {  # the live server's extra wheels and the slimmed sglang-kernel
+  download "$ROOT/sglang_server" "${SGLANG_SERVER[@]}"
+  compgen -G "$ROOT/sglang_server/sglang_kernel-*.whl" >/dev/null ||
+    "$PY" scripts/slim_wheel.py "$(sglang_kernel_wheel)" "$ROOT/sglang_server" --keep-only "${SGLANG_KERNEL_KEEP[@]}" \
+      --drop "${SGLANG_KERNEL_DROP[@]}"
+}
+
+group_pins() {  # the pinned requirements of a group (--list)
+  case "$1" in
+    core) printf '%s\n' "${CORE[@]}" ;;
+    ray) printf '%s\n' "${RAY[@]}" ;;
+    flashinfer) printf '%s\n' "${FLASHINFER[@]}" ;;
+    sglang_ref) printf '%s\n' "${SGLANG_REF[@]}" ;;
+    sglang_server) printf '%s\n' "${SGLANG_SERVER[@]}" "$SGLANG_KERNEL" ;;
+    ipython_unused) printf '%s\n' "${IPYTHON_UNUSED[@]}" ;;
+    deep_gemm) echo "$SGLANG_KERNEL" ;;
+    *) return 2 ;;
+  esac
+}
+
+if [ "${1:-}" = --list ]; then
+  group_pins "${2:?--list GROUP}" || { echo "gpu_bundle.sh: no pins for group '${2}'" >&2; exit 2; }
+  exit 0
+fi
+
+groups=()
+for g in "${@:-core}"; do  # sglang_live: every group a live server needs
+  if [ "$g" = sglang_live ]; then groups+=(core flashinfer sglang_ref sglang_server); else groups+=("$g"); fi
+done
+declare -A seen sizes
 total=0
 for g in "${groups[@]}"; do
+  [ -n "${seen[$g]:-}" ] && continue
+  seen[$g]=1
   case "$g" in
     core) download "$ROOT/core" "${CORE[@]}"
           # hydra-core 1.3 needs antlr4-python3-runtime 4.9.*, an sdist only: built here into a pure-Python wheel.
@@ -138,15 +178,39 @@ for g in "${groups[@]}"; do
     ray) download "$ROOT/ray" "${RAY[@]}"; slim_ray ;;
     flashinfer) download "$ROOT/flashinfer" "${FLASHINFER[@]}" ;;
     sglang_ref) download "$ROOT/sglang_ref" "${SGLANG_REF[@]}" ;;
+    sglang_server) sglang_server ;;
     deep_gemm) deep_gemm_src ;;
-    *) echo "gpu_bundle.sh: unknown group '$g' (core, ray, flashinfer, sglang_ref, deep_gemm)" >&2; exit 2 ;;
+    *) echo "gpu_bundle.sh: unknown group '$g' (core, ray, flashinfer, sglang_ref, sglang_server, sglang_live, deep_gemm)" >&2
+       exit 2 ;;
   esac
   size=$(du -sb "$ROOT/$g" 2>/dev/null | cut -f1 || echo 0)
+  sizes[$g]=$size
   total=$((total + size))
   echo "gpu bundle $g: $(ls "$ROOT/$g" 2>/dev/null | wc -l) files, $((size / 1024 / 1024)) MiB in $ROOT/$g"
 done
-echo "gpu bundle: ${groups[*]} = $((total / 1024 / 1024)) MiB (carry: $(printf "$ROOT/%s " "${groups[@]}"))"
-if [ "$total" -gt $((MAX_MIB * 1024 * 1024)) ]; then
-  echo "gpu bundle: over ${MAX_MIB} MiB together (a device call carries at most 64 MiB)" >&2
+names=("${!seen[@]}")
+echo "gpu bundle: ${names[*]} = $((total / 1024 / 1024)) MiB"
+if [ "$total" -le $((MAX_MIB * 1024 * 1024)) ]; then
+  echo "gpu bundle: one carry: $(printf "$ROOT/%s " "${names[@]}")"
+  exit 0
+fi
+# Over one call's limit: first-fit of the groups, largest first, into carries of MAX_MIB (each carry is one call;
+# gpu_run.sh installs each into the same site dir, which outlives the call while the machine stays warm).
+carries=()
+loads=()
+for g in $(for k in "${names[@]}"; do echo "${sizes[$k]} $k"; done | sort -rn | cut -d' ' -f2); do
+  placed=""
+  for i in "${!carries[@]}"; do
+    if [ $((loads[i] + sizes[$g])) -le $((MAX_MIB * 1024 * 1024)) ]; then
+      carries[i]="${carries[i]} $ROOT/$g"; loads[i]=$((loads[i] + sizes[$g])); placed=1; break
+    fi
+  done
+  [ -n "$placed" ] || { carries+=("$ROOT/$g"); loads+=("${sizes[$g]}"); }
+done
+for i in "${!carries[@]}"; do
+  echo "gpu bundle: carry $((i + 1)) of ${#carries[@]} ($((loads[i] / 1024 / 1024)) MiB):${carries[i]# }" | sed 's/:\./: ./'
+done
+if [ "${#carries[@]}" -gt 2 ]; then
+  echo "gpu bundle: ${#carries[@]} carries (a live server must fit in two)" >&2
   exit 1
 fi

@@ -21,15 +21,23 @@ export TOP_RL_ATTENTION_BACKEND="${TOP_RL_ATTENTION_BACKEND:-triton}"
 PY=python3
 T0=$(date +%s)
 
+# Every carried group installs into one site dir outside the tree: it outlives the call while the machine stays
+# warm, so a live server's two carries (scripts/gpu_bundle.sh sglang_live) are two calls back to back, the second
+# adding to what the first installed. TOP_RL_SITE_FRESH=1 starts it empty.
 SITE=/tmp/top_rl_site
+[ "${TOP_RL_SITE_FRESH:-0}" = 1 ] && rm -rf "$SITE"
 if compgen -G ".gpu_bundle/*/*.whl" >/dev/null; then  # every group carried (scripts/gpu_bundle.sh)
+  # one file per wheel name: groups may share a dependency (ray and sglang_server both need jsonschema)
+  mapfile -t WHEELS < <(for w in .gpu_bundle/*/*.whl; do echo "$(basename "$w") $w"; done | sort -u -k1,1 | cut -d' ' -f2)
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-    .gpu_bundle/*/*.whl >"$OUT/install.log" 2>&1 || echo "gpu_run: wheel install failed (see install.log)"
-  export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    "${WHEELS[@]}" >"$OUT/install.log" 2>&1 || echo "gpu_run: wheel install failed (see install.log)"
+  echo "gpu_run: installed ${#WHEELS[@]} wheels into $SITE ($(ls .gpu_bundle))" >>"$OUT/install.log"
+elif [ -d "$SITE" ]; then
+  echo "gpu_run: nothing carried; using what an earlier call installed in $SITE" | tee "$OUT/install.log"
 else
   echo "gpu_run: no .gpu_bundle/*/*.whl (run scripts/gpu_bundle.sh here and carry .gpu_bundle/core)" | tee "$OUT/install.log"
-  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
+[ -d "$SITE" ] && export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" || export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 # The engine's DeepGEMM (carry .gpu_bundle/deep_gemm; scripts/build_deep_gemm.py): its host extension comes back in
 # $OUT (deep_gemm_C.so, whatever the module's name); copied into .gpu_bundle/deep_gemm/ and carried, it skips the build.

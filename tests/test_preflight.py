@@ -74,7 +74,7 @@ def _gsm(data: Path, name: str) -> list[str]:
     (["rollout.temperature=inf"], "rollout.temperature=inf must be a finite number"),
     (["algo.loss.clip_eps_high=-inf"], "algo.loss.clip_eps_high=-inf must be a finite number"),
     (["rollout.n_samples=1"], "rollout.n_samples=1 must be >= 2 for GRPO"),
-    (["rollout=sglang"], "rollout.engine=sglang needs model.path"),
+    (["rollout=sglang", "+rollout.sglang.port=60000"], "port=60000: SGLang 0.5.11 also opens port + 10000 for gRPC"),
 ])
 def test_config_refusals_come_before_anything_starts(tmp_path, nothing_starts, overrides, message):
     run_dir = tmp_path / "run"
@@ -145,7 +145,7 @@ def test_cli_refusals_are_one_message_and_leave_no_run_dir(tmp_path):
     out = _top_rl(tmp_path / "a", "rollout.temperature=nan")
     assert out.returncode == 2 and "top-rl: invalid config:\n  rollout.temperature=nan must be a finite number" \
         in out.stderr and "Traceback" not in out.stderr
-    out = _top_rl(tmp_path / "b", "rollout=sglang")
-    assert out.returncode == 1 and "top-rl: rollout.engine=sglang needs model.path" in out.stderr
+    out = _top_rl(tmp_path / "b", "rollout=sglang", "+rollout.sglang.port=60000")
+    assert out.returncode == 1 and "top-rl: port=60000: SGLang" in out.stderr
     assert "Traceback" not in out.stderr and "Ray" not in out.stderr
     assert list(tmp_path.iterdir()) == []

@@ -53,7 +53,8 @@ class Cluster:
                  step_cfg, model_cfg, arch, vocab_size: int, eos_token_id: int | None,
                  sglang_context: dict | None = None, contract_name: str | None = None):
         """`sglang_context`: run-level settings SGLang engines are checked against (attention backend of the
-        trainer, model path, TOP on/off); unused by the native engine. `contract_name`: the run's top.contract, which
+        trainer, model path, TOP on/off) and `initial_policy`, where a run without a model path writes the servers'
+        starting checkpoint; unused by the native engine. `contract_name`: the run's top.contract, which
         every actor computes under (trainer ranks, native engines) and SGLang servers launch with."""
         start_ray(cfg)
         world = trainer_cfg.dp * trainer_cfg.tp * trainer_cfg.pp * trainer_cfg.cp
@@ -90,8 +91,16 @@ class Cluster:
         self._engine_args = (rollout_cfg.engine, kernel_backend, attention_backend, threads, arch)
         self._engine_kwargs = dict(dtype=trainer_cfg.dtype, logprob_source=rollout_cfg.logprob_source,
                                    contract_name=contract_name)
-        self._sglang = dict(sglang=rollout_cfg.sglang, trainer_attention_backend=attention_backend,
-                            **(sglang_context or {}))
+        context = dict(sglang_context or {})
+        initial_policy = context.pop("initial_policy", None)
+        self._sglang = dict(sglang=rollout_cfg.sglang, trainer_attention_backend=attention_backend, **context)
+        if self.is_sglang and not self._sglang.get("model_path"):
+            # A server starts from a checkpoint on disk: the run's random initial policy, written by trainer rank 0
+            # (the servers get the trainer's weights again by the first push, like every later version).
+            if not initial_policy:
+                raise ValueError("rollout.engine=sglang without model.path needs sglang_context['initial_policy']")
+            self.save_hf(initial_policy)
+            self._sglang["model_path"] = initial_policy
         self.engines = [self._new_engine(i) for i in range(rollout_cfg.num_engines)]
         self.transports = [self._connect(i) for i in range(len(self.engines))]
         self.push_weights()

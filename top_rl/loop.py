@@ -18,6 +18,7 @@ from top_rl.config import RunConfig, kernel_backend
 from top_rl.rl import gate, grpo_advantages
 from top_rl.rl.batch import RLBatch, RLSample, RLStepConfig
 from top_rl.rollout.base import SamplingParams, mix_seed
+from top_rl.rollout.sglang_plan import initial_policy_dir
 from top_rl.tracking import Tracker
 
 
@@ -41,7 +42,8 @@ def run(cfg: RunConfig) -> dict:
                           rollout_cfg=cfg.rollout, trainer_cfg=dataclasses.replace(cfg.trainer, dtype=cfg.model.dtype),
                           step_cfg=step_cfg, model_cfg=cfg.model,
                           arch=model_cfg, vocab_size=task.vocab_size, eos_token_id=task.eos_token_id,
-                          sglang_context={"model_path": cfg.model.path, "top": cfg.top.enabled},
+                          sglang_context={"model_path": cfg.model.path or "", "top": cfg.top.enabled,
+                                          "initial_policy": str(initial_policy_dir(run_dir))},
                           contract_name=cfg.top.contract)
         cleanup.callback(cluster.shutdown)
         guard.catch_signals()  # after Ray started (it installs a SIGTERM handler of its own)

@@ -99,6 +99,34 @@ def model_fits_task(cfg, ready: Ready) -> None:
     ready.max_prompt_len = ready.model_cfg.max_position_embeddings - cfg.rollout.max_new_tokens
 
 
+def shared_gpu_memory(cfg, ready: Ready) -> None:
+    """SGLang servers sharing a trainer rank's GPU (cluster.colocate=true) leave it room: their static pool, their
+    per-batch memory and the trainer rank fit the GPU (top_rl/rollout/sglang_memory.py). Local runs only (a
+    running cluster's GPUs are not visible here)."""
+    if cfg.rollout.engine != "sglang" or not cfg.cluster.colocate or cfg.cluster.address or os.environ.get("RAY_ADDRESS"):
+        return
+    from top_rl.rollout import sglang_memory
+    from top_rl.rollout.sglang_plan import config_from_dict
+
+    gpu = sglang_memory.local_gpu_bytes()
+    if gpu is None:
+        return
+    t = cfg.trainer
+    world = t.dp * t.tp * t.pp * t.cp
+    servers = -(-cfg.rollout.num_engines // world)
+    fraction = config_from_dict(cfg.rollout.sglang).mem_fraction_static or 0.88  # None: SGLang's own (~0.88 on H200)
+    tokens = t.micro_batch_tokens or (t.micro_batch_size or 1) * ready.model_cfg.max_position_embeddings
+    est = sglang_memory.estimate(ready.model_cfg, tokens, t.recompute, fraction, servers, gpu)
+    if est.needed > gpu:
+        room = gpu - (est.needed - servers * est.server_static_bytes)
+        best = room / (servers * gpu)
+        fix = (f"set rollout.sglang.mem_fraction_static <= {best:.2f}" if best > 0.05 else
+               "the trainer alone leaves no room for a server")
+        raise Refused(f"the GPU shared by the trainer and SGLang (cluster.colocate=true) cannot hold both: "
+                      f"{est.describe()}. {fix}, or lower trainer.micro_batch_tokens, or give the engines their own "
+                      f"GPUs (cluster.colocate=false)")
+
+
 def prompt_lengths(cfg, ready: Ready) -> None:
     """Under rollout.on_long_prompt=error no prompt may be too long; under skip at least one must fit."""
     prompts.check_lengths(ready.task, ready.max_prompt_len, cfg.rollout.on_long_prompt)
@@ -111,8 +139,8 @@ def resume_state(cfg, ready: Ready) -> None:
     ready.state = checkpoint.prepare(Path(cfg.run_dir), cfg)
 
 
-CHECKS = (config_values, sglang_engines, resources, run_dir_writable, task_data, model_fits_task, prompt_lengths,
-          resume_state)
+CHECKS = (config_values, sglang_engines, resources, run_dir_writable, task_data, model_fits_task, shared_gpu_memory,
+          prompt_lengths, resume_state)
 
 
 def check(cfg) -> Ready:

@@ -5,6 +5,7 @@ dry-run plan. One rule lives here: the engine's attention backend defaults to th
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any, Mapping
 
 from top_rl import contract
@@ -32,17 +33,23 @@ def config_from_dict(d: Mapping[str, Any] | None, index: int = 0, **defaults) ->
     return dataclasses.replace(cfg, port=cfg.port + index)
 
 
+def initial_policy_dir(run_dir) -> Path:
+    """Where a run without model.path writes its random initial policy (HF format) for the servers to start from:
+    a server loads a checkpoint at start; the trainer's weights reach it by the first weight push."""
+    return (Path(run_dir) / "initial_policy").resolve()
+
+
 def run_defaults(run_cfg) -> dict:
     """The run-level settings an SGLang engine takes from a top_rl.config.RunConfig."""
-    return {"model_path": run_cfg.model.path or "", "logprob_source": run_cfg.rollout.logprob_source,
-            "top": run_cfg.top.enabled, "attention_backend": run_cfg.top.attention_backend}
+    return {"model_path": run_cfg.model.path or str(initial_policy_dir(run_cfg.run_dir)),
+            "logprob_source": run_cfg.rollout.logprob_source, "top": run_cfg.top.enabled,
+            "attention_backend": run_cfg.top.attention_backend}
 
 
 def launch_plan(run_cfg, index: int = 0) -> dict:
     """What `dry_run=true` prints for engine `index`: the exact command and the env TOP-RL sets. Runs every
-    config refusal except the installed-version check (the planning machine need not have SGLang)."""
-    if not run_cfg.model.path:
-        raise TopConfigError("rollout.engine=sglang needs model.path: the HF checkpoint every server loads")
+    config refusal except the installed-version check (the planning machine need not have SGLang). Without
+    model.path the servers start from the run's random initial policy, written by trainer rank 0 at start."""
     cfg = config_from_dict(run_cfg.rollout.sglang, index, **run_defaults(run_cfg))
     top = contract.get(run_cfg.top.contract)
     check_config(cfg, run_cfg.top.attention_backend, top, check_version=False)

@@ -1,0 +1,90 @@
+"""Whether SGLang servers and a trainer rank fit on one GPU when they share it (cluster.colocate=true).
+
+An SGLang server takes `mem_fraction_static` of the GPU's memory for its weights and KV pool at start and leaves
+the rest free for what it allocates per batch (sglang/srt/model_executor/model_runner.py, profile_max_num_token:
+the KV pool is sized so that `total * (1 - mem_fraction_static)` stays free). The trainer rank on the same GPU must
+fit in that rest, beside the servers' per-batch memory: a prefill that returns log-probs computes the logits of a
+whole chunk (`chunked_prefill_size` tokens x vocab). The estimate below counts what cannot be avoided (weights,
+fp32 master weights and gradients, Adam's two moments, one micro-batch's logits and activations) and is meant to
+refuse a layout that cannot work, naming the numbers, before any GPU is touched; it is not a tight bound.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+GIB = 1 << 30
+CUDA_CONTEXT_BYTES = 1 * GIB  # per process on the GPU (the trainer rank, each server's scheduler)
+SGLANG_DEFAULT_CHUNK = 8192  # chunked_prefill_size SGLang picks on a large GPU when none is given
+
+
+def param_count(arch) -> int:
+    """Parameters of a dense Qwen3-shaped config (embedding, lm_head unless tied, layers, final norm)."""
+    h, i, layers = arch.hidden_size, arch.intermediate_size, arch.num_hidden_layers
+    per_layer = h * (arch.q_size + 2 * arch.kv_size) + arch.q_size * h + 3 * h * i + 2 * h + 2 * arch.head_dim
+    embed = arch.vocab_size * h * (1 if arch.tie_word_embeddings else 2)
+    return embed + layers * per_layer + h
+
+
+@dataclass(frozen=True)
+class SharedGpuEstimate:
+    gpu_bytes: int
+    server_static_bytes: int  # mem_fraction_static x GPU, per server
+    servers: int
+    server_dynamic_bytes: int  # per server: one prefill chunk's logits
+    trainer_bytes: int
+
+    @property
+    def needed(self) -> int:
+        return (self.servers * (self.server_static_bytes + self.server_dynamic_bytes + CUDA_CONTEXT_BYTES)
+                + self.trainer_bytes + CUDA_CONTEXT_BYTES)
+
+    def describe(self) -> str:
+        g = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
+        return (f"{self.servers} SGLang server(s) x ({g(self.server_static_bytes)} static + {g(self.server_dynamic_bytes)} "
+                f"per prefill chunk) + the trainer rank ~{g(self.trainer_bytes)} + CUDA contexts = {g(self.needed)} of "
+                f"the GPU's {g(self.gpu_bytes)}")
+
+
+def trainer_bytes(arch, micro_batch_tokens: int, recompute: bool) -> int:
+    """Weights (compute dtype, 2 B) + fp32 master weights, gradients and Adam moments (16 B) per parameter, one
+    micro-batch's logits (bf16 forward and its gradient) and activations (full recompute keeps each layer's fp32
+    residual input and one layer's working set; without it every layer's)."""
+    n = param_count(arch)
+    t, h, i = micro_batch_tokens, arch.hidden_size, arch.intermediate_size
+    logits = t * arch.vocab_size * 4
+    layer_working = t * (6 * h + 2 * (arch.q_size + 2 * arch.kv_size) + 6 * i) * 2
+    acts = arch.num_hidden_layers * t * h * 4 + layer_working if recompute else arch.num_hidden_layers * layer_working
+    return 18 * n + logits + acts
+
+
+def estimate(arch, micro_batch_tokens: int, recompute: bool, mem_fraction_static: float, servers: int,
+             gpu_bytes: int, chunked_prefill_size: int = SGLANG_DEFAULT_CHUNK) -> SharedGpuEstimate:
+    return SharedGpuEstimate(gpu_bytes=gpu_bytes, server_static_bytes=int(mem_fraction_static * gpu_bytes),
+                             servers=servers, server_dynamic_bytes=chunked_prefill_size * arch.vocab_size * 6,
+                             trainer_bytes=trainer_bytes(arch, micro_batch_tokens, recompute))
+
+
+def local_gpu_bytes() -> int | None:
+    """GPU 0's memory on this machine, read without creating a CUDA context (NVML, else nvidia-smi); None if no
+    GPU can be seen (the check then runs where the actors are: not before start)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML library, no driver, no GPU: try the command line
+        pass
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
+                                 capture_output=True, text=True, timeout=30).stdout.strip()
+            return int(float(out.splitlines()[0])) << 20 if out else None
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            return None
+    return None
