@@ -18,6 +18,7 @@ OUT="${OUT:-/tmp/top_rl_gpu_out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 export TOP_RL_ATTENTION_BACKEND="${TOP_RL_ATTENTION_BACKEND:-triton}"
+export TOP_RL_GPU_REPORT="$OUT/report.jsonl"  # measured numbers GPU tests report (JSON lines), added to summary.md
 PY=python3
 T0=$(date +%s)
 
@@ -86,17 +87,30 @@ if [[ "$WHAT" == e2e ]]; then
   # and .gpu_bundle/ray): (a) engine GPU + trainer GPU, (b) trainer DP=2 over both GPUs with the engine sharing
   # the last rank's GPU, (c) the engine killed mid-run (TOP_RL_FAULT, the loop's test hook) and restarted.
   # Runs write under /tmp (checkpoints are GBs); metrics and log tails come back in $OUT.
-  JOB=("$PY" -m top_rl.cli +experiment=one_node_qwen3_0.6b_arith tracking.wandb_mode=disabled tracking.console=true)
+  # On live SGLang servers (carry scripts/gpu_bundle.sh sglang_live + ray), ONE GPU shared by server and trainer:
+  # (s) conf/experiment/one_gpu_qwen3_0.6b_sglang.yaml; (g) GSM8K on a random Qwen3-0.6B shape with the shipped
+  # data and Qwen3 tokenizer, 64 prompts x 8 samples x 1024 new tokens (resumable: E2E_G_STEPS more steps per call,
+  # checkpointed every E2E_G_EVERY, continued by the next call while the machine is warm).
+  JOB=("$PY" -m top_rl.cli tracking.wandb_mode=disabled tracking.console=true)
+  NATIVE=(+experiment=one_node_qwen3_0.6b_arith)
   B=(trainer.dp=2 cluster.colocate=true cluster.engine_gpus=0.5 cluster.trainer_gpus=0.5)
+  G=(+experiment=gsm8k_qwen3_0.6b model.path=null rollout.num_engines=1 cluster.colocate=true cluster.engine_gpus=0.5
+     cluster.trainer_gpus=0.5 rollout.sglang.mem_fraction_static=0.45 "checkpoint.every=${E2E_G_EVERY:-5}")
   : >"$OUT/e2e.log"
   for run in ${E2E_RUNS:-a b c}; do
+    keep=""
     case $run in
-      a) args=(steps="${E2E_A_STEPS:-55}") ;;
-      a2) args=(steps="${E2E_A_STEPS:-55}" ${E2E_A2_ARGS:-}) ;;  # (a) again with other settings
-      b) args=(steps="${E2E_B_STEPS:-22}" "${B[@]}") ;;
-      c) args=(steps="${E2E_C_STEPS:-8}") ;;
+      a) args=("${NATIVE[@]}" steps="${E2E_A_STEPS:-55}") ;;
+      a2) args=("${NATIVE[@]}" steps="${E2E_A_STEPS:-55}" ${E2E_A2_ARGS:-}) ;;  # (a) again with other settings
+      b) args=("${NATIVE[@]}" steps="${E2E_B_STEPS:-22}" "${B[@]}") ;;
+      c) args=("${NATIVE[@]}" steps="${E2E_C_STEPS:-8}") ;;
+      s) args=(+experiment=one_gpu_qwen3_0.6b_sglang steps="${E2E_S_STEPS:-55}" ${E2E_S_ARGS:-}) ;;
+      g) keep=1  # resumed across calls: the run dir stays; each call adds E2E_G_STEPS steps
+         done_steps=$( [ -f /tmp/e2e_g/metrics.jsonl ] && wc -l </tmp/e2e_g/metrics.jsonl || echo 0)
+         args=("${G[@]}" steps=$((done_steps + ${E2E_G_STEPS:-10})) ${E2E_G_ARGS:-})
+         [ -d /tmp/e2e_g/checkpoints ] && args+=(resume=true) ;;
     esac
-    rm -rf "/tmp/e2e_$run"
+    [ -n "$keep" ] || rm -rf "/tmp/e2e_$run"
     start=$(date +%s)
     if [[ $run == c ]]; then fault="kill_engine:${E2E_C_KILL_AT:-4}"; else fault=""; fi
     TOP_RL_FAULT="$fault" timeout "${E2E_TIMEOUT:-240}" "${JOB[@]}" run_dir="/tmp/e2e_$run" "${args[@]}" \
@@ -154,6 +168,9 @@ if junit.exists():
     print(f"| **total** | {total['passed']} | {total['failed']} | {total['xfailed']} | {total['skipped']} |")
     if failures:
         print("\nfailures:\n" + "\n".join(failures))
+report = out / "report.jsonl"
+if report.exists() and report.read_text().strip():
+    print("\n## measured by the GPU tests (report.jsonl)\n\n```\n" + report.read_text().strip() + "\n```")
 for b in ("gemm", "attn_memory", "step_time"):
     log = out / f"bench_{b}.log"
     if log.exists():

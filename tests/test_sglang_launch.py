@@ -100,6 +100,11 @@ def test_extra_args_cannot_override_owned_flags(extra):
     (["--attention-backen", "triton"], "attention_backend"),  # argparse prefix of --attention-backend
     (["--attention", "triton"], "ambiguous"),
     (["--enable-deterministic-inferense"], "parser rejects"),
+    # flags new in 0.5.11 that change the decode graphs, the q/k-norm path or TP sums
+    (["--debug-cuda-graph"], "debug_cuda_graph"),
+    (["--enable-breakable-cuda-graph"], "enable_breakable_cuda_graph"),
+    (["--piecewise-cuda-graph-compiler", "inductor"], "piecewise_cuda_graph_compiler"),
+    (["--enable-quant-communications"], "enable_quant_communications"),
 ])
 def test_parser_check_refuses_contradicting_extra_args(extra, why):
     cfg = _cfg(extra_args=extra)
@@ -130,7 +135,7 @@ def _sglang_experiments():
 @pytest.mark.parametrize("experiment", _sglang_experiments())
 def test_shipped_experiments_plan_commands_sglang_accepts(experiment):
     from top_rl.cli import compose
-    from top_rl.rollout.sglang_plan import config_from_dict, launch_plan, run_defaults
+    from top_rl.rollout.sglang_plan import config_from_dict, initial_policy_dir, launch_plan, run_defaults
 
     run = compose([f"+experiment={experiment}"])
     ports = set()
@@ -138,7 +143,9 @@ def test_shipped_experiments_plan_commands_sglang_accepts(experiment):
         plan = launch_plan(run, index=i)
         cfg = config_from_dict(run.rollout.sglang, i, **run_defaults(run))
         ns = validate_argv(plan["argv"], cfg)
-        assert ns.attention_backend == run.top.attention_backend and ns.model_path == run.model.path
+        # without model.path the servers start from the run's random initial policy (written at start)
+        want_model = run.model.path or str(initial_policy_dir(run.run_dir))
+        assert ns.attention_backend == run.top.attention_backend and ns.model_path == want_model
         ports.add(ns.port)
     assert len(ports) == run.rollout.num_engines  # engines sharing a node never share a port
 

@@ -119,7 +119,11 @@ def validate_argv(argv: list[str], cfg: SglangEngineConfig, top: contract.TopCon
         # §1.1: both determinism flags (piecewise CUDA graphs stay on with the rl target alone); §1.2: off-flags.
         want.update(enable_deterministic_inference=True, rl_on_policy_target="fsdp", enable_fp32_lm_head=False,
                     enable_torch_compile=False, enable_mixed_chunk=False, speculative_algorithm=None,
-                    quantization=None)
+                    quantization=None,
+                    # 0.5.11: breakable CUDA graphs replace the decode graphs or run them eagerly; the inductor
+                    # piecewise compiler changes the q/k-norm path; quantized all-reduces change TP>1 sums
+                    debug_cuda_graph=False, enable_breakable_cuda_graph=False, piecewise_cuda_graph_compiler="eager",
+                    enable_quant_communications=False)
         if cfg.attention_backend in top.radix_cache_required_off:
             want["disable_radix_cache"] = True
     bad = [f"{k}={getattr(ns, k, '<absent>')!r} (need {v!r})" for k, v in want.items() if getattr(ns, k, None) != v]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import gzip
 import random
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -145,7 +146,8 @@ class HFTokenizerTask(Task):
 def text_lines(path: str):
     """(``"path:line"``, text) for each line of a text file; a line that is not UTF-8 comes as a ValueError naming
     the byte, so a bad row is reported at its file:line (decoding the whole file would name only an offset)."""
-    with open(path, "rb") as f:
+    opener = gzip.open if str(path).endswith(".gz") else open  # the shipped copies are gzipped (tasks/sources.py)
+    with opener(path, "rb") as f:
         for ln, raw in enumerate(f, 1):
             try:
                 yield f"{path}:{ln}", raw.decode("utf-8")

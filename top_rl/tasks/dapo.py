@@ -21,6 +21,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from top_rl.tasks import sources
 from top_rl.tasks.base import HFTokenizerTask, PromptItem, text_lines
 from top_rl.tasks.gsm8k import _last_boxed
 
@@ -169,8 +170,7 @@ class DapoTask(HFTokenizerTask):
         if tokenizer is None:
             if cfg.tokenizer is None:
                 raise ValueError("dapo needs a tokenizer: pass one or set task.tokenizer=<HF name or dir>")
-            from transformers import AutoTokenizer
-            tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
+            tokenizer = sources.load_hf_tokenizer(cfg.tokenizer)
         self._tok = tokenizer
         self.skipped = 0  # rows dropped under on_bad_row="skip"
         self.duplicates = 0  # rows dropped by dedupe

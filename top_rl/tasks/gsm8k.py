@@ -1,7 +1,7 @@
 """GSM8K: grade-school math word problems; the gold answer is the number after ``####``.
 
-Rows come from a JSONL file (``question``, ``answer`` fields) or, only when no path is given, from
-the Hugging Face dataset ``openai/gsm8k`` (needs network). The reward is 1.0 when the response's
+Rows come from a JSONL file (``question``, ``answer`` fields) or, when no path is given, from the copy of
+``openai/gsm8k`` shipped with the package (top_rl/tasks/data/gsm8k/, ``task.split`` train or test). The reward is 1.0 when the response's
 final answer equals the gold number (compared exactly as fractions, so "18.00" == "18"), else 0.
 
 Which text is the final answer (``task.reward_mode``):
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from top_rl.tasks import sources
 from top_rl.tasks.base import HFTokenizerTask, PromptItem, text_lines
 
 _NUM = r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+"
@@ -33,9 +34,9 @@ REWARD_MODES = ("strict", "lenient_last_number")
 @dataclass
 class Gsm8kConfig:
     name: str = "gsm8k"
-    path: str | None = None  # JSONL file; None -> datasets.load_dataset("openai/gsm8k", "main")
-    split: str = "train"  # only for the Hugging Face dataset
-    tokenizer: str | None = None  # HF model name/dir for AutoTokenizer, unless a tokenizer is passed
+    path: str | None = None  # JSONL file (.gz too); None -> the shipped openai/gsm8k copy (tasks/sources.py)
+    split: str = "train"  # only for the shipped copy: train | test
+    tokenizer: str | None = None  # HF model name/dir for AutoTokenizer, or `qwen3` (shipped; tasks/sources.py)
     on_bad_row: str = "error"  # "error": raise naming file and line; "skip": drop and count
     reward_mode: str = "strict"  # strict (standard `#### <number>`) | lenient_last_number (see module doc)
     use_chat_template: bool = True  # when the tokenizer has one; else the plain template
@@ -110,8 +111,7 @@ class Gsm8kTask(HFTokenizerTask):
         if tokenizer is None:
             if cfg.tokenizer is None:
                 raise ValueError("gsm8k needs a tokenizer: pass one or set task.tokenizer=<HF name or dir>")
-            from transformers import AutoTokenizer
-            tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
+            tokenizer = sources.load_hf_tokenizer(cfg.tokenizer)
         self._tok = tokenizer
         self.skipped = 0  # rows dropped under on_bad_row="skip"
         self.skipped_rows: list[str] = []  # "file:line: why" of the first skipped rows
@@ -137,13 +137,8 @@ class Gsm8kTask(HFTokenizerTask):
         self.rows.append((q.strip(), a, gold))
 
     def _load(self) -> None:
-        if self.cfg.path is None:
-            import datasets  # network: never reached in tests, which always pass a path
-            ds = datasets.load_dataset("openai/gsm8k", "main", split=self.cfg.split)
-            for i, row in enumerate(ds):
-                self._add(f"openai/gsm8k[{self.cfg.split}] row {i}", row)
-            return
-        for where, line in text_lines(self.cfg.path):
+        path = self.cfg.path or sources.gsm8k_split(self.cfg.split)  # None: the copy shipped with the package
+        for where, line in text_lines(path):
             if isinstance(line, ValueError):
                 self._bad(where, str(line))
                 continue

@@ -1,0 +1,47 @@
+"""A colocated SGLang server and trainer rank on one GPU (top_rl/rollout/sglang_memory.py, preflight): the parameter
+count is Qwen3-0.6B's, and a layout that cannot fit is refused before start with the numbers and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from top_rl import preflight
+from top_rl.cli import compose
+from top_rl.model.qwen3.config import Qwen3Config
+from top_rl.rollout import sglang_memory
+
+QWEN3_06B = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                        tie_word_embeddings=True)
+H200 = 143771 << 20
+
+
+def test_param_count_is_qwen3_06b():
+    assert sglang_memory.param_count(QWEN3_06B) == 596_049_920  # Qwen3-0.6B's safetensors hold 596,049,920 values
+
+
+def test_estimate_grows_with_what_the_trainer_holds():
+    small = sglang_memory.trainer_bytes(QWEN3_06B, 4096, recompute=True)
+    assert sglang_memory.trainer_bytes(QWEN3_06B, 16384, recompute=True) > small
+    assert sglang_memory.trainer_bytes(QWEN3_06B, 4096, recompute=False) > small
+    assert small > 18 * 596_049_920
+
+
+def _cfg(tmp_path, *overrides):
+    return compose([f"run_dir={tmp_path / 'run'}", "+experiment=one_gpu_qwen3_0.6b_sglang", *overrides])
+
+
+def test_colocated_server_and_trainer_that_do_not_fit_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(sglang_memory, "local_gpu_bytes", lambda: H200)
+    monkeypatch.setattr(preflight.placement, "check_before_start", lambda *a, **k: None)  # no GPU on this machine
+    preflight.check(_cfg(tmp_path))  # the shipped one-GPU job fits an H200
+    with pytest.raises(preflight.Refused, match=r"cannot hold both: 1 SGLang server\(s\) x \(136\.\d GiB static.*"
+                                                r"set rollout.sglang.mem_fraction_static <= 0\.\d\d"):
+        preflight.check(_cfg(tmp_path, "rollout.sglang.mem_fraction_static=0.97"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_no_gpu_visible_means_no_memory_check(tmp_path, monkeypatch):
+    monkeypatch.setattr(sglang_memory, "local_gpu_bytes", lambda: None)
+    monkeypatch.setattr(preflight.placement, "check_before_start", lambda *a, **k: None)
+    preflight.check(_cfg(tmp_path, "rollout.sglang.mem_fraction_static=0.99"))
