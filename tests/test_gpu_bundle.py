@@ -112,3 +112,51 @@ print("imported", len({SERVER_MODULES!r}))
     out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=600,
                          env={**os.environ, "SGLANG_USE_CPU_ENGINE": "0"})
     assert out.returncode == 0 and f"imported {len(SERVER_MODULES)}" in out.stdout, out.stderr[-3000:]
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+@pytest.mark.skipif(_ERR is not None, reason=_ERR or "")
+def test_every_distribution_a_live_server_imports_is_on_the_gpu_machine_or_carried():
+    """Import the server's modules here, map every module they load to its distribution, and require each to be in
+    the lent machine's image (scripts/gpu_image_packages.txt) or in a bundle group. A missing one is a server that
+    dies at start on the GPU (fastapi 0.163 importing opentelemetry was one); sgl_kernel is the CPU stand-in here."""
+    code = f"""
+import importlib, importlib.metadata as md, json, sys
+from top_rl.testing import sgl_kernel_standin
+before = set(sys.modules)
+with sgl_kernel_standin.installed():
+    for m in {SERVER_MODULES!r}:
+        importlib.import_module(m)
+import os
+owner = {{}}  # installed file -> its distribution (namespace packages such as google.* span several)
+for d in md.distributions():
+    for f in d.files or []:
+        owner[os.path.realpath(d.locate_file(f))] = d.metadata["Name"]
+used = set()
+for name, mod in list(sys.modules.items()):
+    path = getattr(mod, "__file__", None)
+    if name in before or name.split(".")[0] in sys.stdlib_module_names or not path:
+        continue
+    if "/setuptools/_vendor/" in path:  # setuptools' own vendored copies (its distutils puts them on sys.path)
+        dist = "setuptools"
+    else:
+        dist = owner.get(os.path.realpath(path))
+    if dist:  # a file no distribution owns (torch's pseudo-modules, sysconfig data) is not carried either way
+        used.add(dist)
+print(json.dumps(sorted(used)))
+"""
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "SGLANG_USE_CPU_ENGINE": "0"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    imported = {_norm(d) for d in __import__("json").loads(out.stdout.strip().splitlines()[-1])}
+    image = {_norm(line) for line in (ROOT / "scripts/gpu_image_packages.txt").read_text().splitlines()
+             if line.strip() and not line.startswith("#")}
+    carried = {_norm(n) for g in ("core", "flashinfer", "sglang_ref", "sglang_server") for n in pins(g)}
+    # top_rl's own modules, and wandb (+ its platformdirs): megatron.core imports it only if installed, and sglang's
+    # debug dumper imports megatron.core only if installed (both inside try blocks)
+    optional = {"top-rl", "wandb", "platformdirs"}
+    missing = sorted(imported - image - carried - optional)
+    assert not missing, f"a live server imports {missing}, which neither the GPU image nor scripts/gpu_bundle.sh has"

@@ -113,8 +113,9 @@ def triton_server(tmp_path_factory):
 
 def _recompute(model, samples, temperature=None) -> list[torch.Tensor]:
     """The trainer's numbers for each sample: prefill (fp32, untempered) or, with a temperature, the sampler's."""
-    return [sequence_logprobs(model, [s.prompt_ids + s.response_ids], [len(s.prompt_ids)], temperature)[0].cpu()
-            for s in samples]
+    with torch.inference_mode():
+        return [sequence_logprobs(model, [s.prompt_ids + s.response_ids], [len(s.prompt_ids)], temperature)[0].cpu()
+                for s in samples]
 
 
 def _equal_rows(values: list[list[float]], want: list[torch.Tensor]) -> tuple[int, int]:
