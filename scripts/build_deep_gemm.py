@@ -1,7 +1,8 @@
 """Build DeepGEMM's host extension against this machine's torch and install it as the package `deep_gemm`.
 
-No published DeepGEMM build loads under the lent H200's torch 2.11 (sglang-kernel's and sgl-deep-gemm's binaries
-were built for torch 2.9), so scripts/gpu_bundle.sh packs the engine's own package (sglang-kernel 0.4.1's
+sglang-kernel 0.4.1's binary was built for torch 2.9.1 and does not load under the lent H200's torch 2.11; 0.4.2's
+resolves its torch symbols against 2.11 but has not been loaded there yet. So scripts/gpu_bundle.sh packs the engine's
+own package (sglang-kernel's
 `deep_gemm`: Python, kernel headers, CUTLASS/CuTe) with the host code of the commit it was built from, and this
 script compiles the one host-side file, csrc/python_api.cpp, with torch's extension builder, as DeepGEMM's own
 setup.py does. The extension's name is the one the package imports (`deep_gemm_cpp` at sgl-kernel's pin, `_C` in

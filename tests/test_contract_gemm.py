@@ -170,7 +170,7 @@ def _fake_bio(monkeypatch, module):
 
 
 def test_ops_refuses_a_deep_gemm_with_other_sources_than_the_engines(monkeypatch, tmp_path):
-    """DeepGEMM on and importable, but its sources are not sglang-kernel 0.4.1's, or its build records another host
+    """DeepGEMM on and importable, but its sources are not sglang-kernel's, or its build records another host
     code commit: refused before any GEMM; the engine's sources and commit: accepted."""
     from top_rl.kernels import deep_gemm_source as dgs
 
@@ -179,13 +179,13 @@ def test_ops_refuses_a_deep_gemm_with_other_sources_than_the_engines(monkeypatch
     sg.ops.cache_clear()
     sg.set_contract(DG.name)
     try:
-        with pytest.raises(RuntimeError, match=r"other sources than the engine's \(sglang-kernel==0.4.1.*gpu_bundle"):
+        with pytest.raises(RuntimeError, match=r"other sources than the engine's \(sglang-kernel==0.4.2.*gpu_bundle"):
             sg.ops()
         monkeypatch.setitem(contract.DEEPGEMM_SOURCE, "sources_sha256", dgs.package_digest(pkg))
         (pkg / "REVISION").write_text("a348cd95a8ddfd3ef337b595d8e8b841c0d9cf0f upstream\n")
         with pytest.raises(RuntimeError, match=r"built from DeepGEMM a348cd95a8dd, the engine's .* from ffe2b6b97420"):
             sg.ops()
-        (pkg / "REVISION").write_text(contract.DEEPGEMM_SOURCE["rev"] + " sglang-kernel==0.4.1\n")
+        (pkg / "REVISION").write_text(contract.DEEPGEMM_SOURCE["rev"] + " sglang-kernel==0.4.2\n")
         assert sg.ops().mm == "mm" and sg._ops_contract == DG.name
     finally:
         sg.ops.cache_clear()

@@ -58,12 +58,13 @@ GEMM_PATHS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 
-# The engine's DeepGEMM (gemm="deepgemm"): sglang 0.5.10.post1 pins sglang-kernel 0.4.1, whose `deep_gemm` package
-# sgl-kernel builds from sgl-project/DeepGEMM at this commit (its package files equal the wheel's). The JIT compiles
+# The engine's DeepGEMM (gemm="deepgemm"): sglang 0.5.11 pins sglang-kernel 0.4.2, whose `deep_gemm` package sgl-kernel
+# builds from sgl-project/DeepGEMM at this commit (its package files equal the wheel's, and equal 0.4.1's file for file:
+# the digest below is unchanged since sglang 0.5.10.post1 / sglang-kernel 0.4.1). The JIT compiles
 # every kernel from the package's include/ headers, driven by its Python files: both sides must hold these, and a
 # trainer build records the commit of its host code (top_rl/kernels/deep_gemm_source.py).
 DEEPGEMM_SOURCE = {
-    "package": "sglang-kernel==0.4.1 (deep_gemm)",
+    "package": "sglang-kernel==0.4.2 (deep_gemm)",
     "rev": "ffe2b6b97420a9f8c58268ca55755168e6e2f360",
     "sources_sha256": "ea12e5d7e9c79994533743178d27be7154dc59d350d915fbd045a4987133a7bc",  # include/ + *.py
 }
@@ -165,7 +166,7 @@ QWEN3_DENSE_TOP_V1 = TopContract(
 )
 
 # The same contract on DeepGEMM's bf16_gemm_nn: SGLang's own Hopper default, at ~cuBLAS speed. The engine's DeepGEMM
-# is sglang-kernel 0.4.1's (DEEPGEMM_SOURCE); measured on the H200 with that package built for torch 2.11
+# is sglang-kernel's (DEEPGEMM_SOURCE; 0.4.2's package equals 0.4.1's); measured on the H200 with that package built for torch 2.11
 # (scripts/gpu_bundle.sh deep_gemm + scripts/build_deep_gemm.py): batch-invariant at 1..4096 rows
 # (tests/gpu/test_deepgemm.py), SGLang's own Qwen3ForCausalLM equal to the trainer layer by layer, logits and
 # log-probs (tests/gpu/test_sglang_reference.py), trainer == native engine (docs/numerics.md §11, Question 1). Needs

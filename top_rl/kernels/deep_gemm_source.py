@@ -2,7 +2,7 @@
 
 DeepGEMM compiles every kernel at run time from the headers under `deep_gemm/include` (its own, CUTLASS's and
 CuTe's), driven by its Python package and by block-size heuristics in its compiled host extension. The engine's
-package is sglang-kernel 0.4.1's (what sglang 0.5.10.post1 pins); the trainer's is built from the same files
+package is sglang-kernel 0.4.2's (what sglang 0.5.11 pins; file for file 0.4.1's); the trainer's is built from the same files
 (scripts/gpu_bundle.sh deep_gemm checks that the host code's commit has the wheel's package, file for file).
 The contract pins (top_rl/contract.py, DEEPGEMM_SOURCE) the digest of the headers and Python files, and the commit
 of the host code, which scripts/build_deep_gemm.py records in the package it installs (REVISION). What no check
