@@ -227,7 +227,8 @@ def test_disk_sync_versions_and_stale_server(server, ckpt, tmp_path):
     paths = [p for p, _ in server.requests]
     assert paths.count("/update_weights_from_disk") == 3 and "/flush_cache" in paths
     body = [b for p, b in server.requests if p == "/update_weights_from_disk"][-1]
-    assert body == {"model_path": str(tmp_path / "v000003"), "flush_cache": True, "weight_version": "3"}
+    assert body == {"model_path": str(tmp_path / "v000003"), "flush_cache": True, "weight_version": "3",
+                    "torch_empty_cache": True}  # 0.5.11 frees the CUDA cache after a flush only when asked
     server.server_args.weight_version = "default"  # as if the server restarted with its initial weights
     with pytest.raises(SglangProtocolError, match="weight_version 'default', expected '3'"):
         eng.generate(PROMPTS, SEEDS, params)

@@ -149,7 +149,9 @@ QWEN3_DENSE_TOP_V1 = TopContract(
     # SGLANG_USE_SGL_FA3_KERNEL: 0.5.11's fa3 backend runs sgl_kernel's FA3 build only while this is on (its
     # default); off, it loads another FA3 build from the Hugging Face Hub (sglang/jit_kernel/flash_attention).
     base_engine_env=(("SGLANG_ENABLE_DETERMINISTIC_INFERENCE", "1"), ("SGLANG_USE_SGL_FA3_KERNEL", "1")),
-    forbidden_env=("SGLANG_RETURN_ORIGINAL_LOGPROB", "SGLANG_BATCH_INVARIANT_OPS_ENABLE_MM_FALLBACK_VARIANT"),
+    # SGLANG_USE_BREAKABLE_CUDA_GRAPH (0.5.11): decode graphs captured as breakable graphs that run eagerly
+    forbidden_env=("SGLANG_RETURN_ORIGINAL_LOGPROB", "SGLANG_BATCH_INVARIANT_OPS_ENABLE_MM_FALLBACK_VARIANT",
+                   "SGLANG_USE_BREAKABLE_CUDA_GRAPH"),
     attention_backends=("fa3", "flashinfer", "triton"),
     radix_cache_required_off=("flashinfer",),
     required_sampling=(

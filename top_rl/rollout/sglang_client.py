@@ -143,7 +143,8 @@ class SglangClient:
 
     def update_weights_from_disk(self, model_path: str, weight_version: str | None = None, flush_cache: bool = True,
                                  load_format: str | None = None) -> dict:
-        body = {"model_path": model_path, "flush_cache": flush_cache, "weight_version": _version(weight_version)}
+        body = {"model_path": model_path, "flush_cache": flush_cache, "weight_version": _version(weight_version),
+                "torch_empty_cache": flush_cache}
         if load_format is not None:
             body["load_format"] = load_format
         return self._admin("/update_weights_from_disk", body, idempotent=True)  # same path reloads the same bits
@@ -159,6 +160,7 @@ class SglangClient:
                                         load_format: str | None = None) -> dict:
         return self._admin("/update_weights_from_distributed", {
             "names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name, "flush_cache": flush_cache,
+            "torch_empty_cache": flush_cache,
             "weight_version": _version(weight_version), "load_format": load_format})
 
     def destroy_weights_update_group(self, group_name: str) -> dict:
@@ -168,7 +170,7 @@ class SglangClient:
                                    weight_version: str | None = None, flush_cache: bool = True) -> dict:
         return self._admin("/update_weights_from_tensor", {
             "serialized_named_tensors": serialized_named_tensors, "load_format": load_format,
-            "flush_cache": flush_cache, "weight_version": _version(weight_version)})
+            "flush_cache": flush_cache, "torch_empty_cache": flush_cache, "weight_version": _version(weight_version)})
 
     def close(self) -> None:
         self.session.close()
