@@ -1,11 +1,11 @@
 # TOP-RL GPU image: the pinned SGLang release image + Megatron-core 0.19 + this package (docs/docker.md).
-#   docker build -t top-rl:sglang-0.5.10.post1 .
+#   docker build -t top-rl:sglang-0.5.11 .
 #   docker run --gpus all --ipc=host --network=host --shm-size=32g -v /models:/models \
-#     top-rl:sglang-0.5.10.post1 top-rl +experiment=gsm8k_qwen3_0.6b
-# The TOP contract is read from SGLang 0.5.10.post1; launch/check_image.py fails the build on any other release.
-# The image's CUDA stack (torch 2.9.1, triton, sgl-kernel, flashinfer, NCCL) is kept exactly as SGLang pinned it:
+#     top-rl:sglang-0.5.11 top-rl +experiment=gsm8k_qwen3_0.6b
+# The TOP contract is read from SGLang 0.5.11; launch/check_image.py fails the build on any other release.
+# The image's CUDA stack (torch 2.11.0, triton, sgl-kernel, flashinfer, NCCL) is kept exactly as SGLang pinned it:
 # the trainer must run the same kernels as the servers, so nothing installed here may change it.
-ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.10.post1
+ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.11
 FROM ${SGLANG_IMAGE}
 
 ARG MEGATRON_CORE="megatron-core>=0.19,<0.20"
