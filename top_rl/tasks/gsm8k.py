@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from top_rl.tasks.base import HFTokenizerTask, PromptItem, text_lines
+from top_rl.tasks.base import MAX_ROW_BYTES, HFTokenizerTask, PromptItem, row_too_long, text_lines
 
 _NUM = r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+"
 # lm-eval's strict-match (lm_eval/tasks/gsm8k/gsm8k.yaml): its `regex` filter takes the first match of this
@@ -42,6 +42,7 @@ class Gsm8kConfig:
     split: str = "train"  # only for the Hugging Face dataset
     tokenizer: str | None = None  # HF model name/dir for AutoTokenizer, unless a tokenizer is passed
     on_bad_row: str = "error"  # "error": raise naming file and line; "skip": drop and count
+    max_row_bytes: int = MAX_ROW_BYTES  # a longer row is a bad row, refused unparsed (tasks/base.py)
     reward_mode: str = "strict"  # strict (lm-eval's strict-match) | lenient_last_number (see module doc)
     use_chat_template: bool = True  # when the tokenizer has one; else the plain template
     # asks for the form the strict reward grades (the instruction verl's GSM8K preprocessing uses)
@@ -151,6 +152,9 @@ class Gsm8kTask(HFTokenizerTask):
         q, a = row.get("question"), row.get("answer")
         if not isinstance(q, str) or not q.strip() or not isinstance(a, str) or not a.strip():
             return self._bad(where, "missing or empty 'question'/'answer'")
+        size = len(q.encode("utf-8", "replace")) + len(a.encode("utf-8", "replace"))
+        if size > self.cfg.max_row_bytes:  # a row from the hub: parsed already, but never tokenized
+            return self._bad(where, str(row_too_long(size, self.cfg.max_row_bytes)))
         gold = gold_answer(a)
         if gold is None:
             return self._bad(where, "'answer' has no numeric gold value after '####'")
@@ -168,7 +172,7 @@ class Gsm8kTask(HFTokenizerTask):
             for i, row in enumerate(ds):
                 self._add(f"openai/gsm8k[{self.cfg.split}] row {i}", row)
             return
-        for where, line in text_lines(self.cfg.path):
+        for where, line in text_lines(self.cfg.path, self.cfg.max_row_bytes):
             if isinstance(line, ValueError):
                 self._bad(where, str(line))
                 continue
