@@ -76,6 +76,7 @@ def _gsm(data: Path, name: str) -> list[str]:
     (["algo.loss.clip_eps_high=-inf"], "algo.loss.clip_eps_high=-inf must be a finite number"),
     (["rollout.n_samples=1"], "rollout.n_samples=1 must be >= 2 for GRPO"),
     (["rollout=sglang"], "rollout.engine=sglang needs model.path"),
+    (["trainer.micro_batch_size=-1"], "trainer.micro_batch_size=-1 must be >= 1, or null"),  # trained on nothing
     # Issue 24: layouts Megatron would refuse on every rank after Ray started (the tiny model: 4 heads, 2 KV heads,
     # head_dim 16, intermediate 128, 2 layers; the reference kernels' k_chunk is 64).
     (["trainer.tp=3", "cluster.num_cpus=4"], "trainer.tp=3 does not split this model: num_attention_heads (4) and "

@@ -130,6 +130,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     for key in _POSITIVE:
         if _get(cfg, key) < 1:
             errors.append(f"{key}={_get(cfg, key)} must be >= 1")
+    for key in ("trainer.micro_batch_size", "trainer.micro_batch_tokens"):  # null: no limit of that kind
+        if _get(cfg, key) is not None and _get(cfg, key) < 1:
+            errors.append(f"{key}={_get(cfg, key)} must be >= 1, or null (a negative size plans no micro-batch at all)")
     for key in ("checkpoint.every", "cluster.max_engine_restarts"):
         if _get(cfg, key) < 0:
             errors.append(f"{key}={_get(cfg, key)} must be >= 0")
