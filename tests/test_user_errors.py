@@ -60,6 +60,19 @@ def test_dry_run_refuses_config_errors_in_one_line(tmp_path, overrides, rc, part
     assert not (tmp_path / "run").exists()
 
 
+def test_contract_breaking_extra_args_in_one_line(tmp_path):
+    """SGLang's parser imported on this CPU driver (tests/test_preflight.py covers the refusal itself) adds no
+    import-time notices to the one line."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import sglang_cpu
+
+    if sglang_cpu.import_error():
+        pytest.skip(sglang_cpu.import_error())
+    out = _run("-m", "top_rl.cli", f"run_dir={tmp_path / 'run'}", "dry_run=true", "rollout=sglang",
+               "model.path=/models/Qwen3-0.6B", "+rollout.sglang.extra_args=[--enable-torch-compile]")
+    _one_line(out, 1, "top-rl: ", "(--enable-torch-compile: the TOP contract needs it off, torch.compile changes")
+
+
 def test_malformed_or_incomplete_model_dirs(tmp_path, models):
     bad = models / "bad_json"
     for extra in (["dry_run=true"], ["steps=1"]):
