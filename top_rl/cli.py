@@ -173,8 +173,6 @@ def _hydra_entry():
 
 
 def main() -> None:
-    from hydra.errors import CompactHydraException
-
     from top_rl import faults
 
     quiet.install()
@@ -184,7 +182,11 @@ def main() -> None:
     try:
         _register_schema()
         _hydra_entry()()
-    except CompactHydraException as e:  # an override Hydra cannot compose: unknown key, wrong type, bad syntax
+    except Exception as e:  # an override Hydra cannot compose (unknown key, wrong type, bad syntax): one line
+        from hydra.errors import CompactHydraException
+
+        if not isinstance(e, CompactHydraException):
+            raise
         print(f"top-rl: {hydra_error_line(e)}", file=sys.stderr, flush=True)
         sys.exit(2)
     except KeyboardInterrupt:  # before the run started (inside it, RunGuard reports it as RunStopped)
