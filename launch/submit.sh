@@ -3,11 +3,14 @@
 # The overrides are composed and checked here first (`top-rl ... dry_run=true`: config errors and TOP refusals
 # fail before the cluster is used), then the same command runs as a Ray job on the cluster.
 # Env: RAY_ADDRESS (http://127.0.0.1:8265, the head's dashboard), SUBMIT_NO_WAIT=1 (return after submitting),
-# SKIP_DRY_RUN=1, PRINT_ONLY=1 (print the submit command). WANDB_MODE, WANDB_ENTITY, HF_HOME are forwarded;
-# secrets (WANDB_API_KEY, HF_TOKEN) never go on a command line: export them on each node before `ray start`.
+# SKIP_DRY_RUN=1, PRINT_ONLY=1 (print the submit command), RAY_AUTH_TOKEN (the head's `ray get-auth-token`, unless
+# this is the head: token authentication is on by default, _common.sh setup_auth). WANDB_MODE, WANDB_ENTITY, HF_HOME
+# are forwarded; secrets (WANDB_API_KEY, HF_TOKEN) never go on a command line: export them on each node before
+# `ray start`.
 set -euo pipefail
 . "$(dirname "$0")/_common.sh"
 check_forbidden_env
+setup_auth submit
 
 [ $# -ge 1 ] || { echo "usage: launch/submit.sh +experiment=NAME [hydra overrides...]" >&2; exit 2; }
 ADDRESS=${RAY_ADDRESS:-http://127.0.0.1:8265}

@@ -114,3 +114,22 @@ def test_reward_with_math_verify(rows_file):
     half = task.item(1)
     assert task.reward(half, "Answer: \\sqrt{1/4}") == 1.0 and task.reward(half, "Answer: 0.25") == 0.0
     assert math_verify_equivalent("2\\sqrt{2}", "\\sqrt{8}") is True
+
+
+def test_over_long_rows_are_refused_before_tokenizing(tmp_path):
+    """Issue 24 (6d): .jsonl rows over task.max_row_bytes are refused unparsed; rows of a .json file (parsed whole,
+    as the format is) are refused by size before any tokenizer sees them."""
+    big = _row("x" * 5000, "1")
+    lines = tmp_path / "big.jsonl"
+    lines.write_text(json.dumps(ROWS[0]) + "\n" + json.dumps(big) + "\n")
+    with pytest.raises(ValueError, match=rf"{lines}:2: row is {len(json.dumps(big)):,} bytes, over task.max_row_bytes="
+                                         "4,096: refused unparsed"):
+        DapoTask(DapoConfig(path=str(lines), max_row_bytes=4096), tokenizer=CharTokenizer())
+    whole = tmp_path / "big.json"
+    whole.write_text(json.dumps([ROWS[0], big]))
+    size = len(big["prompt"][0]["content"]) + 1
+    with pytest.raises(ValueError, match=rf"{whole} row 1: row is {size:,} bytes, over task.max_row_bytes=4,096"):
+        DapoTask(DapoConfig(path=str(whole), max_row_bytes=4096), tokenizer=CharTokenizer())
+    assert len(DapoTask(DapoConfig(path=str(whole), max_row_bytes=4096, on_bad_row="skip"),
+                        tokenizer=CharTokenizer())) == 1
+    assert len(DapoTask(DapoConfig(path=str(whole)), tokenizer=CharTokenizer())) == 2  # under the default 1 MiB

@@ -13,8 +13,10 @@ LAUNCH = Path(__file__).resolve().parents[1] / "launch"
 
 
 def _sh(script, *args, **env):
-    full = {**os.environ, "PRINT_ONLY": "1", "NUM_GPUS": "8", "NODE_IP": "10.0.0.1", "WANDB_MODE": "offline", **env}
-    for k in ("SGLANG_RETURN_ORIGINAL_LOGPROB", "RAY_ADDRESS"):
+    full = {**os.environ, "PRINT_ONLY": "1", "NUM_GPUS": "8", "NODE_IP": "10.0.0.1", "WANDB_MODE": "offline",
+            "RAY_AUTH_TOKEN": "t0ken", **env}
+    for k in ("SGLANG_RETURN_ORIGINAL_LOGPROB", "RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH",
+              "RAY_DASHBOARD_HOST"):
         if k not in env:
             full.pop(k, None)
     return subprocess.run(["bash", str(LAUNCH / script), *args], capture_output=True, text=True, env=full, timeout=300)
@@ -28,7 +30,7 @@ def test_scripts_parse(script):
 def test_head_and_worker_commands():
     out = _sh("ray_head.sh")
     assert out.returncode == 0, out.stderr
-    assert "ray start --head --node-ip-address=10.0.0.1 --port=6379 --dashboard-host=0.0.0.0 --dashboard-port=8265 " \
+    assert "ray start --head --node-ip-address=10.0.0.1 --port=6379 --dashboard-host=127.0.0.1 --dashboard-port=8265 " \
            "--num-gpus=8 --disable-usage-stats" in out.stdout and "launch/ray_worker.sh 10.0.0.1:6379" in out.stdout
     out = _sh("ray_worker.sh", "10.0.0.1:6379", RAY_BLOCK="1")
     assert out.stdout.startswith("ray start --address=10.0.0.1:6379 --node-ip-address=10.0.0.1 --num-gpus=8")
@@ -36,6 +38,26 @@ def test_head_and_worker_commands():
     assert _sh("ray_worker.sh").returncode != 0  # the head address is required
     out = _sh("ray_head.sh", SGLANG_RETURN_ORIGINAL_LOGPROB="1")
     assert out.returncode == 2 and "unset SGLANG_RETURN_ORIGINAL_LOGPROB" in out.stderr
+
+
+def test_nothing_unauthenticated_is_exposed_by_default(tmp_path):
+    """Issue 24 (7): the dashboard and its Jobs API listen on 127.0.0.1 unless RAY_DASHBOARD_HOST opts in, and Ray's
+    token authentication is on (RAY_AUTH_MODE=token) for the head, the workers and the submitter; the head makes a
+    token when there is none, the others refuse to start without one."""
+    home = {"HOME": str(tmp_path)}  # no ~/.ray/auth_token
+    out = _sh("ray_head.sh", **home, RAY_AUTH_TOKEN="")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ray get-auth-token --generate \n") and "--dashboard-host=127.0.0.1 " in out.stdout
+    for script, args in (("ray_worker.sh", ["10.0.0.1:6379"]), ("submit.sh", ["+experiment=x"])):
+        out = _sh(script, *args, **home, RAY_AUTH_TOKEN="")
+        assert out.returncode == 2 and "export RAY_AUTH_TOKEN=<the head's `ray get-auth-token`>" in out.stderr
+        assert "ray start" not in out.stdout and "ray job submit" not in out.stdout
+    assert _sh("ray_worker.sh", "10.0.0.1:6379", **home, RAY_AUTH_TOKEN="", RAY_AUTH_MODE="disabled").returncode == 0
+    out = _sh("ray_head.sh", RAY_DASHBOARD_HOST="0.0.0.0")
+    assert "--dashboard-host=0.0.0.0 " in out.stdout and "RAY_ADDRESS=http://10.0.0.1:8265" in out.stdout
+    assert "without authentication" not in out.stderr  # the token guards it
+    out = _sh("ray_head.sh", RAY_DASHBOARD_HOST="0.0.0.0", RAY_AUTH_MODE="disabled")
+    assert "listen on 0.0.0.0 without authentication: anyone who reaches port 8265 can run code" in out.stderr
 
 
 def _fake_top_rl(tmp_path, rc: int, message: str = "") -> Path:

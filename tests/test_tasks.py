@@ -1,12 +1,13 @@
 import json
 import random
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from top_rl.tasks import DataPosition, get_task
 from top_rl.tasks.arith import VOCAB_SIZE, ArithConfig, ArithTask
-from top_rl.tasks.gsm8k import Gsm8kConfig, Gsm8kTask, extract_lenient, extract_strict
+from top_rl.tasks.gsm8k import Gsm8kConfig, Gsm8kTask, extract_lenient, strict_match
 
 # The steering repo's shared/ lies beside the checkout (and beside CI's clone); /work/shared on this machine.
 GSM = next((p for p in (Path(__file__).resolve().parents[2] / "shared/data/gsm8k/test.jsonl",
@@ -94,21 +95,67 @@ def hf_tok():
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>")
 
 
-def test_strict_reward_is_the_standard_last_hash_answer(hf_tok, tmp_path):
-    """Issue 14: the default grades like verl / lm-eval strict-match: `#### <number>` or nothing."""
-    S = extract_strict
-    assert S("x = 3\n#### 42") == 42 and S("#### 1,234") == 1234 and S("####$18.00") == 18 and S("#### -3.") == -3
-    assert S("#### 5 wait, no\n#### 6") == 6  # the last marker is the answer
-    assert S("I think 41 or 42") is None and S("\\boxed{42}") is None and S("The answer is: 42") is None
-    assert S("#### ,") is None and S("#### 1.2.3") is None
+# (response, reward against gold 1234, what the strict-match filter keeps of it). Expectations derived by running lm-eval
+# 0.4.13's own code on each response: its RegexFilter and TakeFirstFilter configured from the strict-match entry of
+# lm_eval/tasks/gsm8k/gsm8k.yaml, then exact_match_hf_evaluate with that yaml's metric arguments, the reference
+# being the full solution "Some reasoning.\n#### 1234" (lm-eval itself is not a dependency: nothing is imported).
+LM_EVAL_STRICT_MATCH = [
+    ("#### 1234", 1.0, "1234"),
+    ("####1234", 0.0, "[invalid]"),  # exactly one space after the marker
+    ("####  1234", 0.0, "[invalid]"),
+    ("####\t1234", 0.0, "[invalid]"),
+    ("#### $1,234", 0.0, "[invalid]"),  # no $ inside the match
+    ("#### $1234", 0.0, "[invalid]"),
+    ("#### 1234.00", 0.0, "1234.00"),  # compared as strings
+    ("#### 1234.0", 0.0, "1234.0"),
+    ("#### 1234.", 1.0, "1234."),  # one trailing dot removed
+    ("#### 1234..", 0.0, "1234.."),
+    ("#### 1234\n#### 5", 1.0, "1234"),  # the first match
+    ("#### 5\n#### 1234", 0.0, "5"),
+    ("####1234\n#### 1234", 1.0, "1234"),
+    ("#### x\n#### 1234", 1.0, "1234"),
+    ("#### 1,234", 1.0, "1,234"),  # commas removed anywhere
+    ("#### 12,34", 1.0, "12,34"),
+    ("#### 1,2,3,4", 1.0, "1,2,3,4"),
+    ("#### 1234,", 1.0, "1234,"),
+    ("#### 01234", 0.0, "01234"),
+    ("#### -1234", 0.0, "-1234"),
+    ("#### +1234", 0.0, "[invalid]"),
+    ("#### .1234", 0.0, ".1234"),
+    ("#### 1234.5", 0.0, "1234.5"),
+    ("#### 1 234", 0.0, "1"),
+    ("##### 1234", 1.0, "1234"),
+    ("# ### 1234", 0.0, "[invalid]"),
+    ("#### 1234 dollars", 1.0, "1234"),
+    ("#### 1234/1", 1.0, "1234"),
+    ("#### 1234\n", 1.0, "1234"),
+    ("The answer is 1234.", 0.0, "[invalid]"),
+    ("\\boxed{1234}", 0.0, "[invalid]"),
+    ("", 0.0, "[invalid]"),
+]
+
+
+@pytest.mark.parametrize("response,reward,extracted", LM_EVAL_STRICT_MATCH)
+def test_strict_reward_is_lm_eval_strict_match(hf_tok, tmp_path, response, reward, extracted):
+    """Issue 24: the default grades exactly as lm-eval's gsm8k strict-match (table above)."""
     p = tmp_path / "one.jsonl"
-    p.write_text(json.dumps({"question": "How many?", "answer": "40 + 2 = 42\n#### 42"}) + "\n")
+    p.write_text(json.dumps({"question": "How many?", "answer": "Some reasoning.\n#### 1234"}) + "\n")
     task = Gsm8kTask(Gsm8kConfig(path=str(p)), tokenizer=hf_tok)
-    it = task.item(0)
-    assert [task.reward(it, r) for r in ("I think 41 or 42", "\\boxed{42}", "so\n#### 42", "#### 42\n#### 41",
-                                          "#### 4,2", "#### $42.0")] == [0.0, 0.0, 1.0, 0.0, 1.0, 1.0]
+    assert strict_match(response) == extracted
+    assert task.reward(task.item(0), response) == reward
+
+
+def test_strict_gold_and_modes(hf_tok, tmp_path):
+    p = tmp_path / "rows.jsonl"
+    rows = [{"question": "a?", "answer": "so\n#### 1,234"}, {"question": "b?", "answer": "so\n####42"}]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = Gsm8kTask(Gsm8kConfig(path=str(p), on_bad_row="skip"), tokenizer=hf_tok)
+    assert [task.item(i).answer for i in range(len(task))] == ["1234"] and task.skipped == 1  # no `#### ` in row 2
+    assert "one space after '####'" in task.skipped_rows[0] and task.skipped_rows[0].startswith(f"{p}:2: ")
     lenient = Gsm8kTask(Gsm8kConfig(path=str(p), reward_mode="lenient_last_number"), tokenizer=hf_tok)
-    assert lenient.reward(it, "I think 41 or 42") == 1.0  # the old behaviour, kept under a name that says so
+    it = lenient.item(0)
+    assert lenient.reward(it, "I think 41 or 1234") == 1.0 and lenient.reward(it, "#### $1,234.00") == 1.0
+    assert len(lenient) == 2  # lenient reads `####42` as 42
     with pytest.raises(ValueError, match="task.reward_mode='loose'; choose one of: strict, lenient_last_number"):
         Gsm8kTask(Gsm8kConfig(path=str(p), reward_mode="loose"), tokenizer=hf_tok)
 
@@ -166,3 +213,32 @@ def test_gsm8k_bad_rows(hf_tok, tmp_path):
         Gsm8kTask(Gsm8kConfig(path=str(p)), tokenizer=hf_tok)
     with pytest.raises(ValueError, match="needs a tokenizer"):
         Gsm8kTask(Gsm8kConfig(path=str(p)))
+
+
+def test_an_over_long_row_is_refused_unread(hf_tok, tmp_path):
+    """Issue 24 (6d): a row longer than task.max_row_bytes is refused at its file:line without being held whole,
+    decoded, parsed or tokenized, so memory stays bounded (an 8 MB line under a 64 KiB limit here; a 50 MB line
+    under the default 1 MiB took 0.6 s and 4 MB over the interpreter's baseline, measured by hand)."""
+    p = tmp_path / "long.jsonl"
+    p.write_text(json.dumps({"question": "x" * (2 << 20), "answer": "#### 2"}) + "\n")
+    with pytest.raises(ValueError, match=rf"{p}:1: row is 2,097,1\d\d bytes, over task.max_row_bytes=1,048,576"):
+        Gsm8kTask(Gsm8kConfig(path=str(p)), tokenizer=hf_tok)  # the default limit
+    good = json.dumps({"question": "1+1?", "answer": "two\n#### 2"})
+    long_row = json.dumps({"question": "x" * (8 << 20), "answer": "#### 2"})
+    p.write_text("\n".join([good, long_row, good, "{not json"]) + "\n")
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=rf"{p}:2: row is {len(long_row):,} bytes, over task.max_row_bytes="
+                                             r"65,536: refused unparsed"):
+            Gsm8kTask(Gsm8kConfig(path=str(p), max_row_bytes=1 << 16), tokenizer=hf_tok)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak  # the 8 MB line was never in memory
+    t = Gsm8kTask(Gsm8kConfig(path=str(p), max_row_bytes=1 << 16, on_bad_row="skip"), tokenizer=hf_tok)
+    assert len(t) == 2 and t.skipped == 2 and t.skipped_rows[1].startswith(f"{p}:4: invalid JSON")  # lines count on
+    # the limit is on the row's bytes, its newline not counted: a row of exactly the limit loads
+    p.write_text(good + "\n")
+    assert len(Gsm8kTask(Gsm8kConfig(path=str(p), max_row_bytes=len(good)), tokenizer=hf_tok)) == 1
+    with pytest.raises(ValueError, match=rf"{p}:1: row is {len(good)} bytes, over task.max_row_bytes={len(good) - 1}"):
+        Gsm8kTask(Gsm8kConfig(path=str(p), max_row_bytes=len(good) - 1), tokenizer=hf_tok)

@@ -14,7 +14,7 @@ import os
 import ray
 import torch
 
-from top_rl import weight_sync
+from top_rl import rendezvous, weight_sync
 from top_rl.weight_sync import Endpoint
 
 
@@ -23,6 +23,7 @@ def _setup_process(kernel_backend: str, attention_backend: str | None, threads: 
     from top_rl import quiet
 
     quiet.install()  # third-party start-up notices, once per actor (top_rl/quiet.py)
+    rendezvous.bind_gloo(ray.util.get_node_ip_address())  # before any gloo group: the node's address only
     if not ray.get_gpu_ids():
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before anything initialises CUDA in this process
     torch.set_num_threads(threads)
@@ -124,21 +125,30 @@ class TrainerActor:
         return Endpoint.here()
 
     def free_address(self) -> tuple[str, int]:
-        """An address on this node for others to meet at (rank 0: the trainer's rendezvous, weight groups)."""
-        from top_rl.train.parallel import free_port
+        """An address on this node's IP for others to meet at (rank 0: the trainer's rendezvous, weight groups),
+        its port reserved by this actor until the rendezvous serves on it (top_rl.rendezvous)."""
+        host = ray.util.get_node_ip_address()
+        return host, rendezvous.reserve(host)
 
-        return ray.util.get_node_ip_address(), free_port("")
-
-    def setup(self, init_method: str, arch, trainer_cfg, step_cfg, model_cfg, vocab_size: int,
+    def setup(self, address: tuple[str, int], arch, trainer_cfg, step_cfg, model_cfg, vocab_size: int,
               eos_token_id: int | None) -> None:
-        """Join the trainer's process group (at rank 0's node), build this rank's model and load the initial
-        policy: the checkpoint at model.path, or the seeded random init (every rank builds the same)."""
+        """Join the trainer's process group (at rank 0's `address`, from its free_address), build this rank's model
+        and load the initial policy: the checkpoint at model.path, or the seeded random init (every rank builds
+        the same)."""
+        from torch.distributed.constants import default_pg_timeout
+
         from top_rl import rng
         from top_rl.train import Trainer
         from top_rl.train.parallel import init_process_group
 
         rng.seed(trainer_cfg.seed)  # every RNG this rank checkpoints starts from a known state
-        init_process_group(self.rank, self.world, init_method if self.world > 1 else None)
+        host, port = address
+        if self.world > 1:
+            init_process_group(self.rank, self.world,
+                               store=rendezvous.store(host, port, self.world, self.rank, default_pg_timeout))
+        else:
+            rendezvous.release(port)
+            init_process_group()
         self.arch = arch
         self.trainer = Trainer(arch, trainer_cfg)
         self.step_cfg = step_cfg
@@ -162,6 +172,7 @@ class TrainerActor:
         """Rank 0: the SGLang server's weight group, made by SGLang's own helper as the server makes its end."""
         from top_rl.rollout.sglang_weights import init_trainer_group
 
+        rendezvous.release(port)  # SGLang's helper binds the rendezvous itself
         self.groups[index] = init_trainer_group(host, port, world, name, backend)
 
     def push_weights(self, engines: list, indices: list[int], transports: list[str], version: int,

@@ -63,7 +63,7 @@ def compose(overrides: list[str]):
 
     from top_rl.config import from_hydra
 
-    from hydra.errors import ConfigCompositionException
+    from hydra.errors import CompactHydraException
 
     from top_rl.config import ConfigError
 
@@ -71,10 +71,29 @@ def compose(overrides: list[str]):
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         try:
             composed = hydra_compose(config_name="config", overrides=overrides)
-        except ConfigCompositionException as e:  # an enum-typed key's bad value, an unknown key: name it
-            cause = " ".join(str(e.__cause__ or e).split())
-            raise ConfigError(f"invalid config: {' '.join(str(e).split())}: {cause}") from None
+        except CompactHydraException as e:  # an enum-typed key's bad value, an unknown key: name it
+            raise ConfigError(hydra_error_line(e)) from None
         return from_hydra(composed)
+
+
+def hydra_error_line(e: BaseException) -> str:
+    """Hydra's message for an override it cannot compose (an unknown key, a value of the wrong type, a group
+    option that does not exist, a syntax error), in one line: each part's first line(s), without the detail
+    lines (full_key, object_type) that name Python types."""
+    parts: list[str] = []
+    for err in (e, e.__cause__):
+        listing = False  # inside the indented list under "Available options in '<group>':"
+        for line in str(err or "").splitlines():
+            text, indented = line.strip(), line.startswith((" ", "\t"))
+            if text.startswith("Config search path"):
+                break
+            if listing and indented:
+                if not text.endswith("_schema"):  # the typed schemas the groups extend: not choices
+                    parts[-1] += ("" if parts[-1].endswith(":") else ",") + " " + text
+            elif text and not indented and text not in parts:
+                listing = text.startswith("Available options")
+                parts.append(text)
+    return "invalid config: " + " ".join(parts)
 
 
 def launch_plan(cfg) -> dict:
@@ -126,12 +145,19 @@ def _hydra_entry():
         except ConfigError as e:
             print(f"top-rl: {e}", file=sys.stderr)
             sys.exit(2)
-        if cfg.dry_run:
-            print(json.dumps(launch_plan(cfg), indent=2, default=str))
+        from top_rl.preflight import CONFIG_CHECKS, REFUSALS, check
+
+        if cfg.dry_run:  # the refusals the config alone decides, then the plan
+            try:
+                check(cfg, CONFIG_CHECKS)
+                plan = launch_plan(cfg)
+            except REFUSALS as e:
+                print(f"top-rl: {e}", file=sys.stderr)
+                sys.exit(getattr(e, "exit_code", 1))
+            print(json.dumps(plan, indent=2, default=str))
             return
         from top_rl import loop
         from top_rl.faults import RunStopped
-        from top_rl.preflight import REFUSALS
         from top_rl.rl.gate import ParityViolation
 
         try:
@@ -151,9 +177,18 @@ def main() -> None:
 
     quiet.install()
     faults.interrupt_on_signals()  # first: Ctrl-C during imports and checks stops the run too
+    # Hydra raises what it cannot compose instead of printing it over several lines: reported below in one.
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     try:
         _register_schema()
         _hydra_entry()()
+    except Exception as e:  # an override Hydra cannot compose (unknown key, wrong type, bad syntax): one line
+        from hydra.errors import CompactHydraException
+
+        if not isinstance(e, CompactHydraException):
+            raise
+        print(f"top-rl: {hydra_error_line(e)}", file=sys.stderr, flush=True)
+        sys.exit(2)
     except KeyboardInterrupt:  # before the run started (inside it, RunGuard reports it as RunStopped)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         print(f"top-rl: interrupted ({faults.startup_signal_name()}) before the run started; nothing was written",

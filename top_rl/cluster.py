@@ -24,7 +24,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tqdm import tqdm
 
-from top_rl import faults, placement, weight_sync
+from top_rl import faults, placement, rendezvous, weight_sync
 from top_rl.actors import EngineActor, TrainerActor
 from top_rl.faults import ActorFailed
 from top_rl.placement import ClusterConfig, PlacementError
@@ -43,7 +43,8 @@ def start_ray(cfg: ClusterConfig) -> None:
     if address:  # a cluster's workers do not inherit this process's warning filters: install them there too
         ray.init(address=address, log_to_driver=True,
                  runtime_env={"worker_process_setup_hook": "top_rl.quiet.install"})
-    else:
+    else:  # a local run: every server Ray starts listens on loopback only (top_rl.rendezvous)
+        rendezvous.ray_on_loopback()
         ray.init(num_cpus=cfg.num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=True,
                  configure_logging=False)
 
@@ -84,7 +85,7 @@ class Cluster:
             for r in range(world)
         ]
         host, port = ray.get(self.trainers[0].free_address.remote())
-        self._on_trainers("setup", [(f"tcp://{host}:{port}", arch, trainer_cfg, step_cfg, model_cfg,
+        self._on_trainers("setup", [((host, port), arch, trainer_cfg, step_cfg, model_cfg,
                                      vocab_size, eos_token_id)] * world, "trainer setup")
         self.trainer_endpoint = ray.get(self.trainers[0].endpoint.remote())
 

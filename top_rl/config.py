@@ -123,13 +123,16 @@ def _optimizer_errors(t) -> list[str]:
 def validate(cfg: RunConfig) -> RunConfig:
     errors = [f"{key}={v} must be a finite number" for key, v in _non_finite(cfg.as_dict())]
     if errors:  # the checks below would only repeat them
-        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+        raise ConfigError("invalid config: " + "; ".join(errors))
     for key, allowed in _CHOICES.items():
         if _get(cfg, key) not in allowed:
             errors.append(f"{key}={_get(cfg, key)!r} is not allowed; choose one of: {', '.join(allowed)}")
     for key in _POSITIVE:
         if _get(cfg, key) < 1:
             errors.append(f"{key}={_get(cfg, key)} must be >= 1")
+    for key in ("trainer.micro_batch_size", "trainer.micro_batch_tokens"):  # null: no limit of that kind
+        if _get(cfg, key) is not None and _get(cfg, key) < 1:
+            errors.append(f"{key}={_get(cfg, key)} must be >= 1, or null (a negative size plans no micro-batch at all)")
     for key in ("checkpoint.every", "cluster.max_engine_restarts"):
         if _get(cfg, key) < 0:
             errors.append(f"{key}={_get(cfg, key)} must be >= 0")
@@ -166,13 +169,32 @@ def validate(cfg: RunConfig) -> RunConfig:
     if not isinstance(cfg.task, dict) or "name" not in cfg.task:
         errors.append("task must be a mapping with a 'name' (pick a group: task=arith | gsm8k | dapo)")
     if errors:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+        raise ConfigError("invalid config: " + "; ".join(errors))
     return cfg
+
+
+def _dropped_keys(node, obj, prefix: str = ""):
+    """Keys of the composed config that its typed result has no field for. `+key=value` adds a key Hydra's
+    schema does not have (its own error for `key=value` suggests the `+`), and OmegaConf.to_object drops it
+    silently: such a key would change nothing."""
+    from omegaconf import DictConfig
+
+    for key in node.keys():
+        child = node._get_node(key)
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            if key not in {f.name for f in dataclasses.fields(obj)}:
+                yield f"{prefix}{key}"
+            elif isinstance(child, DictConfig):
+                yield from _dropped_keys(child, getattr(obj, key), f"{prefix}{key}.")
 
 
 def from_hydra(dict_cfg) -> RunConfig:
     """DictConfig composed by Hydra (schema: RunConfig) -> validated RunConfig."""
     obj = OmegaConf.to_object(dict_cfg)
+    dropped = list(_dropped_keys(dict_cfg, obj))
+    if dropped:
+        raise ConfigError(f"invalid config: {', '.join(dropped)} {'is not a key' if len(dropped) == 1 else 'are not keys'}"
+                          " of the config (`top-rl --help` lists them): remove or correct it")
     if isinstance(obj.task, dict) is False:
         obj.task = OmegaConf.to_container(OmegaConf.create(obj.task), resolve=True)
     return validate(obj)

@@ -81,6 +81,22 @@ def same_env_value(have: str, want: str) -> bool:
     return a == b if a is not None and b is not None else have == want
 
 
+# Server flags a TOP run leaves off, and why (§1.2). Set through extra_args they are refused before Ray starts
+# (top_rl.rollout.sglang_launch.check_extra_args: by SGLang's own parser where the pinned release imports, else by name).
+ENGINE_FLAGS_OFF = (
+    ("--enable-fp32-lm-head", "it takes precedence over the rl-mode LM head, whose log-probs the trainer computes"),
+    ("--enable-torch-compile", "torch.compile changes the kernels the trainer reproduces"),
+    ("--enable-mixed-chunk", "it mixes prefill and decode chunks, changing batch shapes"),
+    ("--speculative-algorithm", "speculative decoding changes kernels and batch shapes"),
+    ("--quantization", "quantized GEMMs are not the trainer's"),
+    ("--enable-lora", "LoRA adds GEMMs the trainer does not compute"),
+    # new in 0.5.11
+    ("--debug-cuda-graph", "decode graphs become breakable graphs that run eagerly"),
+    ("--enable-breakable-cuda-graph", "breakable graphs replace the decode graphs"),
+    ("--enable-quant-communications", "quantized all-reduces change TP>1 sums"),
+)
+
+
 @dataclass(frozen=True)
 class TopContract:
     name: str
@@ -101,6 +117,7 @@ class TopContract:
     # triton's split-KV decode differs from its extend on a few tokens; fa3 and flashinfer are unmeasured.
     decode_equals_extend: tuple[str, ...] = field(default=())
     gemm: str = "triton_persistent"  # a key of GEMM_PATHS
+    engine_flags_off: tuple[tuple[str, str], ...] = ENGINE_FLAGS_OFF  # (flag, why) pairs, §1.2
 
     def __post_init__(self):
         if self.gemm not in GEMM_PATHS:

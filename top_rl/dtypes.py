@@ -36,6 +36,7 @@ class DtypePolicy:
 
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32,
            "float64": torch.float64}
+DTYPE_NAMES = tuple(_DTYPES)  # what a command's dtype option accepts
 
 
 def as_dtype(d: torch.dtype | str) -> torch.dtype:

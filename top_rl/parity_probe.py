@@ -22,7 +22,10 @@ import random
 import sys
 from pathlib import Path
 
+import torch
+
 from top_rl import contract, kernels
+from top_rl.dtypes import DTYPE_NAMES
 from top_rl.cli_args import Arg, KeyValueCli, UsageError
 from top_rl.rollout.sglang_client import SglangClient, SglangError
 from top_rl.rollout.sglang_protocol import generate_payload, items, parse_generation, parse_scores, score_payload
@@ -93,8 +96,6 @@ def compare(prompts: list[list[int]], responses: list[list[int]], engine: list[l
 
 
 def _trainer_logprobs(model, prompts, responses, temperature, batch: int) -> list[list[float]]:
-    import torch
-
     from top_rl.model import sequence_logprobs
 
     out: list[list[float]] = []
@@ -123,7 +124,7 @@ def _cli() -> KeyValueCli:
         Arg("backend", "trainer kernels: reference (CPU) or sglang (GPU)", str, "reference",
             choices=tuple(kernels.available_backends())),
         Arg("attention_backend", "the sglang backend's attention (default: the server's)"),
-        Arg("dtype", "compute dtype (default: the checkpoint's torch_dtype)"),
+        Arg("dtype", "compute dtype (default: the checkpoint's torch_dtype)", choices=DTYPE_NAMES),
         Arg("device", "default: cuda for backend=sglang, else cpu"),
         Arg("batch_size", "sequences per trainer forward", int, 8),
         Arg("timeout", "seconds per server request", float, 600.0),
@@ -142,6 +143,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args is None:  # --help
         return 0
+    if not args.url.startswith(("http://", "https://")):
+        print(f"top-rl-parity-probe: url={args.url!r} needs its scheme, e.g. http://127.0.0.1:30000\n{cli.usage()}",
+              file=sys.stderr)
+        return 2
+    device = args.device or ("cuda" if args.backend == "sglang" else "cpu")
+    try:
+        if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("no CUDA GPU is visible here")
+    except RuntimeError as e:
+        print(f"top-rl-parity-probe: device={device!r}: {e}\n{cli.usage()}", file=sys.stderr)
+        return 2
     if args.temperature <= 1e-6:
         print("error: temperature must be > 1e-6 (SGLang turns lower values into greedy decoding)", file=sys.stderr)
         return 2
@@ -165,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UnsupportedModel, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    model.to(args.device or ("cuda" if args.backend == "sglang" else "cpu"))
+    model.to(device)
     vocab = model.cfg.vocab_size
 
     try:

@@ -95,16 +95,17 @@ def plan(num_engines: int, world: int, cfg) -> Placement:
                      cfg.trainer_gpus)
 
 
-def check(placement: Placement, have: dict[str, float], where: str) -> None:
-    """Refuse a placement the cluster cannot hold, naming what was asked and what there is."""
+def check(placement: Placement, have: dict[str, float], where: str, hint: str = "") -> None:
+    """Refuse a placement the cluster cannot hold, naming what was asked and what there is. `hint`: the trainer
+    layouts the model allows (top_rl.train.layout_rules.hint), so the advice never names one it refuses."""
     want = placement.total()
     short = [k for k, v in want.items() if v > have.get(k, 0.0) + 1e-9]
     if short:
         have_s = ", ".join(f"{have.get(k, 0.0):g} {k}" for k in sorted(want))
         raise PlacementError(f"the run asks for {placement.describe()}; {where} has {have_s}. Lower "
-                             "rollout.num_engines / trainer.{dp,tp,pp,cp}, the cluster.*_gpus / *_cpus per actor, "
-                             "or share GPUs (cluster.colocate=true); on a local run cluster.num_cpus raises Ray's "
-                             "CPU count")
+                             "rollout.num_engines / trainer.{dp,tp,pp,cp}" + (f" ({hint})" if hint else "")
+                             + ", the cluster.*_gpus / *_cpus per actor, or share GPUs (cluster.colocate=true); on a "
+                             "local run cluster.num_cpus raises Ray's CPU count")
     if "GPU" in want:  # a bundle must fit on one node: no single GPU bundle can exceed a node's GPUs
         biggest = max(b.get("GPU", 0.0) for b in placement.bundles)
         if biggest > have.get("GPU", 0.0) + 1e-9:
@@ -120,7 +121,7 @@ def local_resources(num_cpus: int | None) -> dict[str, float]:
     return {"CPU": float(num_cpus or os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
 
 
-def check_before_start(num_engines: int, trainer_cfg, cfg: ClusterConfig) -> Placement:
+def check_before_start(num_engines: int, trainer_cfg, cfg: ClusterConfig, hint: str = "") -> Placement:
     """The run's plan; on a local run (no cluster address), refused before Ray starts if this machine
     cannot hold it. On a running cluster the check runs against its resources once connected."""
     import os
@@ -128,5 +129,5 @@ def check_before_start(num_engines: int, trainer_cfg, cfg: ClusterConfig) -> Pla
     world = trainer_cfg.dp * trainer_cfg.tp * trainer_cfg.pp * trainer_cfg.cp
     p = plan(num_engines, world, cfg)
     if not (cfg.address or os.environ.get("RAY_ADDRESS")):
-        check(p, local_resources(cfg.num_cpus), "this machine")
+        check(p, local_resources(cfg.num_cpus), "this machine", hint)
     return p

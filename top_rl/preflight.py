@@ -6,6 +6,8 @@ or prompt and the fix; CHECKS runs them in order (cheap config checks first, the
 checkpoint verification last). `ready` collects what the checks loaded (task, model config, resume
 state), so the run does not load it twice. A new refusal is one function and one line in CHECKS.
 Reading is all they do: the lock (top_rl.run_lock) is the run's first write, right after.
+`dry_run=true` runs CONFIG_CHECKS, those that need only the config (and model.path's config.json where this
+machine has it): the planning machine need not hold the data, the weights or the run's resources.
 """
 
 from __future__ import annotations
@@ -15,14 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from top_rl import checkpoint, config, placement, prompts
+from top_rl import checkpoint, config, contract, placement, prompts, tasks
 from top_rl.checkpoint import ResumeRefused
-from top_rl.config import ConfigError
+from top_rl.config import ConfigError, kernel_backend
+from top_rl.model import family
 from top_rl.placement import PlacementError
 from top_rl.model.family import UnsupportedModel
 from top_rl.prompts import BadInput
 from top_rl.rollout.sglang_config import TopConfigError
 from top_rl.run_lock import RunDirLocked
+from top_rl.train import layout_rules
+from top_rl.train.layout_rules import LayoutError
 
 
 class Refused(ValueError):
@@ -31,7 +36,7 @@ class Refused(ValueError):
 
 # What `top-rl` reports as a one-message refusal (exit 1, no traceback).
 REFUSALS = (Refused, ConfigError, TopConfigError, BadInput, UnsupportedModel, ResumeRefused, RunDirLocked,
-            PlacementError)
+            PlacementError, LayoutError)
 
 
 @dataclass
@@ -42,11 +47,37 @@ class Ready:
     max_prompt_len: int = 0
     state: dict | None = None  # the verified checkpoint state to resume from (None: step 0)
     checkpoints_seen: list[str] = field(default_factory=list)
+    shape: layout_rules.ModelShape | None = None  # the model's sizes the trainer layout splits
 
 
 def config_values(cfg, ready: Ready) -> None:
     """Choices, ranges, non-finite numbers, optimizer values, GRPO group size (top_rl.config.validate)."""
     config.validate(cfg)
+
+
+def task_config(cfg, ready: Ready) -> None:
+    """The task's name and keys (no data is read)."""
+    try:
+        tasks.task_config(cfg.task["name"], cfg.task)
+    except (KeyError, ValueError, TypeError) as e:
+        raise BadInput(f"task: {e.args[0] if e.args else e}") from None
+
+
+def _k_chunk(cfg) -> int | None:
+    """The contract's GEMM K chunk where the trainer's kernels split K by it (the reference kernels)."""
+    return contract.get(cfg.top.contract).tiling.k_chunk if kernel_backend(cfg) == "reference" else None
+
+
+def trainer_layout(cfg, ready: Ready) -> None:
+    """trainer.tp / pp / cp split the model (top_rl.train.layout_rules): model.path's config.json where this machine
+    has it (else model_fits_task refuses the path), or the model.* fields; a random model's vocabulary, its
+    task tokenizer's, is checked once the task is loaded (model_fits_task)."""
+    path = cfg.model.path
+    if path and not (Path(path) / "config.json").is_file():
+        return
+    ready.shape = layout_rules.ModelShape.of(family.config_from_dir(path) if path else cfg.model)
+    t = cfg.trainer
+    layout_rules.check(ready.shape, t.tp, t.pp, t.cp, _k_chunk(cfg))
 
 
 def sglang_engines(cfg, ready: Ready) -> None:
@@ -62,7 +93,8 @@ def sglang_engines(cfg, ready: Ready) -> None:
 def resources(cfg, ready: Ready) -> None:
     """The placement (engines, trainer ranks, their GPUs and CPUs) fits this machine (local runs; a running
     cluster is checked once connected, top_rl.cluster)."""
-    placement.check_before_start(cfg.rollout.num_engines, cfg.trainer, cfg.cluster)
+    hint = layout_rules.hint(ready.shape, _k_chunk(cfg)) if ready.shape else ""
+    placement.check_before_start(cfg.rollout.num_engines, cfg.trainer, cfg.cluster, hint)
 
 
 def run_dir_writable(cfg, ready: Ready) -> None:
@@ -92,10 +124,17 @@ def task_data(cfg, ready: Ready) -> None:
 
 
 def model_fits_task(cfg, ready: Ready) -> None:
-    """The model is one a TOP contract covers (model.path's config.json) and the task's tokenizer fits it."""
+    """The model is one a TOP contract covers (model.path's config.json, its weight files present), the task's
+    tokenizer fits it and the trainer layout splits its vocabulary."""
     task = ready.task
     ready.model_cfg = cfg.model.arch_config(task.vocab_size, task.eos_token_id)
     prompts.check_tokenizer(task, ready.model_cfg)
+    if cfg.model.path:
+        from top_rl.model.hf_io import weight_files
+
+        weight_files(cfg.model.path)
+    t = cfg.trainer
+    layout_rules.check(layout_rules.ModelShape.of(ready.model_cfg), t.tp, t.pp, t.cp, _k_chunk(cfg))
     ready.max_prompt_len = ready.model_cfg.max_position_embeddings - cfg.rollout.max_new_tokens
 
 
@@ -139,13 +178,14 @@ def resume_state(cfg, ready: Ready) -> None:
     ready.state = checkpoint.prepare(Path(cfg.run_dir), cfg)
 
 
-CHECKS = (config_values, sglang_engines, resources, run_dir_writable, task_data, model_fits_task, shared_gpu_memory,
-          prompt_lengths, resume_state)
+CONFIG_CHECKS = (config_values, task_config, sglang_engines, trainer_layout)
+CHECKS = CONFIG_CHECKS + (resources, run_dir_writable, task_data, model_fits_task, shared_gpu_memory, prompt_lengths,
+                          resume_state)
 
 
-def check(cfg) -> Ready:
+def check(cfg, checks=CHECKS) -> Ready:
     ready = Ready()
-    for run_check in CHECKS:
+    for run_check in checks:
         run_check(cfg, ready)
     return ready
 

@@ -8,6 +8,8 @@ so a warning from TOP-RL itself, or any other message from those packages, still
   not use (docs/megatron.md §1); "GPTModel IS DEPRECATED" (it still works and is what the TOP layer spec
   builds); "full scope is deprecated", raised by its own default `cuda_graph_modules="full"`.
 - torch: "No CUDA runtime is found, using CUDA_HOME=..." when a CUDA build of torch runs on a CPU machine.
+- SGLang: "Triton is not supported on current platform" when its argument parser is imported on a CPU machine (the
+  extra_args check before Ray starts).
 - Ray: "Token authentication is enabled for this Ray cluster" (the secure default; the warning Ray prints
   when authentication is *disabled* is left alone).
 
@@ -34,6 +36,8 @@ WARNINGS = [
     ("megatron.core.models.gpt.gpt_layer_specs", "Apex is not installed. Falling back to Torch Norm"),
     ("megatron.core.hyper_comm_grid", "absl.logging is not installed"),
     ("megatron.core.transformer.transformer_config", "full scope is deprecated"),
+    # SGLang's parser, imported on a CPU driver to check extra_args before Ray starts (rollout.sglang_launch)
+    ("sglang.srt.layers.attention.fla.utils", "Triton is not supported on current platform"),
 ]
 
 # (logger name, start of the message)

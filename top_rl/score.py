@@ -11,6 +11,7 @@ import json
 import sys
 
 from top_rl import kernels
+from top_rl.dtypes import DTYPE_NAMES
 from top_rl.model import UnsupportedModel, load_model, sequence_logprobs
 
 
@@ -28,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m top_rl.score", description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="Hugging Face checkpoint directory (dense Qwen3 today)")
     ap.add_argument("--input-ids", required=True, help="comma-separated token ids")
-    ap.add_argument("--dtype", default=None, help="compute dtype (default: the checkpoint's torch_dtype)")
+    ap.add_argument("--dtype", default=None, choices=DTYPE_NAMES,
+                    help="compute dtype (default: the checkpoint's torch_dtype)")
     ap.add_argument("--backend", default="reference", choices=kernels.available_backends())
     args = ap.parse_args(argv)
     ids = parse_ids(args.input_ids)

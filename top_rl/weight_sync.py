@@ -70,7 +70,9 @@ class Group:
     rank 0, which hosts the rendezvous store on its node."""
 
     def __init__(self, host: str, port: int, rank: int, world: int, name: str):
-        store = dist.TCPStore(host, port, world, is_master=rank == 0, timeout=GROUP_TIMEOUT)
+        from top_rl import rendezvous
+
+        store = rendezvous.store(host, port, world, rank, GROUP_TIMEOUT)  # rank 0 reserved host:port
         store = dist.PrefixStore(name, store)
         if torch.cuda.is_available():
             self.device = torch.device("cuda", torch.cuda.current_device())

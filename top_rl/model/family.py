@@ -36,12 +36,25 @@ def of(config) -> ModuleType:
     return get(config.family)
 
 
-def config_from_dir(path: str | Path):
-    """The config of the HF checkpoint at `path`, read by the family its config.json names."""
+def read_config_json(path: str | Path) -> dict:
+    """The checkpoint's config.json as a dict; an unreadable or malformed file is an UnsupportedModel naming it."""
     f = Path(path) / "config.json"
     if not f.is_file():
         raise UnsupportedModel(f"{path} has no config.json: not a Hugging Face model directory")
-    model_type = json.loads(f.read_text()).get("model_type")
+    try:
+        d = json.loads(f.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise UnsupportedModel(f"{f} cannot be read ({e})") from None
+    except json.JSONDecodeError as e:
+        raise UnsupportedModel(f"{f}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(d, dict):
+        raise UnsupportedModel(f"{f} holds a JSON {type(d).__name__}, not a model config object")
+    return d
+
+
+def config_from_dir(path: str | Path):
+    """The config of the HF checkpoint at `path`, read by the family its config.json names."""
+    model_type = read_config_json(path).get("model_type")
     served = [get(name) for name in FAMILIES if get(name).serves(model_type)]
     # No family serves it: the default family's reader refuses it, saying what it needs and what it found.
     return (served[0] if served else get(DEFAULT)).Config.from_dir(path)

@@ -16,18 +16,31 @@ from top_rl.model.family import UnsupportedModel
 _INDEX = "model.safetensors.index.json"
 
 
-def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+def weight_files(path: str | Path) -> list[Path]:
+    """The checkpoint's safetensors files (sharded: as its index names them); a missing one, or a malformed
+    index, is an UnsupportedModel naming it. Reads no tensor (the run's start-up checks call it)."""
     path = Path(path)
     if (path / _INDEX).is_file():
-        index = json.loads((path / _INDEX).read_text())
-        sd = {}
-        for shard in sorted(set(index["weight_map"].values())):
-            sd.update(load_file(path / shard))
-        return sd
+        try:
+            shards = sorted(set(json.loads((path / _INDEX).read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise UnsupportedModel(f"{path / _INDEX} is not a safetensors index ({type(e).__name__}: {e})") from None
+        files = [path / shard for shard in shards]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise UnsupportedModel(f"{path / _INDEX} names {len(missing)} missing file(s): {', '.join(missing[:3])}")
+        return files
     single = path / "model.safetensors"
     if not single.is_file():
         raise UnsupportedModel(f"{path} has neither model.safetensors nor {_INDEX}")
-    return load_file(single)
+    return [single]
+
+
+def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    sd = {}
+    for f in weight_files(path):
+        sd.update(load_file(f))
+    return sd
 
 
 def load_model(path: str | Path, dtype: torch.dtype | str | None = None):

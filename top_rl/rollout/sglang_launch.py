@@ -4,12 +4,14 @@ Flags and env come from the TOP contract (top_rl/contract.py); the config adds o
 address, TP size, memory fraction, attention backend, extra flags). `validate_argv` parses the finished command
 with SGLang's own `ServerArgs.add_cli_args` parser and refuses a command whose parsed values contradict the
 contract (an extra flag that re-enables something §1.2 of the numerics page requires off, a typo, an override of
-a flag the config owns). It imports only SGLang's argument parser, never a GPU module.
+a flag the config owns). It imports only SGLang's argument parser, never a GPU module. `check_extra_args` runs it
+before Ray starts (preflight, dry runs) where this interpreter holds the pinned release, else refuses by name.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -25,6 +27,10 @@ OWNED_FLAGS = {
     "--mem-fraction-static": "mem_fraction_static",
 }
 _DETERMINISM = ("--enable-deterministic-inference", "--rl-on-policy-target")
+# One engine is one single-process server (TP aside): more ranks come from rollout.num_engines.
+_ONE_SERVER = {flag: "one engine is one server with one data- and pipeline-parallel rank: add engines with "
+                     "rollout.num_engines" for flag in ("--data-parallel-size", "--dp-size", "--pipeline-parallel-size",
+                                                       "--pp-size", "--enable-dp-attention")}
 # §5: with flashinfer/triton a chunk budget under 4096 tokens is never scheduled (long prompts stall).
 _MIN_CHUNK = {"flashinfer": 4096, "triton": 4096}
 
@@ -116,19 +122,17 @@ def validate_argv(argv: list[str], cfg: SglangEngineConfig, top: contract.TopCon
             "kv_cache_dtype": "auto", "pipeline_parallel_size": 1, "data_parallel_size": 1,
             "enable_dp_attention": False}
     if cfg.top:
-        # §1.1: both determinism flags (piecewise CUDA graphs stay on with the rl target alone); §1.2: off-flags.
-        want.update(enable_deterministic_inference=True, rl_on_policy_target="fsdp", enable_fp32_lm_head=False,
-                    enable_torch_compile=False, enable_mixed_chunk=False, speculative_algorithm=None,
-                    quantization=None,
-                    # 0.5.11: breakable CUDA graphs replace the decode graphs or run them eagerly; the inductor
-                    # piecewise compiler changes the q/k-norm path; quantized all-reduces change TP>1 sums
-                    debug_cuda_graph=False, enable_breakable_cuda_graph=False, piecewise_cuda_graph_compiler="eager",
-                    enable_quant_communications=False)
+        # §1.1: both determinism flags (piecewise CUDA graphs stay on with the rl target alone).
+        want.update(enable_deterministic_inference=True, rl_on_policy_target="fsdp")
+        # 0.5.11: the inductor piecewise compiler takes another q/k-norm path (§4.4)
+        want["piecewise_cuda_graph_compiler"] = "eager"
         if cfg.attention_backend in top.radix_cache_required_off:
             want["disable_radix_cache"] = True
     bad = [f"{k}={getattr(ns, k, '<absent>')!r} (need {v!r})" for k, v in want.items() if getattr(ns, k, None) != v]
-    if cfg.top and getattr(ns, "enable_lora", None):
-        bad.append("enable_lora=True (need off: LoRA changes the GEMMs)")
+    for flag, why in top.engine_flags_off if cfg.top else ():  # §1.2: a set value (True, a name) turns it on
+        value = getattr(ns, flag[2:].replace("-", "_"), None)
+        if value:
+            bad.append(f"{flag[2:].replace('-', '_')}={value!r} ({flag}: the TOP contract needs it off, {why}, §1.2)")
     chunk = getattr(ns, "chunked_prefill_size", None)
     need = _MIN_CHUNK.get(cfg.attention_backend)
     if cfg.top and need and chunk is not None and 0 < chunk < need:
@@ -137,3 +141,48 @@ def validate_argv(argv: list[str], cfg: SglangEngineConfig, top: contract.TopCon
         raise TopConfigError("the server command contradicts the TOP contract or the engine config: " + "; ".join(bad)
                              + ". Remove the conflicting extra_args or change the engine config")
     return ns
+
+
+def pinned_parser_missing(top: contract.TopContract = contract.DEFAULT) -> str | None:
+    """None when this interpreter holds SGLang's parser at the contract's pinned release; else why not."""
+    try:
+        have = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return "SGLang is not installed here"
+    if have != top.sglang_version:
+        return f"SGLang {have} is installed here, the contract {top.name!r} pins {top.sglang_version}"
+    try:
+        import sglang.srt.server_args  # noqa: F401  (argparse only)
+    except Exception as e:  # a missing light dependency of the wheel
+        return f"SGLang's parser does not import here ({type(e).__name__}: {e})"
+    return None
+
+
+def _refused_by_name(cfg: SglangEngineConfig, top: contract.TopContract) -> dict[str, str]:
+    """Flag -> why, for every flag extra_args may not name: those the contract pins to a value or needs off, and
+    those that would make one engine more than one server."""
+    pinned = top.engine_flags if cfg.top else engine_flags(cfg, top)
+    out = {flag: f"the TOP contract pins {flag} {value}, §1.2" for flag, value in zip(pinned, pinned[1:])
+           if flag.startswith("--") and not value.startswith("--")}
+    if cfg.top:
+        out.update({flag: f"the TOP contract needs it off, {why}, §1.2" for flag, why in top.engine_flags_off})
+    return {**out, **_ONE_SERVER}
+
+
+def check_extra_args(argv: list[str], cfg: SglangEngineConfig, top: contract.TopContract = contract.DEFAULT) -> None:
+    """Before Ray starts: refuse extra_args that contradict the contract or the engine config, with SGLang's own
+    parser (`validate_argv`, as the engine runs it at launch) where this interpreter holds the pinned release,
+    else by name (argparse takes an unambiguous prefix of a flag too, so a prefix of a refused flag is refused)."""
+    if not cfg.extra_args:  # the builder's own commands: tests/test_sglang_launch.py parses every shape
+        return
+    why_not = pinned_parser_missing(top)
+    if why_not is None:
+        validate_argv(argv, cfg, top)
+        return
+    refused = _refused_by_name(cfg, top)
+    for tok in cfg.extra_args:
+        name = tok.split("=", 1)[0]
+        hit = next((f for f in refused if name.startswith("--") and len(name) > 2 and f.startswith(name)), None)
+        if hit is not None:
+            raise TopConfigError(f"rollout.sglang.extra_args sets {tok!r} ({hit}): {refused[hit]}. Remove it "
+                                 f"(checked by name: {why_not})")

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from top_rl import contract
 from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, check_config
-from top_rl.rollout.sglang_launch import build_launch
+from top_rl.rollout.sglang_launch import build_launch, check_extra_args
 
 _FIELDS = {f.name for f in dataclasses.fields(SglangEngineConfig)}
 
@@ -22,10 +22,11 @@ def config_from_dict(d: Mapping[str, Any] | None, index: int = 0, **defaults) ->
     unknown = set(d) - _FIELDS
     if unknown:
         raise TopConfigError(f"rollout.sglang: unknown keys {sorted(unknown)}; known: {sorted(_FIELDS)}")
+    _check_types(d)
     merged = {**{k: v for k, v in defaults.items() if v is not None}, **d}
     for key in ("extra_args",):
         if key in merged:
-            merged[key] = list(merged[key])
+            merged[key] = [str(a) for a in merged[key]]
     for key in ("env", "extra_sampling"):
         if key in merged:
             merged[key] = dict(merged[key])
@@ -39,6 +40,27 @@ def initial_policy_dir(run_dir) -> Path:
     return (Path(run_dir) / "initial_policy").resolve()
 
 
+def _check_types(d: Mapping[str, Any]) -> None:
+    """Each rollout.sglang value has its field's kind (a Hydra free-form mapping: nothing typed it yet)."""
+    defaults = SglangEngineConfig()
+    for key, value in d.items():
+        default = getattr(defaults, key)
+        if isinstance(default, list):
+            ok, kind = isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float)) for v in value), \
+                "a list of strings, e.g. [--log-level, warning]"
+        elif isinstance(default, dict):
+            ok, kind = isinstance(value, Mapping), "a mapping"
+        elif isinstance(default, bool):
+            ok, kind = isinstance(value, bool), "true or false"
+        elif isinstance(default, (int, float)) and not (key == "mem_fraction_static" and value is None):
+            ok, kind = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+            ok = ok and (isinstance(value, int) or not isinstance(default, int))
+        else:
+            ok, kind = value is None or isinstance(value, str), "a string"
+        if not ok:
+            raise TopConfigError(f"rollout.sglang.{key}={value!r}: expected {kind}")
+
+
 def run_defaults(run_cfg) -> dict:
     """The run-level settings an SGLang engine takes from a top_rl.config.RunConfig."""
     return {"model_path": run_cfg.model.path or str(initial_policy_dir(run_cfg.run_dir)),
@@ -48,11 +70,13 @@ def run_defaults(run_cfg) -> dict:
 
 def launch_plan(run_cfg, index: int = 0) -> dict:
     """What `dry_run=true` prints for engine `index`: the exact command and the env TOP-RL sets. Runs every
-    config refusal except the installed-version check (the planning machine need not have SGLang). Without
-    model.path the servers start from the run's random initial policy, written by trainer rank 0 at start."""
+    config refusal except the installed-version check (the planning machine need not have SGLang), extra_args
+    included (top_rl.rollout.sglang_launch.check_extra_args). Without model.path the servers start from the run's
+    random initial policy, written by trainer rank 0 at start."""
     cfg = config_from_dict(run_cfg.rollout.sglang, index, **run_defaults(run_cfg))
     top = contract.get(run_cfg.top.contract)
     check_config(cfg, run_cfg.top.attention_backend, top, check_version=False)
     spec = build_launch(cfg, run_cfg.top.attention_backend, top=top, check=False)
+    check_extra_args(spec.argv, cfg, top)
     return {"kind": "sglang", "url": cfg.url, **spec.describe(), "weight_sync": cfg.weight_sync,
             "logprob_source": cfg.logprob_source, "attention_backend": cfg.attention_backend, "top": cfg.top}

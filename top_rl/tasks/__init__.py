@@ -22,9 +22,15 @@ def get_task(name: str, cfg: Any = None, **kwargs: Any) -> Task:
     """Build task ``name``. ``cfg`` is its config dataclass, or a mapping (dict / OmegaConf
     DictConfig from Hydra) whose keys are that dataclass's fields; ``kwargs`` go to the
     constructor (e.g. ``tokenizer=`` for gsm8k)."""
+    cfg = task_config(name, cfg)
+    return TASKS[name][1](cfg, **kwargs)
+
+
+def task_config(name: str, cfg: Any = None) -> Any:
+    """Task ``name``'s config dataclass from ``cfg`` (see get_task); reads no data, so dry runs check it too."""
     if name not in TASKS:
         raise KeyError(f"unknown task {name!r}; known: {sorted(TASKS)}")
-    cfg_cls, ctor = TASKS[name]
+    cfg_cls, _ = TASKS[name]
     if cfg is None:
         cfg = cfg_cls()
     elif not isinstance(cfg, cfg_cls):
@@ -38,8 +44,8 @@ def get_task(name: str, cfg: Any = None, **kwargs: Any) -> Task:
         if unknown:
             raise ValueError(f"task {name!r}: unknown config keys {sorted(unknown)}; known {sorted(fields)}")
         cfg = cfg_cls(**cfg)
-    return ctor(cfg, **kwargs)
+    return cfg
 
 
-__all__ = ["get_task", "TASKS", "Task", "PromptItem", "DataPosition",
+__all__ = ["get_task", "task_config", "TASKS", "Task", "PromptItem", "DataPosition",
            "ArithConfig", "ArithTask", "Gsm8kConfig", "Gsm8kTask"]

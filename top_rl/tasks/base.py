@@ -143,14 +143,39 @@ class HFTokenizerTask(Task):
         self._tok.save_pretrained(directory)
 
 
-def text_lines(path: str):
-    """(``"path:line"``, text) for each line of a text file; a line that is not UTF-8 comes as a ValueError naming
-    the byte, so a bad row is reported at its file:line (decoding the whole file would name only an offset)."""
+# Default of a file task's `max_row_bytes`: far above any row whose prompt fits a model's context. A longer row is
+# refused (or skipped) unread: parsing and tokenizing a 50 MB row took minutes and ~20 GB before being refused.
+MAX_ROW_BYTES = 1 << 20
+_CHUNK = 1 << 16  # how an over-long line is skipped: bounded reads, never the whole line in memory
+
+
+def row_too_long(size: int, limit: int) -> ValueError:
+    return ValueError(f"row is {size:,} bytes, over task.max_row_bytes={limit:,}: refused unparsed (no model's "
+                      "context holds a prompt that long); shorten or split it, or raise task.max_row_bytes")
+
+
+def text_lines(path: str, max_bytes: int = MAX_ROW_BYTES):
+    """(``"path:line"``, text) for each line of a text file, read line by line; a line that is not UTF-8, or longer
+    than `max_bytes` (not counting its newline), comes as a ValueError naming why, so a bad row is reported at its
+    file:line (decoding the whole file would name only an offset). Memory stays within a few times max_bytes."""
+    if max_bytes < 1:
+        raise ValueError(f"task.max_row_bytes={max_bytes} must be >= 1")
     opener = gzip.open if str(path).endswith(".gz") else open  # the shipped copies are gzipped (tasks/sources.py)
     with opener(path, "rb") as f:
-        for ln, raw in enumerate(f, 1):
+        ln = 0
+        while raw := f.readline(max_bytes + 1):
+            ln += 1
+            where = f"{path}:{ln}"
+            if len(raw) > max_bytes and not raw.endswith(b"\n"):  # over-long: skip to its end, counting
+                size = len(raw)
+                while chunk := f.readline(_CHUNK):
+                    if chunk.endswith(b"\n"):
+                        size += len(chunk) - 1
+                        break
+                    size += len(chunk)
+                yield where, row_too_long(size, max_bytes)
+                continue
             try:
-                yield f"{path}:{ln}", raw.decode("utf-8")
+                yield where, raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                yield f"{path}:{ln}", ValueError(f"not UTF-8 text (byte {raw[e.start:e.start + 1]!r} at column "
-                                                 f"{e.start + 1})")
+                yield where, ValueError(f"not UTF-8 text (byte {raw[e.start:e.start + 1]!r} at column {e.start + 1})")

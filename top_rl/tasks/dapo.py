@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from top_rl.tasks import sources
-from top_rl.tasks.base import HFTokenizerTask, PromptItem, text_lines
+from top_rl.tasks.base import MAX_ROW_BYTES, HFTokenizerTask, PromptItem, row_too_long, text_lines
 from top_rl.tasks.gsm8k import _last_boxed
 
 HF_DATASET = "BytedTsinghua-SIA/DAPO-Math-17k"
@@ -38,6 +38,7 @@ class DapoConfig:
     dedupe: bool = True  # the published file repeats each prompt ~100 times
     max_prompts: int = 0  # 0: all
     on_bad_row: str = "error"  # "error" | "skip"
+    max_row_bytes: int = MAX_ROW_BYTES  # a longer row is a bad row, refused unparsed in .jsonl (tasks/base.py)
     use_chat_template: bool = True
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     use_math_verify: bool = True  # when the `math-verify` package is installed
@@ -113,8 +114,8 @@ def math_verify_equivalent(pred: str, gold: str) -> bool | None:
 
 
 # ------------------------------------------------------------------------------------ rows
-def _read_rows(path: str) -> list[tuple[str, Any]]:
-    """(where, row) pairs from .parquet, .jsonl or .json."""
+def _read_rows(path: str, max_bytes: int = MAX_ROW_BYTES) -> list[tuple[str, Any]]:
+    """(where, row) pairs from .parquet, .jsonl (line by line, a row over `max_bytes` unparsed) or .json."""
     p = Path(path)
     if p.suffix == ".parquet":
         try:
@@ -131,7 +132,7 @@ def _read_rows(path: str) -> list[tuple[str, Any]]:
             raise ValueError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
         return [(f"{path} row {i}", r) for i, r in enumerate(rows if isinstance(rows, list) else [rows])]
     out = []
-    for where, line in text_lines(path):
+    for where, line in text_lines(path, max_bytes):
         if isinstance(line, ValueError):
             out.append((where, line))
         elif line.strip():
@@ -183,13 +184,16 @@ class DapoTask(HFTokenizerTask):
             ds = datasets.load_dataset(self.cfg.hf_dataset, split=self.cfg.split)
             pairs = ((f"{self.cfg.hf_dataset}[{self.cfg.split}] row {i}", r) for i, r in enumerate(ds))
         else:
-            pairs = iter(_read_rows(self.cfg.path))
+            pairs = iter(_read_rows(self.cfg.path, self.cfg.max_row_bytes))
         seen: set[str] = set()
         for where, row in pairs:
             if self.cfg.max_prompts and len(self.rows) >= self.cfg.max_prompts:
                 break
             msgs = _messages(row) if isinstance(row, dict) else None
             gold = _gold(row) if isinstance(row, dict) else None
+            size = sum(len(m["content"].encode("utf-8", "replace")) for m in msgs or []) + len((gold or "").encode())
+            if msgs is not None and gold is not None and size > self.cfg.max_row_bytes:  # parsed (.json, parquet, hub)
+                row, msgs = row_too_long(size, self.cfg.max_row_bytes), None  # but never tokenized
             if msgs is None or gold is None:
                 why = str(row) if isinstance(row, Exception) else "needs a 'prompt' (messages or text) and a gold answer"
                 if self.cfg.on_bad_row == "error":

@@ -1,17 +1,18 @@
 """GSM8K: grade-school math word problems; the gold answer is the number after ``####``.
 
 Rows come from a JSONL file (``question``, ``answer`` fields) or, when no path is given, from the copy of
-``openai/gsm8k`` shipped with the package (top_rl/tasks/data/gsm8k/, ``task.split`` train or test). The reward is 1.0 when the response's
-final answer equals the gold number (compared exactly as fractions, so "18.00" == "18"), else 0.
+``openai/gsm8k`` shipped with the package (top_rl/tasks/data/gsm8k/, ``task.split`` train or test). The reward is
+1.0 when the response's final answer equals the gold answer, else 0.
 
 Which text is the final answer (``task.reward_mode``):
-  strict               (default) the standard GSM8K grading, as verl's gsm8k reward and lm-eval's
-                       strict-match read it: the number right after the LAST ``####`` marker, commas and
-                       ``$`` removed. A response without ``#### <number>`` scores 0, so accuracies compare
-                       with those tools' numbers.
+  strict               (default) lm-eval's GSM8K strict-match, exactly (its gsm8k task, v3.0, as lm-eval 0.4.13
+                       ships it): the FIRST ``#### <number>`` (one space after the marker; digits, dots and
+                       commas, an optional minus; no ``$``), its commas and one trailing dot removed, equal as
+                       a string to the gold after the last ``#### `` (so "1234.00" is not 1234). A response
+                       without it scores 0, so accuracies compare with lm-eval's strict-match numbers.
   lenient_last_number  forgiving extraction (not comparable with published numbers): the last
                        ``\\boxed{}``, else the last ``####`` / ``Answer:``, else the last number anywhere
-                       in the text ("41 or 42" counts as 42).
+                       in the text ("41 or 42" counts as 42), compared as fractions ("18.00" == "18").
 """
 
 from __future__ import annotations
@@ -23,11 +24,15 @@ from fractions import Fraction
 from typing import Any
 
 from top_rl.tasks import sources
-from top_rl.tasks.base import HFTokenizerTask, PromptItem, text_lines
+from top_rl.tasks.base import MAX_ROW_BYTES, HFTokenizerTask, PromptItem, row_too_long, text_lines
 
 _NUM = r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+"
-# `#### <number>`: the marker, optional blanks and `$`, then the digits/commas/dots verl and lm-eval accept.
-_STRICT = re.compile(r"####[ \t]*\$?[ \t]*(-?[0-9.,]+)")
+# lm-eval's strict-match (lm_eval/tasks/gsm8k/gsm8k.yaml): its `regex` filter takes the first match of this
+# pattern (else "[invalid]"); its exact_match then deletes these patterns, in this order, from both the
+# prediction and the reference (the gold's full solution text) and compares the strings, case-insensitively.
+_STRICT = re.compile(r"#### (-?[0-9.,]+)")
+_STRICT_IGNORE = tuple(re.compile(p) for p in (",", r"\$", r"(?s).*#### ", r"\.$"))
+STRICT_INVALID = "[invalid]"
 REWARD_MODES = ("strict", "lenient_last_number")
 
 
@@ -38,7 +43,8 @@ class Gsm8kConfig:
     split: str = "train"  # only for the shipped copy: train | test
     tokenizer: str | None = None  # HF model name/dir for AutoTokenizer, or `qwen3` (shipped; tasks/sources.py)
     on_bad_row: str = "error"  # "error": raise naming file and line; "skip": drop and count
-    reward_mode: str = "strict"  # strict (standard `#### <number>`) | lenient_last_number (see module doc)
+    max_row_bytes: int = MAX_ROW_BYTES  # a longer row is a bad row, refused unparsed (tasks/base.py)
+    reward_mode: str = "strict"  # strict (lm-eval's strict-match) | lenient_last_number (see module doc)
     use_chat_template: bool = True  # when the tokenizer has one; else the plain template
     # asks for the form the strict reward grades (the instruction verl's GSM8K preprocessing uses)
     instruction: str = "Let's think step by step and output the final answer after \"####\"."
@@ -66,10 +72,26 @@ def _last_boxed(text: str) -> str | None:
     return None
 
 
-def extract_strict(text: str) -> Fraction | None:
-    """The standard GSM8K answer: the number after the last ``####`` (commas and ``$`` removed), else None."""
-    hits = _STRICT.findall(text)
-    return to_number(hits[-1]) if hits else None
+def _strict_normalize(text: str) -> str:
+    for pattern in _STRICT_IGNORE:
+        text = pattern.sub("", text)
+    return text.lower()
+
+
+def strict_match(text: str) -> str:
+    """What lm-eval's strict-match filter keeps of a response: its first ``#### <number>``, else "[invalid]"."""
+    hit = _STRICT.search(text)
+    return hit.group(1).strip() if hit else STRICT_INVALID
+
+
+def strict_answer(text: str) -> str:
+    """A response's answer as lm-eval's strict-match compares it with the gold."""
+    return _strict_normalize(strict_match(text))
+
+
+def strict_gold(solution: str) -> str:
+    """A GSM8K solution's gold as lm-eval's strict-match compares it (the text after its last ``#### ``)."""
+    return _strict_normalize(solution)
 
 
 def extract_lenient(text: str) -> Fraction | None:
@@ -107,7 +129,6 @@ class Gsm8kTask(HFTokenizerTask):
             raise ValueError(f"on_bad_row must be 'error' or 'skip', got {cfg.on_bad_row!r}")
         if cfg.reward_mode not in REWARD_MODES:
             raise ValueError(f"task.reward_mode={cfg.reward_mode!r}; choose one of: {', '.join(REWARD_MODES)}")
-        self._extract = extract_strict if cfg.reward_mode == "strict" else extract_lenient
         if tokenizer is None:
             if cfg.tokenizer is None:
                 raise ValueError("gsm8k needs a tokenizer: pass one or set task.tokenizer=<HF name or dir>")
@@ -115,7 +136,7 @@ class Gsm8kTask(HFTokenizerTask):
         self._tok = tokenizer
         self.skipped = 0  # rows dropped under on_bad_row="skip"
         self.skipped_rows: list[str] = []  # "file:line: why" of the first skipped rows
-        self.rows: list[tuple[str, str, str]] = []  # (question, full solution, gold)
+        self.rows: list[tuple[str, str, str]] = []  # (question, full solution, gold as the reward compares it)
         self._load()
 
     def _bad(self, where: str, why: str) -> None:
@@ -131,14 +152,22 @@ class Gsm8kTask(HFTokenizerTask):
         q, a = row.get("question"), row.get("answer")
         if not isinstance(q, str) or not q.strip() or not isinstance(a, str) or not a.strip():
             return self._bad(where, "missing or empty 'question'/'answer'")
+        size = len(q.encode("utf-8", "replace")) + len(a.encode("utf-8", "replace"))
+        if size > self.cfg.max_row_bytes:  # a row from the hub: parsed already, but never tokenized
+            return self._bad(where, str(row_too_long(size, self.cfg.max_row_bytes)))
         gold = gold_answer(a)
         if gold is None:
             return self._bad(where, "'answer' has no numeric gold value after '####'")
+        if self.cfg.reward_mode == "strict":
+            gold = strict_gold(a)
+            if not re.fullmatch(r"-?[0-9.]+", gold):  # no response could equal it: every sample would score 0
+                return self._bad(where, "'answer' does not end in '#### <number>' (one space after '####'), "
+                                        "the gold form strict grading reads")
         self.rows.append((q.strip(), a, gold))
 
     def _load(self) -> None:
         path = self.cfg.path or sources.gsm8k_split(self.cfg.split)  # None: the copy shipped with the package
-        for where, line in text_lines(path):
+        for where, line in text_lines(path, self.cfg.max_row_bytes):
             if isinstance(line, ValueError):
                 self._bad(where, str(line))
                 continue
@@ -175,5 +204,7 @@ class Gsm8kTask(HFTokenizerTask):
         return self.rows[uid][1]
 
     def reward(self, item: PromptItem, response_text: str) -> float:
-        pred = self._extract(response_text)
+        if self.cfg.reward_mode == "strict":
+            return 1.0 if strict_answer(response_text) == item.answer else 0.0
+        pred = extract_lenient(response_text)
         return 1.0 if pred is not None and pred == Fraction(item.answer) else 0.0

@@ -11,7 +11,8 @@ Files: trainer (API), rl_step (the RL step, gate in the training forward), layer
 GPTModel + layer spec is top_rl/model/<family>/megatron.py), logprobs (engine
 formula from hidden states), batch (TrainSequence, micro-batching, THD packing), schedule (pipeline
 send/recv), optim (CPU AdamW / Megatron optimizer), weights (TP shards; HF names: the family), parallel (groups,
-spawn), recompute (non-reentrant checkpoint), ulysses (context parallelism), cpu_shims (no-CUDA).
+spawn), recompute (non-reentrant checkpoint), ulysses (context parallelism), cpu_shims (no-CUDA), layout_rules (the
+tp/pp/cp a model allows, checked before Ray starts).
 """
 
 from top_rl.train.config import TrainerConfig

@@ -19,16 +19,20 @@ import torch.multiprocessing as mp
 from megatron.core import parallel_state as ps
 
 
-def init_process_group(rank: int = 0, world_size: int = 1, init_method: str | None = None) -> None:
-    """Join (or create) the default group; a single process gets a private file store."""
+def init_process_group(rank: int = 0, world_size: int = 1, init_method: str | None = None, store=None) -> None:
+    """Join (or create) the default group at `init_method` or `store` (top_rl.rendezvous.store: bound to the node's
+    address); a single process gets a private file store."""
     if dist.is_initialized():
         return
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count())))
+    if store is not None:
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
+        return
     if init_method is None:
         if world_size != 1:
-            raise ValueError("init_method is required for world_size > 1")
+            raise ValueError("init_method or store is required for world_size > 1")
         init_method = "file://" + tempfile.mktemp(prefix="top_rl_pg_")
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
 
@@ -91,7 +95,7 @@ def layer_offset(tc, pp_rank: int) -> int:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now ("" : on every interface of this node, for peers on other nodes)."""
+    """A port nothing listens on now, on `host` (local tools; a run's ranks meet through top_rl.rendezvous)."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]

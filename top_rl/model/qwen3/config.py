@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from top_rl.model.family import UnsupportedModel
+from top_rl.model.family import UnsupportedModel, read_config_json
 
 
 class NotDenseQwen3(UnsupportedModel):
@@ -107,7 +106,9 @@ class Qwen3Config:
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "Qwen3Config":
-        cfg = Path(path) / "config.json"
-        if not cfg.is_file():
-            raise NotDenseQwen3(f"{path} has no config.json: not a Hugging Face model directory")
-        return cls.from_hf_dict(json.loads(cfg.read_text()), source=str(cfg))
+        source = str(Path(path) / "config.json")
+        d = read_config_json(path)
+        try:
+            return cls.from_hf_dict(d, source=source)
+        except KeyError as e:
+            raise NotDenseQwen3(f"{source} has no {e.args[0]!r}: not a complete Qwen3 config") from None
