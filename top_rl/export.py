@@ -101,9 +101,8 @@ def _checkpoint(run_dir: Path, step: int | None) -> tuple[Path, dict]:
 
 def export(run_dir: str | Path, out: str | Path, step: int | None = None, overwrite: bool = False) -> dict:
     run_dir, out = Path(run_dir), Path(out)
-    _refuse_overlap(run_dir, out)  # before anything else: a refused export touches nothing
-    ckpt, state = _checkpoint(run_dir, step)
-    _refuse_overlap(run_dir, out, ckpt)
+    ckpt, state = _checkpoint(run_dir, step)  # reads only
+    _refuse_overlap(run_dir, out, ckpt)  # before any write: a refused export touches nothing
     src = ckpt / "hf"
     if not (src / "config.json").is_file():
         raise ExportError(f"{ckpt} has no hf/ directory (written by an older top-rl): resume the run for one step "
