@@ -77,6 +77,29 @@ def test_changed_setting_is_refused_naming_the_key_and_nothing_changes(tmp_path)
     assert rl_runs.tree_hash(run_dir) == before
 
 
+def test_resume_without_a_complete_checkpoint_is_refused_and_changes_nothing(tmp_path):
+    """Issue 24: resume=true with every state.json gone printed "starting at step 0", replaced metrics.jsonl and
+    exited 0. Now: one line, exit 1, nothing written (a run_dir that does not exist is not created)."""
+    run_dir = tmp_path / "run"
+    ckpt = run_dir / "checkpoints" / "step_000003"  # its state.json removed: not a complete checkpoint
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_rank000.pt").write_bytes(b"weights")
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n')
+    (run_dir / "wandb" / "offline-run-x").mkdir(parents=True)
+    (run_dir / "wandb" / "offline-run-x" / "run-x.wandb").write_bytes(b"history")
+    before = rl_runs.tree_hash(run_dir)
+    for where in (run_dir, tmp_path / "never_ran"):
+        out = rl_runs.run(where, *BASE, f"steps={STEPS}", "resume=true", wandb="offline", timeout=120)
+        assert out.returncode == 1, out.stderr[-3000:]
+        said = [line for line in out.stderr.splitlines() if line.startswith("top-rl")]
+        assert said == [f"top-rl: resume refused: {where} has no complete checkpoint to resume from (looked in "
+                        f"{where / 'checkpoints'}); nothing was changed. Drop resume=true to start a new run there"], \
+            out.stderr[-3000:]
+        assert "Traceback" not in out.stderr and "starting at step 0" not in out.stdout
+    assert rl_runs.tree_hash(run_dir) == before
+    assert not (tmp_path / "never_ran").exists()
+
+
 def test_check_compatible_lists_keys_and_allow_changes_overrides():
     saved = {"steps": 6, "seed": 0, "rollout": {"temperature": 1.0, "n_samples": 4}, "checkpoint": {"every": 1},
              "resume_allow_changes": False}

@@ -185,9 +185,9 @@ def prepare(run_dir: Path, cfg) -> dict | None:
     if found is None and failed:
         raise ResumeRefused(f"resume refused: no checkpoint in {run_dir} verifies:{describe_failed(failed)}\n"
                             "Restore them from a copy, or move them aside to start again from step 0.")
-    if found is None:
-        print(f"[top-rl] resume=true but {run_dir} has no complete checkpoint: starting at step 0", flush=True)
-        return None
+    if found is None:  # starting over would replace metrics.jsonl and the wandb run: the user did not ask for that
+        raise ResumeRefused(f"resume refused: {run_dir} has no complete checkpoint to resume from (looked in "
+                            f"{_dir(run_dir)}); nothing was changed. Drop resume=true to start a new run there")
     if failed:
         print(f"[top-rl] checkpoints that fail verification:{describe_failed(failed)}\n"
               f"[top-rl] resuming from {found.name}, the newest checkpoint that verifies", flush=True)
