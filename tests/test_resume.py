@@ -111,6 +111,41 @@ def test_check_compatible_lists_keys_and_allow_changes_overrides():
         "rollout.n_samples: checkpoint 4 -> now 8", "seed: checkpoint 0 -> now 1"]
 
 
+def test_allowed_changes_are_applied_or_refused_never_ignored():
+    """Issue 24: under resume_allow_changes=true a key whose value the checkpoint supplies (the model, the trainer's
+    RNG seed) would be logged as changed and silently ignored: refused, naming it. Optimizer settings are applied."""
+    saved = {"model": {"hidden_size": 64, "init_seed": 0}, "trainer": {"lr": 0.01, "seed": 0}, "seed": 0}
+    with pytest.raises(ResumeRefused, match=r"(?s)cannot take effect.*model\.hidden_size: checkpoint 64 -> now 128 "
+                                            r"\(the policy's weights and architecture are the checkpoint's\)"):
+        checkpoint.check_compatible(saved, {**saved, "model": {"hidden_size": 128, "init_seed": 0}}, allow_changes=True)
+    with pytest.raises(ResumeRefused, match=r"trainer\.seed: checkpoint 0 -> now 3 \(the trainer's RNG state"):
+        checkpoint.check_compatible(saved, {**saved, "trainer": {"lr": 0.01, "seed": 3}}, allow_changes=True)
+    assert checkpoint.check_compatible(saved, {**saved, "trainer": {"lr": 0.05, "seed": 0}, "seed": 1},
+                                       allow_changes=True) == ["seed: checkpoint 0 -> now 1",
+                                                               "trainer.lr: checkpoint 0.01 -> now 0.05"]
+
+
+@pytest.mark.slow
+def test_resume_with_a_new_lr_trains_at_that_lr(tmp_path):
+    """Issue 24: `resume_allow_changes=true trainer.lr=0.05` logged train/lr=0.05 and trained at the checkpoint's
+    lr. The resumed step's optimizer (in its checkpoint) holds the new lr, and its weights differ from the run's."""
+    import torch
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(rl_runs.baseline(), run_dir)
+    for late in ("step_000005", "step_000006"):
+        shutil.rmtree(run_dir / "checkpoints" / late)
+    out = rl_runs.run(run_dir, *BASE, "steps=5", "resume=true", "resume_allow_changes=true", "trainer.lr=0.05")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "trainer.lr: checkpoint 0.01 -> now 0.05" in out.stdout
+    assert rl_runs.rows(run_dir)[-1]["train/lr"] == 0.05
+    ckpt = run_dir / "checkpoints" / "step_000005"
+    groups = torch.load(ckpt / "trainer_rank000.pt", weights_only=False)["trainer"]["optimizer"]["adamw"]["param_groups"]
+    assert [g["lr"] for g in groups] == [0.05, 0.05]
+    straight = rl_runs.baseline() / "checkpoints" / "step_000005"
+    assert (ckpt / "hf" / "model.safetensors").read_bytes() != (straight / "hf" / "model.safetensors").read_bytes()
+
+
 def test_resume_positions_cross_epoch_boundaries_like_the_uninterrupted_stream():
     task = ArithTask(ArithConfig(num_prompts=6))
     straight, pos = [], DataPosition()

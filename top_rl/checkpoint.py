@@ -36,6 +36,11 @@ FORMAT = 2  # 2: manifest.json (format-1 checkpoints have none and load unverifi
 # Keys a resume may change freely: they do not enter any computed number.
 RESUME_FREE_KEYS = {"steps", "run_dir", "resume", "resume_allow_changes", "dry_run", "checkpoint", "tracking",
                     "cluster"}
+# Keys whose value a resume takes from the checkpoint, so a change could not take effect: refused even under
+# resume_allow_changes=true (every other change it allows is applied: rollout, algo, task, top, seed, and the
+# trainer's optimizer settings, which top_rl.train.optim puts into the loaded optimizer).
+RESUME_FROM_CHECKPOINT = {"model.": "the policy's weights and architecture are the checkpoint's",
+                          "trainer.seed": "the trainer's RNG state is the checkpoint's"}
 
 
 @dataclass
@@ -222,6 +227,12 @@ def check_compatible(saved: dict, current: dict, allow_changes: bool) -> list[st
                 diffs.append(f"{key}: checkpoint {va!r} -> now {vb!r}")
 
     walk(saved, current, "")
+    fixed = [f"{d} ({why})" for d in diffs for key, why in RESUME_FROM_CHECKPOINT.items()
+             if d.split(":", 1)[0] == key or key.endswith(".") and d.startswith(key)]
+    if fixed and allow_changes:
+        raise ResumeRefused("resume refused: these settings come from the checkpoint on resume, so a change cannot "
+                            "take effect (resume_allow_changes=true does not cover them):\n  " + "\n  ".join(fixed)
+                            + "\nRestore them, or start a new run (another run_dir=) to train with them.")
     if diffs and not allow_changes:
         raise ResumeRefused(
             "resume refused: these settings differ from the checkpoint and would break determinism:\n  "
