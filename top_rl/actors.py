@@ -217,14 +217,15 @@ class TrainerActor:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str) -> None:
         """This rank's shard, written by the rank itself (run_dir must be on storage every node sees)."""
-        from top_rl import rng
+        from top_rl import rng, safe_load
 
         torch.save({"trainer": self.trainer.state_dict(), "rng": rng.state()}, path)
+        safe_load.check_saved(path)
 
     def load_checkpoint(self, path: str) -> None:
-        from top_rl import rng
+        from top_rl import rng, safe_load
 
-        state = torch.load(path, weights_only=False)
+        state = safe_load.load(path)  # tensors and plain data only: a checkpoint runs no code
         self.trainer.load_state_dict(state["trainer"])
         rng.restore(state["rng"])
 

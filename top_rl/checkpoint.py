@@ -53,6 +53,11 @@ class ResumeRefused(ValueError):
     pass
 
 
+class CheckpointUnsafe(CheckpointInvalid):
+    """A checkpoint file that would run code when loaded (top_rl.safe_load): never loaded, and a resume that
+    finds one stops rather than quietly falling back to an older checkpoint."""
+
+
 def _dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
@@ -147,14 +152,23 @@ def load_verified(ckpt: Path, driver: bool = True) -> dict:
         raise CheckpointInvalid(ckpt, checkpoint_manifest.NAME, "missing: the checkpoint cannot be verified")
     if step != step_of(ckpt):
         raise CheckpointInvalid(ckpt, "state.json", f"says step {step}, the directory name says {step_of(ckpt)}")
-    for name in [_shard(r) for r in range(world)] + ["driver.pt"]:
+    pickles = [_shard(r) for r in range(world)] + ["driver.pt"]
+    for name in pickles:
         if not (ckpt / name).is_file():
             raise CheckpointInvalid(ckpt, name, "missing")
-    if driver:
-        try:
-            import torch
+    if driver:  # a resume: it loads them (exports and resume hints read only state.json and hf/)
+        from top_rl import safe_load
 
-            state["driver"] = torch.load(ckpt / "driver.pt", weights_only=False)
+        for name in pickles:  # read without running: a checkpoint that would run code is never loaded (safe_load)
+            try:
+                names = safe_load.unsafe_globals(ckpt / name)
+            except Exception as e:  # noqa: BLE001 - not a readable torch file: name it, never a traceback
+                raise CheckpointInvalid(ckpt, name, f"unreadable ({type(e).__name__}: {e})") from None
+            if names:
+                raise CheckpointUnsafe(ckpt, name, f"holds Python objects other than tensors and plain data "
+                                       f"({', '.join(sorted(names))}): top-rl loads no code from a checkpoint")
+        try:
+            state["driver"] = safe_load.load(ckpt / "driver.pt")
             state["driver"]["rng"]
         except Exception as e:  # noqa: BLE001 - any unpickling failure: name the file, never a traceback
             raise CheckpointInvalid(ckpt, "driver.pt", f"unreadable ({type(e).__name__}: {e})") from None
@@ -187,6 +201,10 @@ def prepare(run_dir: Path, cfg) -> dict | None:
                 "overwrite them. Continue it with resume=true, or start elsewhere with run_dir=<new dir>.")
         return None
     found, state, failed = newest_verified(run_dir)
+    unsafe = [e for e in failed if isinstance(e, CheckpointUnsafe)]
+    if unsafe:
+        raise ResumeRefused("resume refused: " + "; ".join(str(e) for e in unsafe) + ". Nothing was loaded. Find out "
+                            "where that checkpoint came from; move it aside to resume from an earlier one.")
     if found is None and failed:
         raise ResumeRefused(f"resume refused: no checkpoint in {run_dir} verifies:{describe_failed(failed)}\n"
                             "Restore them from a copy, or move them aside to start again from step 0.")
