@@ -112,20 +112,17 @@ def save(run_dir: Path, cfg, step: int, position: DataPosition, cluster, run_id:
     for leftover in [*root.glob(f"{STEP_PREFIX}*.tmp"), *root.glob(f"{STEP_PREFIX}*.old")]:
         shutil.rmtree(leftover, ignore_errors=True)  # from a write a crash interrupted (one writer per run)
     tmp.mkdir()
-    cluster.save_trainer_states([str((tmp / _shard(r)).resolve()) for r in range(len(cluster.trainers))])
-    import torch  # here, not at import: the run config imports CheckpointConfig without loading torch
+    try:
+        _write_files(tmp, cfg, step, position, cluster, run_id, task)
+    except Exception as e:
+        from top_rl import disk_full
 
-    from top_rl import rng
-
-    _write(tmp / "driver.pt", lambda f: torch.save({"rng": rng.state()}, f))
-    faults.inject("kill_in_checkpoint", step)
-    cluster.save_hf(str((tmp / "hf").resolve()))  # written by trainer rank 0
-    task.save_tokenizer(str(tmp / "hf"))
-    state = {"format": FORMAT, "step": step, "position": position.state_dict(), "run_id": run_id,
-             "config": cfg.as_dict(), "world": len(cluster.trainers)}
-    _write(tmp / "state.json", lambda f: f.write(json.dumps(state, indent=2).encode()))
-    checkpoint_manifest.write(tmp)  # last: sizes and checksums of everything above
-    _fsync_tree(tmp)
+        if not (disk_full.is_no_space(e) or disk_full.free_space(root)[0] < disk_full.LOW_SPACE_BYTES):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # the partial checkpoint: its space back, the last complete one kept
+        last = latest(run_dir)
+        took = f" (the last one, {last.name}, takes {disk_full.size_of(last)})" if last is not None else ""
+        raise disk_full.stopped(run_dir, root, f"writing the step-{step} checkpoint{took}") from None
     if final.exists():  # should a step be saved twice: never be without one complete copy
         final.rename(old)
     os.replace(tmp, final)
@@ -136,10 +133,34 @@ def save(run_dir: Path, cfg, step: int, position: DataPosition, cluster, run_id:
     return final
 
 
+def _write_files(tmp: Path, cfg, step: int, position: DataPosition, cluster, run_id: str | None, task) -> None:
+    """Every file of the step-`step` checkpoint into `tmp`, manifest last, all fsynced."""
+    cluster.save_trainer_states([str((tmp / _shard(r)).resolve()) for r in range(len(cluster.trainers))])
+    import torch  # here, not at import: the run config imports CheckpointConfig without loading torch
+
+    from top_rl import rng, safe_load
+
+    def driver_state(f) -> None:
+        faults.inject("enospc_in_checkpoint", step, path=f.name)
+        torch.save({"rng": rng.state()}, f)
+
+    _write(tmp / "driver.pt", driver_state)
+    safe_load.check_saved(tmp / "driver.pt")
+    faults.inject("kill_in_checkpoint", step)
+    cluster.save_hf(str((tmp / "hf").resolve()))  # written by trainer rank 0
+    task.save_tokenizer(str(tmp / "hf"))
+    state = {"format": FORMAT, "step": step, "position": position.state_dict(), "run_id": run_id,
+             "config": cfg.as_dict(), "world": len(cluster.trainers)}
+    _write(tmp / "state.json", lambda f: f.write(json.dumps(state, indent=2).encode()))
+    checkpoint_manifest.write(tmp)  # last: sizes and checksums of everything above
+    _fsync_tree(tmp)
+
+
 # ------------------------------------------------------------------------------------------- resume
 def load_verified(ckpt: Path, driver: bool = True) -> dict:
     """The checkpoint's state (state.json, plus driver.pt's content under "driver") once every file verifies
-    against manifest.json. Raises CheckpointInvalid naming the bad file."""
+    against manifest.json. Raises CheckpointInvalid naming the bad file, CheckpointUnsafe for a file that would
+    run code. `driver=False` (exports, resume hints) reads no pickle."""
     ckpt = Path(ckpt)
     if checkpoint_manifest.has_manifest(ckpt):
         checkpoint_manifest.verify(ckpt)

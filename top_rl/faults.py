@@ -18,11 +18,14 @@ Test-only fault injection, read only here: TOP_RL_FAULT="point:N[,point:N...]"
   kill_in_checkpoint:N  SIGKILL this driver halfway through writing the step-N checkpoint
   kill_engine:N         kill rollout engine 0 while this process's N-th rollout call is in flight
   kill_trainer:N        kill trainer rank 0 while this process's N-th train step is in flight
+  enospc_in_checkpoint:N          the driver's write of the step-N checkpoint fails with ENOSPC (disk full)
+  enospc_in_trainer_checkpoint:N  a trainer rank's N-th shard write fails with ENOSPC
 Unset (always, outside tests), `inject` is a dictionary lookup that does nothing.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import signal
@@ -48,9 +51,10 @@ _PLAN = _plan()
 _calls: Counter = Counter()
 
 
-def inject(point: str, step: int | None = None, actor=None) -> None:
+def inject(point: str, step: int | None = None, actor=None, path: str | None = None) -> None:
     """Test-only (see module doc): cause the fault TOP_RL_FAULT names for this point, if any. `step`
-    identifies the occurrence; without it, occurrences of `point` in this process are counted."""
+    identifies the occurrence; without it, occurrences of `point` in this process are counted. `path`:
+    the file an enospc_* point fails to write."""
     if not _PLAN:
         return
     if step is None:
@@ -59,6 +63,8 @@ def inject(point: str, step: int | None = None, actor=None) -> None:
     if (point, step) not in _PLAN:
         return
     print(f"[top-rl] {ENV}: injecting {point}:{step}", file=sys.stderr, flush=True)
+    if point.startswith("enospc_"):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
     if actor is None:
         os.kill(os.getpid(), signal.SIGKILL)
     import ray
