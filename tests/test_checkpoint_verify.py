@@ -141,8 +141,6 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_never_loaded(run_dir, t
     neither in the checks nor in the loader the trainer ranks use."""
     import pickle
 
-    from top_rl import safe_load
-
     marker = tmp_path / "payload_ran"
     ckpt = _ckpt(run_dir, STEPS)
     _plant_payload(ckpt, name, marker)
@@ -153,6 +151,8 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_never_loaded(run_dir, t
         f"resume refused: {ckpt / name}: holds Python objects other than tensors and plain data (builtins.exec): "
         "top-rl loads no code from a checkpoint. Nothing was loaded.")
     assert not marker.exists()
+    from top_rl import safe_load
+
     with pytest.raises(pickle.UnpicklingError, match="Unsupported global: GLOBAL exec"):
         safe_load.load(ckpt / name)
     assert not marker.exists()
