@@ -1,7 +1,7 @@
 """A local Ray (`ray.init()` on this machine) whose own processes survive the signals that stop the run.
 
-`timeout -s TERM`, Slurm, Kubernetes and a closed terminal signal every process of the run's process group
-(or of the job), not only the driver. Ray's GCS, raylet, agents and workers would die on that SIGTERM/SIGHUP
+`timeout -s TERM`, `kill -TERM -<pgid>`, Slurm and a closing terminal signal every process of the run's
+process group (or of the job), not only the driver. Ray's GCS, raylet, agents and workers would die on that SIGTERM/SIGHUP
 at once, so the driver could not finish its step and write the checkpoint it promises (top_rl.faults). So
 Ray's processes start with the stop signals blocked: a blocked signal mask is inherited across fork and exec
 (the raylet passes it on to the workers it starts), which is how Ray itself already keeps Ctrl-C (SIGINT)
@@ -11,7 +11,8 @@ everything, and a driver that dies takes Ray with it (Ray's parent-death signal)
 The cost of the shield: Ray's shutdown asks its processes to stop with SIGTERM and waits up to 1 s for each
 before SIGKILL (~4 s at every exit), and the raylet's agents, never told to stop, would outlive it. Those
 processes hold nothing to flush by then (the run's actors are gone, its files closed), so the node this
-run started, with everything it started, is stopped with SIGKILL directly.
+run started, with everything it started, is stopped with SIGKILL directly (through Ray's node object,
+`ray._private.worker._global_node`; a Ray version without it only exits the slow way).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from top_rl.faults import STOP_SIGNALS as SHIELDED  # the driver handles them (t
 
 
 def start(**init_kwargs) -> None:
-    """`ray.init(**init_kwargs)` for a local Ray whose processes ignore group stop signals (module doc)."""
+    """`ray.init(**init_kwargs)` for a local Ray whose processes do not see the stop signals (module doc)."""
     handlers = {sig: signal.getsignal(sig) for sig in SHIELDED}
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SHIELDED)
     try:
