@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from top_rl import checkpoint, config, placement, prompts
+from top_rl import checkpoint, config, placement, prompts, run_lock
 from top_rl.checkpoint import ResumeRefused
 from top_rl.config import ConfigError
 from top_rl.placement import PlacementError
@@ -108,7 +108,11 @@ def resume_state(cfg, ready: Ready) -> None:
     """A fresh run never overwrites checkpoints; a resume takes the newest checkpoint that verifies and
     refuses changed determinism-relevant settings (top_rl.checkpoint.prepare)."""
     ready.checkpoints_seen = [p.name for p in checkpoint.complete_checkpoints(Path(cfg.run_dir))]
-    ready.state = checkpoint.prepare(Path(cfg.run_dir), cfg)
+    try:
+        ready.state = checkpoint.prepare(Path(cfg.run_dir), cfg)
+    except ResumeRefused:  # judged on a run_dir a live run is writing: that run is the story (RunLock says it)
+        run_lock.refuse_if_held(cfg.run_dir)
+        raise
 
 
 CHECKS = (config_values, sglang_engines, resources, run_dir_writable, task_data, model_fits_task, prompt_lengths,
