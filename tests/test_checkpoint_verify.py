@@ -114,6 +114,65 @@ def test_resume_refuses_when_no_checkpoint_verifies_and_accepts_an_older_format(
     assert "has no manifest.json (written by an older top-rl): resuming without verifying it" in capsys.readouterr().out
 
 
+class _WritesAMarker:
+    """A pickle payload: unpickling it runs Python code (exec) that creates the marker file."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').close()",)
+
+
+def _plant_payload(ckpt: Path, name: str, marker: Path) -> None:
+    from top_rl import checkpoint_manifest
+
+    state = torch.load(ckpt / name, weights_only=False)  # the genuine content (test code: this file is ours)
+    state["payload"] = _WritesAMarker(marker)
+    torch.save(state, ckpt / name)
+    checkpoint_manifest.write(ckpt)  # recomputed: the manifest is a checksum, not a signature
+    checkpoint_manifest.verify(ckpt)
+
+
+@pytest.mark.parametrize("name", ["driver.pt", "trainer_rank000.pt"])
+def test_a_checkpoint_that_would_run_code_is_refused_and_never_loaded(run_dir, tmp_path, name):
+    """Issue 24: driver.pt and the shards loaded with torch.load(weights_only=False): a payload in driver.pt ran
+    during the resume's checks. Now the resume is refused naming the file and the object, and nothing runs,
+    neither in the checks nor in the loader the trainer ranks use."""
+    import pickle
+
+    marker = tmp_path / "payload_ran"
+    ckpt = _ckpt(run_dir, STEPS)
+    _plant_payload(ckpt, name, marker)
+    before = rl_runs.tree_hash(run_dir)
+    with pytest.raises(ResumeRefused) as refused:
+        checkpoint.prepare(run_dir, _resume_cfg(run_dir))
+    assert str(refused.value).startswith(
+        f"resume refused: {ckpt / name}: holds Python objects other than tensors and plain data (builtins.exec): "
+        "top-rl loads no code from a checkpoint. Nothing was loaded.")
+    assert not marker.exists()
+    from top_rl import safe_load
+
+    with pytest.raises(pickle.UnpicklingError, match="Unsupported global: GLOBAL exec"):
+        safe_load.load(ckpt / name)
+    assert not marker.exists()
+    assert rl_runs.tree_hash(run_dir) == before
+    # the genuine files load under the same loader (what a resume and the trainer ranks read)
+    genuine = _ckpt(run_dir, STEPS - 1) / name
+    assert torch.equal(safe_load.load(genuine)["rng"]["torch"], torch.load(genuine, weights_only=False)["rng"]["torch"])
+
+
+@pytest.mark.slow
+def test_the_cli_refuses_a_checkpoint_that_would_run_code_in_one_line(run_dir, tmp_path):
+    marker = tmp_path / "payload_ran"
+    _plant_payload(_ckpt(run_dir, STEPS), "driver.pt", marker)
+    before = rl_runs.tree_hash(run_dir)
+    out = rl_runs.run(run_dir, *BASE, f"steps={STEPS + 2}", "resume=true", timeout=200)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert "top-rl: resume refused: " in out.stderr and "top-rl loads no code from a checkpoint" in out.stderr
+    assert not marker.exists() and rl_runs.tree_hash(run_dir) == before
+
+
 def test_export_verifies_skipping_or_refusing_a_corrupt_checkpoint(run_dir, tmp_path, capsys):
     _truncate(_ckpt(run_dir, STEPS) / "hf" / "model.safetensors")
     out = tmp_path / "hf"

@@ -77,3 +77,66 @@ def test_export_console_script_refuses_to_overwrite(tmp_path, capsys):
     assert (out / "keep.txt").read_text() == "mine"
     assert export_main(cmd[3:] + ["overwrite=true"]) == 0
     assert json.loads((out / "top_rl_export.json").read_text())["step"] == 5 and not (out / "keep.txt").exists()
+
+
+def _fake_run(run_dir: Path) -> Path:
+    """A run_dir with one checkpoint that verifies (tiny stand-in files), metrics and a wandb dir."""
+    from top_rl import checkpoint_manifest
+
+    ckpt = run_dir / "checkpoints" / "step_000002"
+    (ckpt / "hf").mkdir(parents=True)
+    (ckpt / "state.json").write_text(json.dumps({"format": 2, "step": 2, "world": 1, "config": {"top": {}}}))
+    (ckpt / "trainer_rank000.pt").write_bytes(b"weights")
+    (ckpt / "driver.pt").write_bytes(b"rng")
+    (ckpt / "hf" / "config.json").write_text("{}")
+    (ckpt / "hf" / "model.safetensors").write_bytes(b"tensors")
+    checkpoint_manifest.write(ckpt)
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    (run_dir / "wandb").mkdir()
+    (run_dir / "wandb" / "run.wandb").write_bytes(b"history")
+    return ckpt
+
+
+def test_export_refuses_an_out_that_is_holds_or_lies_inside_the_run(tmp_path, capsys):
+    """Issue 24: `out=RUN overwrite=true` deleted the run it exported. Every out that overlaps the run (after
+    symlinks), its checkpoints, or another run is refused before anything is touched."""
+    run_dir = tmp_path / "runs" / "r"
+    ckpt = _fake_run(run_dir)
+    other = tmp_path / "other_run"
+    _fake_run(other)
+    (tmp_path / "link_to_run").symlink_to(run_dir)
+    elsewhere = tmp_path / "ckpt_store"  # the run's checkpoints/ is a symlink to storage outside the run_dir
+    linked_run = tmp_path / "linked_run"
+    linked_run.mkdir()
+    (run_dir / "checkpoints").rename(elsewhere)
+    (run_dir / "checkpoints").symlink_to(elsewhere)
+    (linked_run / "checkpoints").symlink_to(elsewhere)
+    cases = [
+        (run_dir, run_dir, "is the run_dir"),
+        (run_dir, run_dir / "export", "lies inside the run_dir"),
+        (run_dir, ckpt / "hf", "lies inside its checkpoints"),  # ckpt: the path under the symlink
+        (run_dir, tmp_path / "runs", "contains the run_dir"),
+        (run_dir, tmp_path / "link_to_run", "is the run_dir"),
+        (run_dir, elsewhere, "is its checkpoints"),
+        (run_dir, elsewhere / "step_000002", "lies inside its checkpoints"),
+        (linked_run, tmp_path, "contains the run_dir"),
+        (run_dir, other, "holds a top-rl run or checkpoint"),
+    ]
+    before = {p: rl_runs.tree_hash(p) for p in (tmp_path / "runs", other, elsewhere)}
+    for src, out, why in cases:
+        code = export_main([f"run_dir={src}", f"out={out}", "overwrite=true"])
+        err = capsys.readouterr().err
+        assert code == 2 and why in err and "nothing was exported" in err, (out, err)
+        assert {p: rl_runs.tree_hash(p) for p in before} == before, out
+    # an out outside every run still exports, also over an existing directory with overwrite=true
+    out = tmp_path / "exported"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    assert export_main([f"run_dir={run_dir}", f"out={out}", "overwrite=true"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "top_rl_export.json"]
+    # a staging directory that would be the run: out=<run_dir minus ".export-tmp">
+    staged_run = tmp_path / "s.export-tmp"
+    _fake_run(staged_run)
+    assert export_main([f"run_dir={staged_run}", f"out={tmp_path / 's'}"]) == 2
+    assert "staging directory is the run_dir" in capsys.readouterr().err
+    assert (staged_run / "metrics.jsonl").exists()

@@ -84,6 +84,55 @@ def test_sigterm_finishes_the_step_checkpoints_it_and_exits_nonzero(tmp_path):
     assert rl_runs.without_timing(rows[:n]) == rl_runs.without_timing(rl_runs.rows(rl_runs.baseline())[:n])
 
 
+def _stop_group_after(run_dir: Path, proc, step: int, sig: int):
+    """Send `sig` to the run's whole process group (as timeout, Slurm or a closing terminal do) once step
+    `step` is logged; the finished run."""
+    try:
+        rl_runs.wait_for_row(run_dir, step, proc)
+        os.killpg(proc.pid, sig)  # rl_runs.start: the run leads its own session, Ray's processes included
+    finally:
+        out = rl_runs.finish(proc)
+    return out
+
+
+def _assert_stopped_cleanly(run_dir: Path, out, sig: int) -> int:
+    name = signal.Signals(sig).name
+    assert out.returncode == 128 + sig, out.stderr[-3000:]
+    stopped = rl_runs.rows(run_dir)[-1]["step"]
+    ckpt, state, failed = checkpoint.newest_verified(run_dir)  # verifies against its manifest
+    assert ckpt is not None and not failed and state["step"] == stopped, out.stderr[-3000:]
+    assert f"top-rl: stopped by {name} after step {stopped}. Last complete checkpoint: {ckpt} (step {stopped})." \
+        in out.stderr and "resume=true" in out.stderr, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    assert not (run_dir / "run.lock").exists()
+    return stopped
+
+
+@pytest.mark.slow
+def test_group_sigterm_then_group_sighup_each_checkpoint_and_the_resumes_are_bitwise_the_straight_run(tmp_path):
+    """Issue 24: SIGTERM/SIGHUP to the whole process group reached Ray's GCS and raylet too, which died first:
+    the run lost everything (no checkpoint with checkpoint.every=0, run.lock left, no message). Now Ray's
+    processes are shielded (top_rl.local_ray): each stop finishes its step, checkpoints, says how to resume."""
+    overrides = _with(BASE, checkpoint__every=0)  # only a stop (or the end) writes a checkpoint
+    proc = rl_runs.start(tmp_path, *overrides, f"steps={STEPS}")
+    first = _assert_stopped_cleanly(tmp_path, _stop_group_after(tmp_path, proc, 1, signal.SIGTERM), signal.SIGTERM)
+    assert first < STEPS - 1, "stopped too late to test a second stop"
+
+    proc = rl_runs.start(tmp_path, *overrides, f"steps={STEPS}", "resume=true")
+    second = _assert_stopped_cleanly(tmp_path, _stop_group_after(tmp_path, proc, first + 1, signal.SIGHUP),
+                                     signal.SIGHUP)
+    assert first < second
+
+    resumed = rl_runs.run(tmp_path, *overrides, f"steps={STEPS}", "resume=true")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    straight = rl_runs.baseline()
+    got = rl_runs.rows(tmp_path)
+    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
+    assert rl_runs.without_timing(got) == rl_runs.without_timing(rl_runs.rows(straight))
+    assert rl_runs.state_hash(rl_runs.final_checkpoint(tmp_path)) == \
+        rl_runs.state_hash(rl_runs.final_checkpoint(straight))
+
+
 @pytest.mark.slow
 def test_ctrl_c_during_start_up_stops_the_run_cleanly_and_leaves_nothing(tmp_path):
     """Issue 14: Ctrl-C while the run starts stops it at once with a message, also when the shell started it

@@ -77,6 +77,29 @@ def test_changed_setting_is_refused_naming_the_key_and_nothing_changes(tmp_path)
     assert rl_runs.tree_hash(run_dir) == before
 
 
+def test_resume_without_a_complete_checkpoint_is_refused_and_changes_nothing(tmp_path):
+    """Issue 24: resume=true with every state.json gone printed "starting at step 0", replaced metrics.jsonl and
+    exited 0. Now: one line, exit 1, nothing written (a run_dir that does not exist is not created)."""
+    run_dir = tmp_path / "run"
+    ckpt = run_dir / "checkpoints" / "step_000003"  # its state.json removed: not a complete checkpoint
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_rank000.pt").write_bytes(b"weights")
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n')
+    (run_dir / "wandb" / "offline-run-x").mkdir(parents=True)
+    (run_dir / "wandb" / "offline-run-x" / "run-x.wandb").write_bytes(b"history")
+    before = rl_runs.tree_hash(run_dir)
+    for where in (run_dir, tmp_path / "never_ran"):
+        out = rl_runs.run(where, *BASE, f"steps={STEPS}", "resume=true", wandb="offline", timeout=120)
+        assert out.returncode == 1, out.stderr[-3000:]
+        said = [line for line in out.stderr.splitlines() if line.startswith("top-rl")]
+        assert said == [f"top-rl: resume refused: {where} has no complete checkpoint to resume from (looked in "
+                        f"{where / 'checkpoints'}); nothing was changed. Drop resume=true to start a new run there"], \
+            out.stderr[-3000:]
+        assert "Traceback" not in out.stderr and "starting at step 0" not in out.stdout
+    assert rl_runs.tree_hash(run_dir) == before
+    assert not (tmp_path / "never_ran").exists()
+
+
 def test_check_compatible_lists_keys_and_allow_changes_overrides():
     saved = {"steps": 6, "seed": 0, "rollout": {"temperature": 1.0, "n_samples": 4}, "checkpoint": {"every": 1},
              "resume_allow_changes": False}
@@ -86,6 +109,41 @@ def test_check_compatible_lists_keys_and_allow_changes_overrides():
         checkpoint.check_compatible(saved, now, allow_changes=False)
     assert checkpoint.check_compatible(saved, now, allow_changes=True) == [
         "rollout.n_samples: checkpoint 4 -> now 8", "seed: checkpoint 0 -> now 1"]
+
+
+def test_allowed_changes_are_applied_or_refused_never_ignored():
+    """Issue 24: under resume_allow_changes=true a key whose value the checkpoint supplies (the model, the trainer's
+    RNG seed) would be logged as changed and silently ignored: refused, naming it. Optimizer settings are applied."""
+    saved = {"model": {"hidden_size": 64, "init_seed": 0}, "trainer": {"lr": 0.01, "seed": 0}, "seed": 0}
+    with pytest.raises(ResumeRefused, match=r"(?s)cannot take effect.*model\.hidden_size: checkpoint 64 -> now 128 "
+                                            r"\(the policy's weights and architecture are the checkpoint's\)"):
+        checkpoint.check_compatible(saved, {**saved, "model": {"hidden_size": 128, "init_seed": 0}}, allow_changes=True)
+    with pytest.raises(ResumeRefused, match=r"trainer\.seed: checkpoint 0 -> now 3 \(the trainer's RNG state"):
+        checkpoint.check_compatible(saved, {**saved, "trainer": {"lr": 0.01, "seed": 3}}, allow_changes=True)
+    assert checkpoint.check_compatible(saved, {**saved, "trainer": {"lr": 0.05, "seed": 0}, "seed": 1},
+                                       allow_changes=True) == ["seed: checkpoint 0 -> now 1",
+                                                               "trainer.lr: checkpoint 0.01 -> now 0.05"]
+
+
+@pytest.mark.slow
+def test_resume_with_a_new_lr_trains_at_that_lr(tmp_path):
+    """Issue 24: `resume_allow_changes=true trainer.lr=0.05` logged train/lr=0.05 and trained at the checkpoint's
+    lr. The resumed step's optimizer (in its checkpoint) holds the new lr, and its weights differ from the run's."""
+    import torch
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(rl_runs.baseline(), run_dir)
+    for late in ("step_000005", "step_000006"):
+        shutil.rmtree(run_dir / "checkpoints" / late)
+    out = rl_runs.run(run_dir, *BASE, "steps=5", "resume=true", "resume_allow_changes=true", "trainer.lr=0.05")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "trainer.lr: checkpoint 0.01 -> now 0.05" in out.stdout
+    assert rl_runs.rows(run_dir)[-1]["train/lr"] == 0.05
+    ckpt = run_dir / "checkpoints" / "step_000005"
+    groups = torch.load(ckpt / "trainer_rank000.pt", weights_only=False)["trainer"]["optimizer"]["adamw"]["param_groups"]
+    assert [g["lr"] for g in groups] == [0.05, 0.05]
+    straight = rl_runs.baseline() / "checkpoints" / "step_000005"
+    assert (ckpt / "hf" / "model.safetensors").read_bytes() != (straight / "hf" / "model.safetensors").read_bytes()
 
 
 def test_resume_positions_cross_epoch_boundaries_like_the_uninterrupted_stream():

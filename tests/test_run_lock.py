@@ -33,6 +33,24 @@ def test_second_holder_is_refused_naming_pid_and_host_and_release_cleans_up(tmp_
     assert not (tmp_path / "empty").exists()  # created by the lock, nothing written: removed again
 
 
+def test_a_resume_refused_on_a_run_dir_a_live_run_holds_names_that_run(tmp_path):
+    """Issue 24: resume=true without a checkpoint is refused; on a run_dir a live run holds (and has not
+    checkpointed yet), the reason to give is that run, as the lock would, not the missing checkpoint."""
+    from top_rl import preflight, run_lock
+    from top_rl.checkpoint import ResumeRefused
+    from top_rl.cli import compose
+
+    cfg = compose([f"run_dir={tmp_path}", "resume=true", "task.num_prompts=6"])
+    with RunLock(tmp_path):
+        with pytest.raises(RunDirLocked, match=rf"in use by another top-rl run: pid {os.getpid()} on host "):
+            run_lock.refuse_if_held(tmp_path)
+        with pytest.raises(RunDirLocked, match=rf"in use by another top-rl run: pid {os.getpid()} on host "):
+            preflight.check(cfg)
+    run_lock.refuse_if_held(tmp_path)  # released: nothing to say
+    with pytest.raises(ResumeRefused, match="has no complete checkpoint to resume from"):
+        preflight.check(cfg)
+
+
 def test_lock_of_a_killed_process_is_taken_over_with_a_message(tmp_path, capsys):
     run_dir = tmp_path / "run"
     holder = subprocess.Popen(

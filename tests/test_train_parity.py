@@ -6,6 +6,7 @@ recompute on/off give identical loss and gradients."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -146,6 +147,39 @@ def test_checkpoint_round_trip():
     assert ma == mb
     wa, wb = a.export_hf_weights(), b.export_hf_weights()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_resumed_trainer_steps_with_its_configs_lr_not_the_checkpoints():
+    """Issue 24: resume_allow_changes=true trainer.lr=... logged the new lr but trained at the checkpoint's (the
+    optimizer's saved param_groups brought it back). A trainer loading a state steps exactly as the run that never
+    stopped and switched to the new lr there; every config hyperparameter of its groups is its config's."""
+    cfg = tiny_config(23, tied=True)
+    model = reference_model(cfg, "bfloat16")
+    batch = both_kinds(rollouts(model, n=2, seed=3))
+    loss_fn = pg_loss(batch)
+    old = TrainerConfig(dtype="bfloat16", lr=1e-2)
+    new = TrainerConfig(dtype="bfloat16", lr=5e-2, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
+    straight = Trainer(cfg, old)
+    straight.load_hf(hf_state_dict(model))
+    straight.train_step(batch, loss_fn)
+    sd = straight.state_dict()
+    resumed, unchanged = Trainer(cfg, dataclasses.replace(new, betas=old.betas, eps=old.eps, weight_decay=0.0)), \
+        Trainer(cfg, old)
+    resumed.load_state_dict(sd)
+    unchanged.load_state_dict(sd)
+    straight.set_lr(5e-2)  # the run that never stopped, switching lr at this step
+    for t in (straight, resumed, unchanged):
+        t.train_step(batch, loss_fn)
+    w_straight, w_resumed, w_unchanged = (t.export_hf_weights() for t in (straight, resumed, unchanged))
+    assert all(torch.equal(w_straight[k], w_resumed[k]) for k in w_straight)
+    assert not all(torch.equal(w_straight[k], w_unchanged[k]) for k in w_straight), "the lr must matter here"
+
+    every = Trainer(cfg, new)
+    every.load_state_dict(sd)
+    fresh = Trainer(cfg, new).optimizer.opt.param_groups
+    assert [{k: g[k] for k in ("lr", "betas", "eps", "weight_decay")} for g in every.optimizer.opt.param_groups] == \
+        [{k: g[k] for k in ("lr", "betas", "eps", "weight_decay")} for g in fresh]
+    assert every.optimizer.opt.param_groups[0]["weight_decay"] == 0.1 and fresh[1]["weight_decay"] == 0.0
 
 
 def test_rejects_bad_sequences():

@@ -228,14 +228,18 @@ class TrainerActor:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str) -> None:
         """This rank's shard, written by the rank itself (run_dir must be on storage every node sees)."""
-        from top_rl import rng
+        from top_rl import faults, rng, safe_load
 
-        torch.save({"trainer": self.trainer.state_dict(), "rng": rng.state()}, path)
+        state = {"trainer": self.trainer.state_dict(), "rng": rng.state()}
+        with open(path, "wb") as f:  # a Python file: a full disk raises OSError(ENOSPC), torch's own writer loses it
+            faults.inject("enospc_in_trainer_checkpoint", path=path)
+            torch.save(state, f)
+        safe_load.check_saved(path)
 
     def load_checkpoint(self, path: str) -> None:
-        from top_rl import rng
+        from top_rl import rng, safe_load
 
-        state = torch.load(path, weights_only=False)
+        state = safe_load.load(path)  # tensors and plain data only: a checkpoint runs no code
         self.trainer.load_state_dict(state["trainer"])
         rng.restore(state["rng"])
 

@@ -36,6 +36,11 @@ FORMAT = 2  # 2: manifest.json (format-1 checkpoints have none and load unverifi
 # Keys a resume may change freely: they do not enter any computed number.
 RESUME_FREE_KEYS = {"steps", "run_dir", "resume", "resume_allow_changes", "dry_run", "checkpoint", "tracking",
                     "cluster"}
+# Keys whose value a resume takes from the checkpoint, so a change could not take effect: refused even under
+# resume_allow_changes=true (every other change it allows is applied: rollout, algo, task, top, seed, and the
+# trainer's optimizer settings, which top_rl.train.optim puts into the loaded optimizer).
+RESUME_FROM_CHECKPOINT = {"model.": "the policy's weights and architecture are the checkpoint's",
+                          "trainer.seed": "the trainer's RNG state is the checkpoint's"}
 
 
 @dataclass
@@ -46,6 +51,11 @@ class CheckpointConfig:
 
 class ResumeRefused(ValueError):
     pass
+
+
+class CheckpointUnsafe(CheckpointInvalid):
+    """A checkpoint file that would run code when loaded (top_rl.safe_load): never loaded, and a resume that
+    finds one stops rather than quietly falling back to an older checkpoint."""
 
 
 def _dir(run_dir: Path) -> Path:
@@ -102,20 +112,17 @@ def save(run_dir: Path, cfg, step: int, position: DataPosition, cluster, run_id:
     for leftover in [*root.glob(f"{STEP_PREFIX}*.tmp"), *root.glob(f"{STEP_PREFIX}*.old")]:
         shutil.rmtree(leftover, ignore_errors=True)  # from a write a crash interrupted (one writer per run)
     tmp.mkdir()
-    cluster.save_trainer_states([str((tmp / _shard(r)).resolve()) for r in range(len(cluster.trainers))])
-    import torch  # here, not at import: the run config imports CheckpointConfig without loading torch
+    try:
+        _write_files(tmp, cfg, step, position, cluster, run_id, task)
+    except Exception as e:
+        from top_rl import disk_full
 
-    from top_rl import rng
-
-    _write(tmp / "driver.pt", lambda f: torch.save({"rng": rng.state()}, f))
-    faults.inject("kill_in_checkpoint", step)
-    cluster.save_hf(str((tmp / "hf").resolve()))  # written by trainer rank 0
-    task.save_tokenizer(str(tmp / "hf"))
-    state = {"format": FORMAT, "step": step, "position": position.state_dict(), "run_id": run_id,
-             "config": cfg.as_dict(), "world": len(cluster.trainers)}
-    _write(tmp / "state.json", lambda f: f.write(json.dumps(state, indent=2).encode()))
-    checkpoint_manifest.write(tmp)  # last: sizes and checksums of everything above
-    _fsync_tree(tmp)
+        if not (disk_full.is_no_space(e) or disk_full.free_space(root)[0] < disk_full.LOW_SPACE_BYTES):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # the partial checkpoint: its space back, the last complete one kept
+        last = latest(run_dir)
+        took = f" (the last one, {last.name}, takes {disk_full.size_of(last)})" if last is not None else ""
+        raise disk_full.stopped(run_dir, root, f"writing the step-{step} checkpoint{took}") from None
     if final.exists():  # should a step be saved twice: never be without one complete copy
         final.rename(old)
     os.replace(tmp, final)
@@ -126,10 +133,34 @@ def save(run_dir: Path, cfg, step: int, position: DataPosition, cluster, run_id:
     return final
 
 
+def _write_files(tmp: Path, cfg, step: int, position: DataPosition, cluster, run_id: str | None, task) -> None:
+    """Every file of the step-`step` checkpoint into `tmp`, manifest last, all fsynced."""
+    cluster.save_trainer_states([str((tmp / _shard(r)).resolve()) for r in range(len(cluster.trainers))])
+    import torch  # here, not at import: the run config imports CheckpointConfig without loading torch
+
+    from top_rl import rng, safe_load
+
+    def driver_state(f) -> None:
+        faults.inject("enospc_in_checkpoint", step, path=f.name)
+        torch.save({"rng": rng.state()}, f)
+
+    _write(tmp / "driver.pt", driver_state)
+    safe_load.check_saved(tmp / "driver.pt")
+    faults.inject("kill_in_checkpoint", step)
+    cluster.save_hf(str((tmp / "hf").resolve()))  # written by trainer rank 0
+    task.save_tokenizer(str(tmp / "hf"))
+    state = {"format": FORMAT, "step": step, "position": position.state_dict(), "run_id": run_id,
+             "config": cfg.as_dict(), "world": len(cluster.trainers)}
+    _write(tmp / "state.json", lambda f: f.write(json.dumps(state, indent=2).encode()))
+    checkpoint_manifest.write(tmp)  # last: sizes and checksums of everything above
+    _fsync_tree(tmp)
+
+
 # ------------------------------------------------------------------------------------------- resume
 def load_verified(ckpt: Path, driver: bool = True) -> dict:
     """The checkpoint's state (state.json, plus driver.pt's content under "driver") once every file verifies
-    against manifest.json. Raises CheckpointInvalid naming the bad file."""
+    against manifest.json. Raises CheckpointInvalid naming the bad file, CheckpointUnsafe for a file that would
+    run code. `driver=False` (exports, resume hints) reads no pickle."""
     ckpt = Path(ckpt)
     if checkpoint_manifest.has_manifest(ckpt):
         checkpoint_manifest.verify(ckpt)
@@ -142,14 +173,23 @@ def load_verified(ckpt: Path, driver: bool = True) -> dict:
         raise CheckpointInvalid(ckpt, checkpoint_manifest.NAME, "missing: the checkpoint cannot be verified")
     if step != step_of(ckpt):
         raise CheckpointInvalid(ckpt, "state.json", f"says step {step}, the directory name says {step_of(ckpt)}")
-    for name in [_shard(r) for r in range(world)] + ["driver.pt"]:
+    pickles = [_shard(r) for r in range(world)] + ["driver.pt"]
+    for name in pickles:
         if not (ckpt / name).is_file():
             raise CheckpointInvalid(ckpt, name, "missing")
-    if driver:
-        try:
-            import torch
+    if driver:  # a resume: it loads them (exports and resume hints read only state.json and hf/)
+        from top_rl import safe_load
 
-            state["driver"] = torch.load(ckpt / "driver.pt", weights_only=False)
+        for name in pickles:  # read without running: a checkpoint that would run code is never loaded (safe_load)
+            try:
+                names = safe_load.unsafe_globals(ckpt / name)
+            except Exception as e:  # noqa: BLE001 - not a readable torch file: name it, never a traceback
+                raise CheckpointInvalid(ckpt, name, f"unreadable ({type(e).__name__}: {e})") from None
+            if names:
+                raise CheckpointUnsafe(ckpt, name, f"holds Python objects other than tensors and plain data "
+                                       f"({', '.join(sorted(names))}): top-rl loads no code from a checkpoint")
+        try:
+            state["driver"] = safe_load.load(ckpt / "driver.pt")
             state["driver"]["rng"]
         except Exception as e:  # noqa: BLE001 - any unpickling failure: name the file, never a traceback
             raise CheckpointInvalid(ckpt, "driver.pt", f"unreadable ({type(e).__name__}: {e})") from None
@@ -182,12 +222,16 @@ def prepare(run_dir: Path, cfg) -> dict | None:
                 "overwrite them. Continue it with resume=true, or start elsewhere with run_dir=<new dir>.")
         return None
     found, state, failed = newest_verified(run_dir)
+    unsafe = [e for e in failed if isinstance(e, CheckpointUnsafe)]
+    if unsafe:
+        raise ResumeRefused("resume refused: " + "; ".join(str(e) for e in unsafe) + ". Nothing was loaded. Find out "
+                            "where that checkpoint came from; move it aside to resume from an earlier one.")
     if found is None and failed:
         raise ResumeRefused(f"resume refused: no checkpoint in {run_dir} verifies:{describe_failed(failed)}\n"
                             "Restore them from a copy, or move them aside to start again from step 0.")
-    if found is None:
-        print(f"[top-rl] resume=true but {run_dir} has no complete checkpoint: starting at step 0", flush=True)
-        return None
+    if found is None:  # starting over would replace metrics.jsonl and the wandb run: the user did not ask for that
+        raise ResumeRefused(f"resume refused: {run_dir} has no complete checkpoint to resume from (looked in "
+                            f"{_dir(run_dir)}); nothing was changed. Drop resume=true to start a new run there")
     if failed:
         print(f"[top-rl] checkpoints that fail verification:{describe_failed(failed)}\n"
               f"[top-rl] resuming from {found.name}, the newest checkpoint that verifies", flush=True)
@@ -222,6 +266,12 @@ def check_compatible(saved: dict, current: dict, allow_changes: bool) -> list[st
                 diffs.append(f"{key}: checkpoint {va!r} -> now {vb!r}")
 
     walk(saved, current, "")
+    fixed = [f"{d} ({why})" for d in diffs for key, why in RESUME_FROM_CHECKPOINT.items()
+             if d.split(":", 1)[0] == key or key.endswith(".") and d.startswith(key)]
+    if fixed and allow_changes:
+        raise ResumeRefused("resume refused: these settings come from the checkpoint on resume, so a change cannot "
+                            "take effect (resume_allow_changes=true does not cover them):\n  " + "\n  ".join(fixed)
+                            + "\nRestore them, or start a new run (another run_dir=) to train with them.")
     if diffs and not allow_changes:
         raise ResumeRefused(
             "resume refused: these settings differ from the checkpoint and would break determinism:\n  "

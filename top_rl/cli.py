@@ -164,12 +164,19 @@ def _hydra_entry():
             last = loop.run(cfg)
         # Refusals and stops whose message is the whole story: no traceback.
         except (RunStopped, ParityViolation, *REFUSALS) as e:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # exiting now: a late Ctrl-C must not kill the exit path
+            _ignore_stop_signals()  # exiting now: a late Ctrl-C must not kill the exit path
             print(f"top-rl: {e}", file=sys.stderr, flush=True)
             sys.exit(getattr(e, "exit_code", 1))
         print(json.dumps({"run_dir": cfg.run_dir, "final": last}, default=str))
 
     return _main
+
+
+def _ignore_stop_signals() -> None:
+    from top_rl.faults import STOP_SIGNALS
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def main() -> None:
@@ -190,7 +197,7 @@ def main() -> None:
         print(f"top-rl: {hydra_error_line(e)}", file=sys.stderr, flush=True)
         sys.exit(2)
     except KeyboardInterrupt:  # before the run started (inside it, RunGuard reports it as RunStopped)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _ignore_stop_signals()
         print(f"top-rl: interrupted ({faults.startup_signal_name()}) before the run started; nothing was written",
               file=sys.stderr, flush=True)
         sys.stdout.flush()

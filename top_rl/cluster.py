@@ -24,7 +24,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tqdm import tqdm
 
-from top_rl import faults, placement, rendezvous, weight_sync
+from top_rl import faults, local_ray, placement, rendezvous, weight_sync
 from top_rl.actors import EngineActor, TrainerActor
 from top_rl.faults import ActorFailed
 from top_rl.placement import ClusterConfig, PlacementError
@@ -45,8 +45,9 @@ def start_ray(cfg: ClusterConfig) -> None:
                  runtime_env={"worker_process_setup_hook": "top_rl.quiet.install"})
     else:  # a local run: every server Ray starts listens on loopback only (top_rl.rendezvous)
         rendezvous.ray_on_loopback()
-        ray.init(num_cpus=cfg.num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=True,
-                 configure_logging=False)
+        local_ray.start(num_cpus=cfg.num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=True,
+                        configure_logging=False)  # its processes survive a group SIGTERM/SIGHUP (top_rl.local_ray)
+        faults.raise_if_interrupted()  # a stop signal that came while Ray started: stop before placing actors
 
 
 class Cluster:

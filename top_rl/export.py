@@ -33,6 +33,49 @@ class ExportError(ValueError):
     pass
 
 
+def _overlap(a: Path, b: Path) -> str | None:
+    """How `a` relates to `b` (both resolved): "is", "lies inside", "contains", or None."""
+    if a == b:
+        return "is"
+    if a.is_relative_to(b):
+        return "lies inside"
+    if b.is_relative_to(a):
+        return "contains"
+    return None
+
+
+def _looks_like_a_run(path: Path) -> bool:
+    """A top-rl run_dir or a checkpoint: what overwrite=true must never delete."""
+    return ((path / "checkpoints").is_dir() or (path / "metrics.jsonl").exists() or (path / "run.lock").exists()
+            or (path / "state.json").is_file() and (path / "manifest.json").is_file())
+
+
+def _staging(out: Path) -> Path:
+    """Where the export is assembled before it is renamed to `out` (removed first if left over)."""
+    return out.with_name(out.name + ".export-tmp")
+
+
+def _refuse_overlap(run_dir: Path, out: Path, ckpt: Path | None = None) -> None:
+    """`out` is replaced as a whole (overwrite=true deletes it): it must not be, hold or sit inside the run it is
+    exported from, its checkpoints (wherever symlinks put them) or another run. Paths are resolved first."""
+    out_r = out.resolve()
+    protected = [("the run_dir", run_dir), ("its checkpoints", run_dir / "checkpoints")] + \
+        ([("the checkpoint exported", ckpt)] if ckpt is not None else [])
+    for what, path in protected:
+        if not path.exists():
+            continue
+        # out's staging sibling (_staging) is deleted too: it must not be the run either
+        for target, name in ((out_r, f"out={out}"), (_staging(out).resolve(), f"out={out}'s staging directory")):
+            how = _overlap(target, path.resolve())
+            if how is not None:
+                raise ExportError(f"{name} {how} {what} ({path.resolve()}): exporting there would overwrite the run; "
+                                  "pick an out= outside the run_dir; nothing was exported")
+    if out_r.is_dir() and _looks_like_a_run(out_r):
+        raise ExportError(f"out={out} holds a top-rl run or checkpoint (checkpoints/, metrics.jsonl, run.lock or "
+                          "state.json + manifest.json): export never replaces one; pick another out=; nothing was "
+                          "exported")
+
+
 def _checkpoint(run_dir: Path, step: int | None) -> tuple[Path, dict]:
     """The checkpoint to export and its state, verified against its manifest. Without `step`: the newest one
     that verifies (each newer one that fails is named on stderr); with `step`: that one, or a refusal."""
@@ -58,14 +101,15 @@ def _checkpoint(run_dir: Path, step: int | None) -> tuple[Path, dict]:
 
 def export(run_dir: str | Path, out: str | Path, step: int | None = None, overwrite: bool = False) -> dict:
     run_dir, out = Path(run_dir), Path(out)
-    ckpt, state = _checkpoint(run_dir, step)
+    ckpt, state = _checkpoint(run_dir, step)  # reads only
+    _refuse_overlap(run_dir, out, ckpt)  # before any write: a refused export touches nothing
     src = ckpt / "hf"
     if not (src / "config.json").is_file():
         raise ExportError(f"{ckpt} has no hf/ directory (written by an older top-rl): resume the run for one step "
                           "to write a checkpoint that has it")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ExportError(f"{out} exists and is not empty; pass overwrite=true to replace it")
-    tmp = out.with_name(out.name + ".export-tmp")
+    tmp = _staging(out)
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp)
     info = {"run_dir": str(run_dir.resolve()), "checkpoint": str(ckpt.resolve()), "step": state["step"],

@@ -4,10 +4,13 @@
   function of prompt, seed and weights, so a retried rollout is the rollout that would have happened.
 - A trainer rank that dies stops the run: `RunGuard` turns the failure into `RunStopped`, naming the
   actor, the last complete checkpoint and the command that resumes from it.
-- SIGINT / SIGTERM: the first one lets the current step finish, checkpoints it and stops (exit
-  128 + signal); a second one abandons the step at once. Before the first step can run (checks,
+- SIGINT / SIGTERM / SIGHUP: the first one lets the current step finish, checkpoints it and stops
+  (exit 128 + signal); a second one abandons the step at once. Before the first step can run (checks,
   imports, Ray starting) one stops the run at once (`interrupt_on_signals`, installed by `top-rl`
-  first thing: also when the shell started it with SIGINT ignored, as a background job).
+  first thing: also when the shell started it with SIGINT ignored, as a background job). Schedulers
+  and terminals send them to the whole process group: Ray's own processes are shielded from them
+  (top_rl.local_ray), so the driver can finish. After SIGHUP a console that is a terminal is presumed
+  gone: writes to it would fail (EIO) and stop the run mid-step, so they go to /dev/null instead.
   Checkpoints are written atomically (top_rl.checkpoint), so either way the last complete one is intact.
 
 Test-only fault injection, read only here: TOP_RL_FAULT="point:N[,point:N...]"
@@ -15,11 +18,14 @@ Test-only fault injection, read only here: TOP_RL_FAULT="point:N[,point:N...]"
   kill_in_checkpoint:N  SIGKILL this driver halfway through writing the step-N checkpoint
   kill_engine:N         kill rollout engine 0 while this process's N-th rollout call is in flight
   kill_trainer:N        kill trainer rank 0 while this process's N-th train step is in flight
+  enospc_in_checkpoint:N          the driver's write of the step-N checkpoint fails with ENOSPC (disk full)
+  enospc_in_trainer_checkpoint:N  a trainer rank's N-th shard write fails with ENOSPC
 Unset (always, outside tests), `inject` is a dictionary lookup that does nothing.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import signal
@@ -28,6 +34,8 @@ from collections import Counter
 from pathlib import Path
 
 ENV = "TOP_RL_FAULT"
+# What a user, a scheduler (timeout, Slurm, Kubernetes) or a closing terminal sends to stop a run.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _plan() -> set[tuple[str, int]]:
@@ -43,9 +51,10 @@ _PLAN = _plan()
 _calls: Counter = Counter()
 
 
-def inject(point: str, step: int | None = None, actor=None) -> None:
+def inject(point: str, step: int | None = None, actor=None, path: str | None = None) -> None:
     """Test-only (see module doc): cause the fault TOP_RL_FAULT names for this point, if any. `step`
-    identifies the occurrence; without it, occurrences of `point` in this process are counted."""
+    identifies the occurrence; without it, occurrences of `point` in this process are counted. `path`:
+    the file an enospc_* point fails to write."""
     if not _PLAN:
         return
     if step is None:
@@ -54,6 +63,8 @@ def inject(point: str, step: int | None = None, actor=None) -> None:
     if (point, step) not in _PLAN:
         return
     print(f"[top-rl] {ENV}: injecting {point}:{step}", file=sys.stderr, flush=True)
+    if point.startswith("enospc_"):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
     if actor is None:
         os.kill(os.getpid(), signal.SIGKILL)
     import ray
@@ -105,6 +116,30 @@ _startup_signal: int | None = None
 def _record(signum, frame) -> None:
     global _startup_signal
     _startup_signal = signum
+    if signum == signal.SIGHUP:
+        _detach_terminal()
+
+
+def _detach_terminal() -> None:
+    """SIGHUP: the terminal is presumably gone, and a write to it fails with EIO (see module doc)."""
+    devnull = None
+    for fd in (1, 2):
+        try:
+            if os.isatty(fd):
+                devnull = os.open(os.devnull, os.O_WRONLY) if devnull is None else devnull
+                os.dup2(devnull, fd)
+        except OSError:
+            pass
+    if devnull is not None:
+        os.close(devnull)
+
+
+def _say(message: str) -> None:
+    """A note from a signal handler: it must never raise into the step it interrupted."""
+    try:
+        print(message, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def _interrupt(signum, frame) -> None:
@@ -113,10 +148,10 @@ def _interrupt(signum, frame) -> None:
 
 
 def interrupt_on_signals() -> None:
-    """SIGINT/SIGTERM raise KeyboardInterrupt from now until `RunGuard.catch_signals` takes over: during
-    start-up there is no step to finish, so the run stops at once (and cleanly: RunGuard and top-rl turn
-    it into a message). Also re-arms SIGINT when the process inherited it ignored."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    """SIGINT/SIGTERM/SIGHUP raise KeyboardInterrupt from now until `RunGuard.catch_signals` takes over:
+    during start-up there is no step to finish, so the run stops at once (and cleanly: RunGuard and top-rl
+    turn it into a message). Also re-arms SIGINT when the process inherited it ignored."""
+    for sig in STOP_SIGNALS:
         signal.signal(sig, _interrupt)
 
 
@@ -152,16 +187,18 @@ class RunGuard:
                              exit_code=128 + self.signum)
 
     def _on_signal(self, signum, frame) -> None:
+        if signum == signal.SIGHUP:
+            _detach_terminal()
         if self.signum is not None:  # the second signal: abandon the step now
             raise KeyboardInterrupt
         self.signum = signum
-        print(f"[top-rl] {signal.Signals(signum).name}: finishing the current step, checkpointing it and "
-              "stopping (send it again to abandon the step)", file=sys.stderr, flush=True)
+        _say(f"[top-rl] {signal.Signals(signum).name}: finishing the current step, checkpointing it and stopping "
+             "(send it again to abandon the step)")
 
     def catch_signals(self) -> None:
-        """Take SIGINT/SIGTERM from here on. Call it after Ray has started: Ray's core worker installs
+        """Take the stop signals from here on. Call it after Ray has started: Ray's core worker installs
         a SIGTERM handler of its own (it aborts the process) when it initialises."""
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             try:
                 signal.signal(sig, self._on_signal)
             except ValueError:  # not the main thread (e.g. run() called from a worker thread)
@@ -172,7 +209,7 @@ class RunGuard:
         # Until catch_signals, a signal is only noted: Ray forks its processes while it starts, and Python
         # swallows an exception raised inside an at-fork hook ("Exception ignored in ..."), so raising where
         # the signal lands could let the run go on as if never stopped. catch_signals raises it.
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             try:
                 self._previous[sig] = signal.signal(sig, _record)
             except ValueError:  # not the main thread

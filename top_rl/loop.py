@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from top_rl import checkpoint, faults, preflight, prompts, rng, run_lock
+from top_rl import checkpoint, disk_full, faults, preflight, prompts, rng, run_lock
 from top_rl.cluster import Cluster
 from top_rl.config import RunConfig, kernel_backend
 from top_rl.rl import gate, grpo_advantages
@@ -34,9 +34,10 @@ def run(cfg: RunConfig) -> dict:
     task, model_cfg, max_prompt_len = ready.task, ready.model_cfg, ready.max_prompt_len
     rng.seed(cfg.seed)
     step_cfg = RLStepConfig(loss=cfg.algo.loss, gate=cfg.top, dump_dir=str((run_dir / "parity").resolve()))
-    # One run per run_dir; SIGINT/SIGTERM stop the run after a checkpointed step; a dead trainer stops it
-    # naming the checkpoint.
-    with faults.RunGuard(run_dir) as guard, run_lock.RunLock(run_dir), contextlib.ExitStack() as cleanup:
+    # One run per run_dir; SIGINT/SIGTERM/SIGHUP stop the run after a checkpointed step; a dead trainer stops it
+    # naming the checkpoint; a full disk stops it in one line, before the tracker and Ray shut down.
+    with faults.RunGuard(run_dir) as guard, run_lock.RunLock(run_dir), contextlib.ExitStack() as cleanup, \
+            disk_full.StopOnFullDisk(run_dir):
         state = preflight.confirm_under_lock(cfg, ready)  # None: a fresh run (which never overwrites checkpoints)
         cluster = Cluster(cfg.cluster, kernel_backend=kernel_backend(cfg), attention_backend=cfg.top.attention_backend,
                           rollout_cfg=cfg.rollout, trainer_cfg=dataclasses.replace(cfg.trainer, dtype=cfg.model.dtype),

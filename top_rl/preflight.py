@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from top_rl import checkpoint, config, contract, placement, prompts, tasks
+from top_rl import checkpoint, config, contract, placement, prompts, run_lock, tasks
 from top_rl.checkpoint import ResumeRefused
 from top_rl.config import ConfigError, kernel_backend
 from top_rl.model import family
@@ -175,7 +175,11 @@ def resume_state(cfg, ready: Ready) -> None:
     """A fresh run never overwrites checkpoints; a resume takes the newest checkpoint that verifies and
     refuses changed determinism-relevant settings (top_rl.checkpoint.prepare)."""
     ready.checkpoints_seen = [p.name for p in checkpoint.complete_checkpoints(Path(cfg.run_dir))]
-    ready.state = checkpoint.prepare(Path(cfg.run_dir), cfg)
+    try:
+        ready.state = checkpoint.prepare(Path(cfg.run_dir), cfg)
+    except ResumeRefused:  # judged on a run_dir a live run is writing: that run is the story (RunLock says it)
+        run_lock.refuse_if_held(cfg.run_dir)
+        raise
 
 
 CONFIG_CHECKS = (config_values, task_config, sglang_engines, trainer_layout)

@@ -50,6 +50,33 @@ def _holder(rec: dict) -> str:
     return f"pid {rec.get('pid')} on host {rec.get('host')} (started {rec.get('started')}: {rec.get('command')})"
 
 
+_HELD = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+
+
+def _locked(run_dir: Path, rec: dict) -> RunDirLocked:
+    return RunDirLocked(f"{run_dir} is in use by another top-rl run: {_holder(rec)}. Wait for it to finish or stop "
+                        f"it, or use another run_dir=. (If that process is gone, delete {Path(run_dir) / NAME}.)")
+
+
+def refuse_if_held(run_dir: str | Path) -> None:
+    """Raise RunDirLocked when a live run holds run_dir. Writes nothing: a shared lock is tried and dropped (it
+    conflicts with the holder's exclusive one, and works on a read-only descriptor, also over NFS)."""
+    try:
+        fd = os.open(Path(run_dir) / NAME, os.O_RDONLY)
+    except OSError:
+        return  # no lock file (or unreadable: acquire will say)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in _HELD:
+                raise _locked(Path(run_dir), _read(fd)) from None
+            return
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 class RunLock:
     """`with RunLock(run_dir):` the run; creates run_dir. Leaving removes the lock file, and run_dir too when
     this run created it and left nothing else in it (a run stopped before it wrote anything)."""
@@ -70,11 +97,9 @@ class RunLock:
             except OSError as e:
                 rec = _read(fd)
                 os.close(fd)
-                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                if e.errno in _HELD:
                     self._remove_created_dir()
-                    raise RunDirLocked(
-                        f"{self.run_dir} is in use by another top-rl run: {_holder(rec)}. Wait for it to finish or "
-                        f"stop it, or use another run_dir=. (If that process is gone, delete {self.path}.)") from None
+                    raise _locked(self.run_dir, rec) from None
                 print(f"[top-rl] warning: cannot lock {self.path} ({os.strerror(e.errno)}): this filesystem has no "
                       "file locks, so a second run on this run_dir would not be refused", file=sys.stderr, flush=True)
                 self._fd = os.open(self.path, os.O_RDWR)

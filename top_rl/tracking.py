@@ -177,5 +177,14 @@ class Tracker:
     def __enter__(self) -> "Tracker":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is None:
+            self.close()
+            return
+        try:  # the run is already failing (a full disk, a dead actor): closing must not replace its error
+            self.close()
+        except Exception as e:  # noqa: BLE001
+            try:
+                print(f"[top-rl] could not close the run's tracking ({type(e).__name__}: {e})", flush=True)
+            except OSError:
+                pass

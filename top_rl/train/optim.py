@@ -33,13 +33,29 @@ def _is_tp_replicated(param) -> bool:
     return not getattr(param, "tensor_model_parallel", False)
 
 
-class _LrMixin:
+# Per-group hyperparameters the run's config sets. An optimizer's saved state carries them too (torch and
+# Megatron save param_groups whole), but they belong to this run's config: a resume with
+# resume_allow_changes=true trainer.lr=... must train at the new lr, not the checkpoint's.
+CONFIG_HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay")
+
+
+class _ConfigHyperparameters:
     def set_lr(self, lr: float) -> None:
         for group in self.opt.param_groups:
             group["lr"] = lr
 
+    def _config_hyperparameters(self) -> list[dict]:
+        return [{k: g[k] for k in CONFIG_HYPERPARAMETERS if k in g} for g in self.opt.param_groups]
 
-class CpuAdamW(_LrMixin):
+    def load_state_dict(self, sd: dict) -> None:
+        """The saved moments and master weights, under this optimizer's own hyperparameters (see above)."""
+        mine = self._config_hyperparameters()
+        self._load_state(sd)
+        for group, hyper in zip(self.opt.param_groups, mine, strict=True):
+            group.update(hyper)
+
+
+class CpuAdamW(_ConfigHyperparameters):
     def __init__(self, model: torch.nn.Module, cfg, layout: Layout):
         self.layout, self.cfg = layout, cfg
         self.g = groups()
@@ -133,14 +149,14 @@ class CpuAdamW(_LrMixin):
         return {"adamw": copy.deepcopy(self.opt.state_dict()),
                 "master": {n: self.master[n].detach().clone() for n in separate}}
 
-    def load_state_dict(self, sd: dict) -> None:
+    def _load_state(self, sd: dict) -> None:
         with torch.no_grad():
             for n, t in sd["master"].items():
                 self.master[n].copy_(t)
         self.opt.load_state_dict(copy.deepcopy(sd["adamw"]))
 
 
-class MegatronAdam(_LrMixin):
+class MegatronAdam(_ConfigHyperparameters):
     """GPU path: Megatron DDP (fp32 grad buffers, summed over DP x CP) + Megatron's Adam/mixed precision."""
 
     def __init__(self, model: torch.nn.Module, cfg, layout: Layout, tc):
@@ -190,5 +206,5 @@ class MegatronAdam(_LrMixin):
     def state_dict(self) -> dict:
         return {"megatron": self.opt.state_dict()}
 
-    def load_state_dict(self, sd: dict) -> None:
+    def _load_state(self, sd: dict) -> None:
         self.opt.load_state_dict(sd["megatron"])
