@@ -111,6 +111,17 @@ def test_check_compatible_lists_keys_and_allow_changes_overrides():
         "rollout.n_samples: checkpoint 4 -> now 8", "seed: checkpoint 0 -> now 1"]
 
 
+def test_a_setting_newer_than_the_checkpoint_is_a_notice_not_a_change(capsys):
+    """A key the checkpoint's config lacks (added to top-rl since, e.g. task.max_row_bytes) keeps the old behaviour by
+    default: the resume goes on, naming it; a key the checkpoint has and the run changed is still refused."""
+    saved = {"task": {"name": "gsm8k", "path": "d.jsonl"}, "seed": 0}
+    now = {"task": {"name": "gsm8k", "path": "d.jsonl", "max_row_bytes": 1048576}, "seed": 0}
+    assert checkpoint.check_compatible(saved, now, allow_changes=False) == []
+    assert "predates these settings; resuming with their values: task.max_row_bytes=1048576" in capsys.readouterr().out
+    with pytest.raises(ResumeRefused, match=r"task\.path: checkpoint 'd.jsonl' -> now 'e.jsonl'"):
+        checkpoint.check_compatible(saved, {"task": {**now["task"], "path": "e.jsonl"}, "seed": 0}, allow_changes=False)
+
+
 def test_allowed_changes_are_applied_or_refused_never_ignored():
     """Issue 24: under resume_allow_changes=true a key whose value the checkpoint supplies (the model, the trainer's
     RNG seed) would be logged as changed and silently ignored: refused, naming it. Optimizer settings are applied."""

@@ -253,6 +253,7 @@ def prepare(run_dir: Path, cfg) -> dict | None:
 def check_compatible(saved: dict, current: dict, allow_changes: bool) -> list[str]:
     """Config keys that differ between the checkpoint and this run (outside RESUME_FREE_KEYS)."""
     diffs: list[str] = []
+    newer: list[str] = []  # settings added to top-rl after the checkpoint was written
 
     def walk(a, b, prefix):
         for k in sorted(set(a) | set(b)):
@@ -262,10 +263,15 @@ def check_compatible(saved: dict, current: dict, allow_changes: bool) -> list[st
             va, vb = a.get(k, "<absent>"), b.get(k, "<absent>")
             if isinstance(va, dict) and isinstance(vb, dict):
                 walk(va, vb, key + ".")
+            elif k not in a:  # a new setting keeps the old behaviour by default: a notice, not a change
+                newer.append(f"{key}={vb!r}")
             elif va != vb:
                 diffs.append(f"{key}: checkpoint {va!r} -> now {vb!r}")
 
     walk(saved, current, "")
+    if newer:
+        print("[top-rl] the checkpoint predates these settings; resuming with their values: " + ", ".join(newer),
+              flush=True)
     fixed = [f"{d} ({why})" for d in diffs for key, why in RESUME_FROM_CHECKPOINT.items()
              if d.split(":", 1)[0] == key or key.endswith(".") and d.startswith(key)]
     if fixed and allow_changes:
