@@ -109,13 +109,22 @@ def _triton_prefill(q, k, v, batch: PackedBatch, scale, want_lse):
     return o, None  # the kernel does not return its log-sum-exp
 
 
+def decode_kv_indices(kv_indptr: torch.Tensor, b: int, max_len: int) -> torch.Tensor:
+    """_token_indices for a decode batch, without reading the lengths on the host: entry kv_indptr[r] + j is
+    r * max_len + j for j < lengths[r]. Fixed size b * max_len; the kernel reads only entries below kv_indptr[b], so
+    the tail is filler. (A host read per layer would stall the GPU queue, and a CUDA graph cannot hold one.)"""
+    flat = torch.arange(b * max_len, device=kv_indptr.device)
+    row = torch.searchsorted(kv_indptr[1:].long(), flat, right=True).clamp_(max=b - 1)
+    return row * max_len + flat - kv_indptr[row]
+
+
 def _triton_decode(q, k_cache, v_cache, lengths, scale):
     _, decode = _triton_ops()
     b, max_len = k_cache.shape[:2]
     lengths = lengths.to(torch.int32)
     kv_indptr = torch.zeros(b + 1, dtype=torch.int32, device=q.device)
     kv_indptr[1:] = torch.cumsum(lengths, 0)
-    kv_indices = _token_indices(lengths.long(), max_len)
+    kv_indices = decode_kv_indices(kv_indptr, b, max_len)
     num_kv_splits = ((lengths + TRITON_DECODE_SPLIT - 1) // TRITON_DECODE_SPLIT).to(torch.int32)
     # The engine sizes this by its context length; it is only a loop bound over (skipped) empty splits.
     max_kv_splits = max(1, -(-max_len // TRITON_DECODE_SPLIT))
