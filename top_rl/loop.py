@@ -26,6 +26,16 @@ def sample_seed(run_seed: int, step: int, index: int) -> int:
     return mix_seed(run_seed, step) * 65_537 + index
 
 
+def rollout_metrics(samples, seconds: float) -> dict:
+    """What any engine's rollout gave: response lengths, the share cut by max_new_tokens, generated tokens per second
+    of the rollout call (the generate wall time seen by the driver, Ray included)."""
+    lengths = [len(s.response_ids) for s in samples]
+    return {"rollout/response_len_mean": sum(lengths) / len(lengths), "rollout/response_len_max": max(lengths),
+            "rollout/response_len_min": min(lengths),
+            "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
+            "perf/rollout_tokens_per_s": sum(lengths) / seconds if seconds > 0 else float("nan")}
+
+
 def run(cfg: RunConfig) -> dict:
     run_dir = Path(cfg.run_dir)
     # Every refusal comes before Ray, wandb or any file write (a refused run leaves no run_dir behind).
@@ -88,7 +98,7 @@ def run(cfg: RunConfig) -> dict:
             last = {
                 **report.parity,
                 "rollout/reward_mean": float(rewards.mean()),
-                "rollout/response_len_mean": sum(len(s.response_ids) for s in samples) / len(samples),
+                **rollout_metrics(samples, t_rollout),
                 **prompt_counts,
                 "data/rows_skipped": getattr(task, "skipped", 0),
                 **{f"train/{k}": v for k, v in report.losses.items()},
