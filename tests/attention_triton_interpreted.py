@@ -37,7 +37,7 @@ def main(path):
     decode = attn.decode_attention(dq, kc, vc, lengths, D**-0.5)
     device_built = attn.decode_kv_indices
     attn.decode_kv_indices = lambda indptr, rows, stride: attn._token_indices((indptr[1:] - indptr[:-1]).long(), stride)
-    decode_host_indices = attn.decode_attention(dq, kc, vc, lengths, D**-0.5)
+    decode_host_indices = attn.decode_attention(dq, kc, vc, lengths.clone(), D**-0.5)  # a new tensor: new metadata
     attn.decode_kv_indices = device_built
     torch.save({
         "outs": outs,

@@ -176,6 +176,24 @@ def test_flashinfer_ragged_prefill_is_fa2(fake_fi, monkeypatch):
     assert s.prefill.runs[0][1]["causal"] is True
 
 
+def test_decode_reads_its_lengths_once_per_forward(fake_fi, monkeypatch):
+    """Every layer of a decode forward gets the same lengths tensor: flashinfer's plan key reads it to the host once
+    (not once per layer), again only for another tensor or after an in-place change."""
+    reads = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(1) or tolist(t))
+    b, max_len, hq, hkv, d = 3, 6, 4, 2, 8
+    q, kc, vc = torch.randn(b, hq, d), torch.randn(b, max_len, hkv, d), torch.randn(b, max_len, hkv, d)
+    lengths = torch.tensor([1, 6, 4])
+    for _layer in range(5):
+        attn.decode_attention(q, kc, vc, lengths, 0.5)
+    assert len(reads) == 1
+    attn.decode_attention(q, kc, vc, lengths.clone(), 0.5)
+    lengths.sub_(torch.tensor([0, 1, 0]))
+    attn.decode_attention(q, kc, vc, lengths, 0.5)
+    assert len(reads) == 3 and attn.FlashinferState.get("cpu").plan_count["decode"] == 2
+
+
 def test_flashinfer_decode_plan(fake_fi):
     b, max_len, hq, hkv, d = 3, 6, 4, 2, 8
     q = torch.randn(b, hq, d)

@@ -32,6 +32,7 @@ import functools
 import importlib
 import os
 import warnings
+import weakref
 
 import torch
 
@@ -67,6 +68,28 @@ def attention_backend() -> str:
     if name not in BACKENDS:
         raise ValueError(f"{ENV_VAR}={name!r} is not in the TOP contract's {BACKENDS}")
     return name
+
+
+class DecodeMeta:
+    """What a decode step's kernels derive from its lengths tensor (kv indptr and indices, split counts, the host
+    copy flashinfer plans with), built once for all layers: every layer of a forward gets the same tensor
+    (Qwen3.forward's kv_lens). Held weakly with its version, so a freed or rewritten tensor never matches; inference
+    tensors (no version counter) are derived anew each call."""
+
+    def __init__(self):
+        self._source, self._version, self._items = None, None, {}
+
+    def get(self, lengths: torch.Tensor, key, build):
+        if lengths.is_inference():
+            return build()
+        if self._source is None or self._source() is not lengths or self._version != lengths._version:
+            self._source, self._version, self._items = weakref.ref(lengths), lengths._version, {}
+        if key not in self._items:
+            self._items[key] = build()
+        return self._items[key]
+
+
+_decode_meta = DecodeMeta()
 
 
 def _lengths(cu_seqlens: torch.Tensor) -> torch.Tensor:
@@ -118,14 +141,19 @@ def decode_kv_indices(kv_indptr: torch.Tensor, b: int, max_len: int) -> torch.Te
     return row * max_len + flat - kv_indptr[row]
 
 
+def _triton_decode_meta(lengths: torch.Tensor, b: int, max_len: int):
+    lengths = lengths.to(torch.int32)
+    kv_indptr = torch.zeros(b + 1, dtype=torch.int32, device=lengths.device)
+    kv_indptr[1:] = torch.cumsum(lengths, 0)
+    num_kv_splits = ((lengths + TRITON_DECODE_SPLIT - 1) // TRITON_DECODE_SPLIT).to(torch.int32)
+    return kv_indptr, decode_kv_indices(kv_indptr, b, max_len), num_kv_splits
+
+
 def _triton_decode(q, k_cache, v_cache, lengths, scale):
     _, decode = _triton_ops()
     b, max_len = k_cache.shape[:2]
-    lengths = lengths.to(torch.int32)
-    kv_indptr = torch.zeros(b + 1, dtype=torch.int32, device=q.device)
-    kv_indptr[1:] = torch.cumsum(lengths, 0)
-    kv_indices = decode_kv_indices(kv_indptr, b, max_len)
-    num_kv_splits = ((lengths + TRITON_DECODE_SPLIT - 1) // TRITON_DECODE_SPLIT).to(torch.int32)
+    kv_indptr, kv_indices, num_kv_splits = _decode_meta.get(
+        lengths, ("triton", b, max_len), lambda: _triton_decode_meta(lengths.to(q.device), b, max_len))
     # The engine sizes this by its context length; it is only a loop bound over (skipped) empty splits.
     max_kv_splits = max(1, -(-max_len // TRITON_DECODE_SPLIT))
     hq, dv = q.shape[1], v_cache.shape[-1]
@@ -221,8 +249,9 @@ class FlashinferState:
 
     def run_decode(self, q, k_cache, v_cache, lengths, scale):
         b, max_len, hkv, d = k_cache.shape
+        host = _decode_meta.get(lengths, "host", lambda: tuple(lengths.tolist()))  # one read per forward, not per layer
         lengths = lengths.to(torch.int32)
-        key = (tuple(lengths.tolist()), max_len, q.shape[1], hkv, d, q.dtype, k_cache.dtype)
+        key = (host, max_len, q.shape[1], hkv, d, q.dtype, k_cache.dtype)
         if self._needs_plan("decode", key):
             indptr = torch.zeros(b + 1, dtype=torch.int32, device=q.device)
             indptr[1:] = torch.cumsum(lengths, 0)

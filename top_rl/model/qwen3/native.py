@@ -51,7 +51,7 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(2 * cfg.intermediate_size, h, dtype=policy.compute))
         self.down_proj = nn.Parameter(torch.empty(h, cfg.intermediate_size, dtype=policy.compute))
 
-    def attention(self, u, positions, cos_sin, cu_seqlens, cache, layer, slots):
+    def attention(self, u, positions, cos_sin, cu_seqlens, cache, layer, slots, kv_lens=None):
         cfg, c = self.cfg, self.policy.compute
         t = u.shape[0]
         qkv = kernels.linear(u.to(c), self.qkv_proj)
@@ -70,16 +70,16 @@ class DecoderLayer(nn.Module):
         else:  # decode: one token per slot at position lengths[slot]
             cache.write(layer, cache.all_rows if slots is None else slots, positions, k, v)
             k_cache, v_cache = cache.read(layer, slots)
-            out = kernels.decode_attention(q, k_cache, v_cache, positions + 1, scale)
+            out = kernels.decode_attention(q, k_cache, v_cache, kv_lens, scale)
         return kernels.row_linear(out.reshape(t, -1), self.o_proj)
 
-    def forward(self, h, residual, positions, cos_sin, cu_seqlens, cache, layer, slots):
+    def forward(self, h, residual, positions, cos_sin, cu_seqlens, cache, layer, slots, kv_lens=None):
         eps, fp32 = self.cfg.rms_norm_eps, self.policy.norm_output
         if residual is None:  # layer 0: the embedding is both the norm input and the residual
             u, residual = kernels.rms_norm(h, self.input_layernorm, eps, out_dtype=fp32), h
         else:
             u, residual = kernels.rms_norm(h, self.input_layernorm, eps, residual, out_dtype=fp32)
-        a = self.attention(u, positions, cos_sin, cu_seqlens, cache, layer, slots)
+        a = self.attention(u, positions, cos_sin, cu_seqlens, cache, layer, slots, kv_lens)
         u, residual = kernels.rms_norm(a, self.post_attention_layernorm, eps, residual, out_dtype=fp32)
         g = kernels.linear(u.to(self.policy.compute), self.gate_up_proj)
         d = kernels.row_linear(kernels.silu_and_mul(g), self.down_proj)
@@ -160,11 +160,14 @@ class Qwen3(nn.Module):
                 seq_slots = slots if slots is not None else cache.all_rows[: len(batch.lengths)]
                 slots = torch.repeat_interleave(seq_slots, cu_seqlens[1:] - cu_seqlens[:-1],
                                                 output_size=batch.num_tokens)
+        # decode: each row's key count, one tensor for every layer (the attention kernels derive their per-step
+        # metadata from it once per forward)
+        kv_lens = positions + 1 if cache is not None and cu_seqlens is None else None
         h = self.embed_tokens[input_ids]  # fp32 gather (§4.1)
         residual = None
         cos_sin = self.rope_table()
         for i, layer in enumerate(self.layers):
-            h, residual = layer(h, residual, positions, cos_sin, cu_seqlens, cache, i, slots)
+            h, residual = layer(h, residual, positions, cos_sin, cu_seqlens, cache, i, slots, kv_lens)
         if logit_rows is not None:
             h, residual = h[logit_rows], residual[logit_rows]
         u, _ = kernels.rms_norm(h, self.norm, self.cfg.rms_norm_eps, residual, out_dtype=self.policy.norm_output)
