@@ -17,13 +17,8 @@ from top_rl.cluster import Cluster
 from top_rl.config import RunConfig, kernel_backend
 from top_rl.rl import gate, grpo_advantages
 from top_rl.rl.batch import RLBatch, RLSample, RLStepConfig
-from top_rl.rollout.base import SamplingParams, mix_seed
+from top_rl.rollout.base import SamplingParams, sample_seed
 from top_rl.tracking import Tracker
-
-
-def sample_seed(run_seed: int, step: int, index: int) -> int:
-    """Each sample's sampling seed: a pure function of (run seed, step, position in the step)."""
-    return mix_seed(run_seed, step) * 65_537 + index
 
 
 def rollout_metrics(samples, seconds: float) -> dict:
