@@ -32,12 +32,11 @@ import functools
 import importlib
 import os
 import warnings
-import weakref
 
 import torch
 
 from top_rl.contract import DEFAULT
-from top_rl.kernels.packed_batch import PackedBatch, packed_batch
+from top_rl.kernels.packed_batch import DecodeMeta, PackedBatch, packed_batch
 
 ENV_VAR = "TOP_RL_ATTENTION_BACKEND"
 BACKENDS = DEFAULT.attention_backends
@@ -68,25 +67,6 @@ def attention_backend() -> str:
     if name not in BACKENDS:
         raise ValueError(f"{ENV_VAR}={name!r} is not in the TOP contract's {BACKENDS}")
     return name
-
-
-class DecodeMeta:
-    """What a decode step's kernels derive from its lengths tensor (kv indptr and indices, split counts, the host
-    copy flashinfer plans with), built once for all layers: every layer of a forward gets the same tensor
-    (Qwen3.forward's kv_lens). Held weakly with its version, so a freed or rewritten tensor never matches; inference
-    tensors (no version counter) are derived anew each call."""
-
-    def __init__(self):
-        self._source, self._version, self._items = None, None, {}
-
-    def get(self, lengths: torch.Tensor, key, build):
-        if lengths.is_inference():
-            return build()
-        if self._source is None or self._source() is not lengths or self._version != lengths._version:
-            self._source, self._version, self._items = weakref.ref(lengths), lengths._version, {}
-        if key not in self._items:
-            self._items[key] = build()
-        return self._items[key]
 
 
 _decode_meta = DecodeMeta()
