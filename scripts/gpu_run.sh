@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one entry point on the lent GPU machine (device `run` tool, carry=[".gpu_bundle/core", ...]):
-#   bash scripts/gpu_run.sh [all|tests|bench|bench-trainer|e2e|none]   (none: only the install, for a command of your own)
+#   bash scripts/gpu_run.sh [all|tests|bench|bench-trainer|bench-rollout|e2e|none]   (none: only the install)
 # installs the wheels of .gpu_bundle/ (made here by scripts/gpu_bundle.sh) into a private target dir,
 # runs `pytest tests/gpu` and bench/*.py, and writes logs plus summary.md to $OUT (at most 8 files come
 # back). Each stage has its own timeout so the summary is written even when one stage hangs; the whole
@@ -9,7 +9,9 @@
 # `bench-trainer` (its own call: ~5-8 minutes) runs bench/trainer_step.py, TOP trainer vs stock Megatron-core
 # (TOP_RL_BENCH_QUICK=1 or TOP_RL_BENCH_MODELS=qwen3-0.6b: one model; TOP_RL_BENCH_ARGS: more flags of
 # bench/trainer_step.py; TOP_RL_BENCH_BUDGET_S: when it stops
-# starting workers, default 420).
+# starting workers, default 420). `bench-rollout` (its own call: ~3-6 minutes) runs bench/rollout.py, the native
+# engine's generated tok/s and ms per decode step at the 0.6B and 4B shapes (TOP_RL_BENCH_ROLLOUT_ARGS: more flags,
+# e.g. "--models qwen3-0.6b --modes graph" or "--sglang-python PY" for the live-server rows).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -139,6 +141,20 @@ if [[ "$WHAT" == bench-trainer ]]; then
     sed -n '/^# Final/,$p' "$OUT/bench_trainer_step.log" >>"$OUT/summary.md"
   else  # killed before its final table: keep what it printed as it went
     tail -c 9000 "$OUT/bench_trainer_step.log" >>"$OUT/summary.md"
+  fi
+fi
+
+if [[ "$WHAT" == bench-rollout ]]; then
+  # shellcheck disable=SC2086  # TOP_RL_BENCH_ROLLOUT_ARGS: extra flags of bench/rollout.py
+  timeout "${BENCH_ROLLOUT_TIMEOUT:-540}" "$PY" bench/rollout.py --out "$OUT" ${TOP_RL_BENCH_ROLLOUT_ARGS:-} \
+    >"$OUT/bench_rollout.log" 2>&1
+  rc=$?
+  echo "bench rollout exit code: $rc ($(( $(date +%s) - T0 )) s since start)" >>"$OUT/summary.md"
+  if [[ -f "$OUT/rollout.md" ]]; then
+    { echo; cat "$OUT/rollout.md"; } >>"$OUT/summary.md"
+  else  # killed before its table: keep the rows it printed as it went
+    grep "^\[bench\]" "$OUT/bench_rollout.log" | tail -n 40 >>"$OUT/summary.md"
+    tail -n 15 "$OUT/bench_rollout.log" >>"$OUT/summary.md"
   fi
 fi
 

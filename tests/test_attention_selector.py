@@ -51,6 +51,21 @@ def test_token_indices():
     assert attn._token_indices(lengths, 5).tolist() == [0, 1, 2, 10, 11]
 
 
+def test_decode_kv_indices_built_on_the_device_begin_with_the_host_ones():
+    """The decode kernel reads entries [0, kv_indptr[b]) of kv_indices: those must be _token_indices', whatever the
+    lengths (zeros, a full row, the last row empty); the rest of the fixed b * max_len is never read."""
+    g = torch.Generator().manual_seed(0)
+    for lengths in ([3, 0, 2], [5, 5, 5], [1, 4, 0], [0, 0, 1], *(torch.randint(0, 9, (6,), generator=g).tolist()
+                                                                  for _ in range(20))):
+        lengths = torch.tensor(lengths)
+        max_len = max(int(lengths.max()), 1) + 2
+        indptr = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+        indptr[1:] = torch.cumsum(lengths, 0)
+        got = attn.decode_kv_indices(indptr, len(lengths), max_len)
+        assert got.shape == (len(lengths) * max_len,) and got.dtype == torch.int64
+        assert torch.equal(got[: int(lengths.sum())], attn._token_indices(lengths, max_len))
+
+
 class _Wrapper:
     def __init__(self, kind, workspace, layout, **kw):
         self.kind, self.workspace, self.layout, self.kw = kind, workspace, layout, kw
@@ -159,6 +174,24 @@ def test_flashinfer_ragged_prefill_is_fa2(fake_fi, monkeypatch):
     args, kw = s.prefill.plans[0]
     assert args[0].tolist() == args[1].tolist() == [0, 2, 7] and kw["fixed_split_size"] == 4096
     assert s.prefill.runs[0][1]["causal"] is True
+
+
+def test_decode_reads_its_lengths_once_per_forward(fake_fi, monkeypatch):
+    """Every layer of a decode forward gets the same lengths tensor: flashinfer's plan key reads it to the host once
+    (not once per layer), again only for another tensor or after an in-place change."""
+    reads = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(1) or tolist(t))
+    b, max_len, hq, hkv, d = 3, 6, 4, 2, 8
+    q, kc, vc = torch.randn(b, hq, d), torch.randn(b, max_len, hkv, d), torch.randn(b, max_len, hkv, d)
+    lengths = torch.tensor([1, 6, 4])
+    for _layer in range(5):
+        attn.decode_attention(q, kc, vc, lengths, 0.5)
+    assert len(reads) == 1
+    attn.decode_attention(q, kc, vc, lengths.clone(), 0.5)
+    lengths.sub_(torch.tensor([0, 1, 0]))
+    attn.decode_attention(q, kc, vc, lengths, 0.5)
+    assert len(reads) == 3 and attn.FlashinferState.get("cpu").plan_count["decode"] == 2
 
 
 def test_flashinfer_decode_plan(fake_fi):
@@ -283,10 +316,11 @@ def test_lse_for_flash_is_natural_log_heads_first():
     assert torch.allclose(out, lse2.t() * torch.log(torch.tensor(2.0)))
 
 
-def test_triton_prefill_through_the_seam_in_triton_interpreter(tmp_path):
+def test_triton_prefill_and_decode_through_the_seam_in_triton_interpreter(tmp_path):
     """SGLang's own triton extend kernel, run by Triton's CPU interpreter through `kernels.attention` with the
     trainer's int32 cu_seqlens: the arguments built from the PackedBatch (indptrs, kv indices, prefix lengths,
-    max length) give causal per-sequence attention (fp64 reference), and three layers read cu_seqlens once."""
+    max length) give causal per-sequence attention (fp64 reference), and three layers read cu_seqlens once. Its
+    decode kernel through `kernels.decode_attention`: the same bits with device-built and host-built kv indices."""
     pytest.importorskip("triton")
     pytest.importorskip("sglang")
     root = pathlib.Path(__file__).resolve().parent.parent
@@ -300,6 +334,9 @@ def test_triton_prefill_through_the_seam_in_triton_interpreter(tmp_path):
     for out in r["outs"]:
         assert out.shape == r["reference"].shape
         torch.testing.assert_close(out.double(), r["reference"], rtol=0, atol=1e-5)
+    # decode: kv indices built on the device give the host-built ones' bits, and attention over each row's prefix
+    assert torch.equal(r["decode"], r["decode_host_indices"])
+    torch.testing.assert_close(r["decode"].double(), r["decode_reference"], rtol=0, atol=1e-5)
 
 
 def test_flash_backward_falling_back_mid_step_keeps_recompute_consistent(monkeypatch):

@@ -81,6 +81,17 @@ def test_settings_the_loop_cannot_run_are_refused_naming_the_key():
         compose(["cluster.weight_transport=nccl"])
 
 
+def test_a_seed_whose_sampling_seeds_leave_int64_is_refused():
+    """Sampling seeds go to SGLang's sampler as an int64 tensor: a run seed that would overflow it is refused at
+    start (it failed at the first rollout), naming the bound."""
+    with pytest.raises(ConfigError, match=r"seed=1000000000000: this run's sampling seeds .* outside int64 \(SGLang's "
+                                          r"sampling_seed\); use a seed with \|seed\| < 140734918"):
+        compose(["seed=1000000000000"])
+    with pytest.raises(ConfigError, match=r"seed=-1000000000000: .* outside int64"):
+        compose(["seed=-1000000000000"])
+    compose(["seed=140000000"])
+
+
 def test_decode_logprobs_on_gpu_kernels_are_refused_before_start():
     """triton's decode kernel reduces differently from its extend kernel (measured on the H200), so the
     sampler's own log-probs would fail the gate at step 1: refused, with the reason and the fix."""

@@ -13,6 +13,25 @@ pytestmark = pytest.mark.slow
 SMALL = ["rollout.prompts_per_step=4", "rollout.n_samples=4", "cluster.torch_threads=1"]
 
 
+ROLLOUT_KEYS = {"perf/rollout_tokens_per_s", "rollout/response_len_mean", "rollout/response_len_max",
+                "rollout/response_len_min", "rollout/truncated_frac"}
+
+
+def _wandb_history_keys(path) -> set[str]:
+    """Every key of every history row in an offline wandb run file (read with wandb's own protobufs)."""
+    from wandb.proto import wandb_internal_pb2
+
+    from top_rl import wandb_history
+
+    keys = set()
+    for raw in wandb_history.records(path):
+        rec = wandb_internal_pb2.Record()
+        rec.ParseFromString(raw)
+        if rec.WhichOneof("record_type") == "history":
+            keys |= {it.key or "/".join(it.nested_key) for it in rec.history.item}
+    return keys
+
+
 def _run(tmp_path, *overrides, timeout=300):
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     out = subprocess.run([sys.executable, "-m", "top_rl.cli", f"run_dir={tmp_path}", *SMALL, *overrides],
@@ -31,8 +50,13 @@ def test_top_job_gates_every_step(tmp_path):
         for key in REQUIRED_KEYS:  # what the docs promise in every row
             assert key in r, key
         assert r["train/train_rollout_logprob_abs_diff"] == 0.0 and r["train/ess_ratio"] == 1.0
-    assert "step 3 | reward" in out.stdout  # the console line
-    assert list((tmp_path / "wandb").glob("offline-run-*")), "wandb offline run missing"
+        # the rollout metrics every engine reports (issue 23): 4 prompts x 4 samples, max_new_tokens 4
+        assert 1 <= r["rollout/response_len_min"] <= r["rollout/response_len_mean"] <= r["rollout/response_len_max"] <= 4
+        assert r["rollout/truncated_frac"] in {k / 16 for k in range(17)} and r["perf/rollout_tokens_per_s"] > 0
+    assert "step 3 | reward" in out.stdout and " | len " in out.stdout and " tok/s" in out.stdout  # the console line
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert runs, "wandb offline run missing"
+    assert ROLLOUT_KEYS <= _wandb_history_keys(next(runs[0].glob("run-*.wandb")))
     assert list((tmp_path / "checkpoints").glob("step_000003")), "final checkpoint missing"
 
 

@@ -72,3 +72,25 @@ def test_plain_backend_decode_and_prefill_differ():
             diffs += sum(not torch.equal(p, torch.tensor(s.sample_logprobs, dtype=p.dtype))
                          for p, s in zip(packed, samples))
         assert diffs > 0
+
+
+def test_scoring_in_token_budget_chunks_and_logits_of_chosen_rows_change_no_bit():
+    """sequence_logprobs packs sequences into calls of at most max_tokens tokens (token_budget_chunks) and computes
+    the logits of the scored rows only: the same bits as one call over everything, and as all logits indexed."""
+    from top_rl.model import pack
+    from top_rl.model.packing import token_budget_chunks
+
+    assert token_budget_chunks([3, 4, 2, 9, 1], 7) == [range(0, 2), range(2, 3), range(3, 4), range(4, 5)]
+    assert token_budget_chunks([3, 4], 100) == [range(0, 2)] and token_budget_chunks([], 5) == []
+    with kernels.use_backend("reference"):
+        model = tiny_model("bfloat16", seed=4)
+        seqs = random_sequences(9, 3, 20, model.cfg.vocab_size, 8)
+        starts = [2] * len(seqs)
+        for temperature in (None, 0.8):
+            whole = sequence_logprobs(model, seqs, starts, temperature, max_tokens=10_000)
+            chunked = sequence_logprobs(model, seqs, starts, temperature, max_tokens=25)
+            assert all(torch.equal(a, b) for a, b in zip(whole, chunked))
+        ids, pos, cu = pack(seqs)
+        rows = torch.tensor([0, 5, 17, int(cu[-1]) - 1])
+        with torch.no_grad():
+            assert torch.equal(model(ids, pos, cu, logit_rows=rows), model(ids, pos, cu)[rows])

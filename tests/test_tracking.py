@@ -123,3 +123,20 @@ def test_resume_restores_wandb_history_from_jsonl_and_never_logs_a_step_twice(tm
     assert "restored" not in capsys.readouterr().out
     assert _wandb_steps(run_dir, rid) == ([1, 2, 3, 4, 5, 6], 2)
     assert _steps(run_dir) == [1, 2, 3, 4, 5, 6]
+
+
+def test_rollout_metrics_and_their_console_line(capsys):
+    """Issue 23: what any engine's rollout gave (lengths, the share finished by max_new_tokens, tokens per second of the
+    rollout call), from its samples alone, and shown on the console line."""
+    from top_rl.loop import rollout_metrics
+    from top_rl.rollout.base import RolloutSample
+
+    def sample(n, finish):
+        return RolloutSample([1], list(range(n)), [0.0] * n, [0.0] * n, finish, 0)
+
+    m = rollout_metrics([sample(4, "length"), sample(1, "stop"), sample(2, "stop"), sample(4, "length")], 0.5)
+    assert m == {"rollout/response_len_mean": 2.75, "rollout/response_len_max": 4, "rollout/response_len_min": 1,
+                 "rollout/truncated_frac": 0.5, "perf/rollout_tokens_per_s": 22.0}
+    line = Tracker.console_line({"step": 3, **_row(3), "train/train_rollout_kl": 0.0, **m})
+    assert line == ("step 3 | reward 0.3 | abs_diff 0.0 | ess 1.0 | kl 0.0 | len 2.75 | truncated 0.5 | step 1.50s | "
+                    "rollout 0.25s | 22 tok/s")

@@ -166,6 +166,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         errors.append(f"top.contract={cfg.top.contract} names DeepGEMM, which only top.kernels=sglang runs (the "
                       f"{kernel_backend(cfg)} kernels compute their own GEMM); set top.kernels=sglang (a Hopper GPU "
                       f"with deep_gemm) or top.contract={contract.DEFAULT.name}")
+    errors += _seed_errors(cfg, batch)
     if not isinstance(cfg.task, dict) or "name" not in cfg.task:
         errors.append("task must be a mapping with a 'name' (pick a group: task=arith | gsm8k | dapo)")
     if errors:
@@ -186,6 +187,19 @@ def _dropped_keys(node, obj, prefix: str = ""):
                 yield f"{prefix}{key}"
             elif isinstance(child, DictConfig):
                 yield from _dropped_keys(child, getattr(obj, key), f"{prefix}{key}.")
+
+
+def _seed_errors(cfg: RunConfig, batch: int) -> list[str]:
+    """Every sampling seed of the run (rollout.base.sample_seed over its steps and samples) must fit SGLang's int64
+    sampling_seed: the native engine and a server both refuse one that does not, mid-run."""
+    from top_rl.rollout.base import sample_seed
+
+    ends = (sample_seed(cfg.seed, 0, 0), sample_seed(cfg.seed, max(cfg.steps, 1) - 1, batch - 1))
+    if all(-(2**63) <= s < 2**63 for s in ends):
+        return []
+    limit = ((2**63 - batch) // 65_537 - max(cfg.steps, 1)) // 1_000_003
+    return [f"seed={cfg.seed}: this run's sampling seeds (seed, step, sample) reach {max(ends, key=abs)}, outside "
+            f"int64 (SGLang's sampling_seed); use a seed with |seed| < {limit}"]
 
 
 def from_hydra(dict_cfg) -> RunConfig:

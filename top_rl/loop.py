@@ -17,14 +17,19 @@ from top_rl.cluster import Cluster
 from top_rl.config import RunConfig, kernel_backend
 from top_rl.rl import gate, grpo_advantages
 from top_rl.rl.batch import RLBatch, RLSample, RLStepConfig
-from top_rl.rollout.base import SamplingParams, mix_seed
+from top_rl.rollout.base import SamplingParams, sample_seed
 from top_rl.rollout.sglang_plan import initial_policy_dir
 from top_rl.tracking import Tracker
 
 
-def sample_seed(run_seed: int, step: int, index: int) -> int:
-    """Each sample's sampling seed: a pure function of (run seed, step, position in the step)."""
-    return mix_seed(run_seed, step) * 65_537 + index
+def rollout_metrics(samples, seconds: float) -> dict:
+    """What any engine's rollout gave: response lengths, the share cut by max_new_tokens, generated tokens per second
+    of the rollout call (the generate wall time seen by the driver, Ray included)."""
+    lengths = [len(s.response_ids) for s in samples]
+    return {"rollout/response_len_mean": sum(lengths) / len(lengths), "rollout/response_len_max": max(lengths),
+            "rollout/response_len_min": min(lengths),
+            "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
+            "perf/rollout_tokens_per_s": sum(lengths) / seconds if seconds > 0 else float("nan")}
 
 
 def run(cfg: RunConfig) -> dict:
@@ -91,7 +96,7 @@ def run(cfg: RunConfig) -> dict:
             last = {
                 **report.parity,
                 "rollout/reward_mean": float(rewards.mean()),
-                "rollout/response_len_mean": sum(len(s.response_ids) for s in samples) / len(samples),
+                **rollout_metrics(samples, t_rollout),
                 **prompt_counts,
                 "data/rows_skipped": getattr(task, "skipped", 0),
                 **{f"train/{k}": v for k, v in report.losses.items()},

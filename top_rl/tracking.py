@@ -160,11 +160,15 @@ class Tracker:
         parts = [f"step {row['step']}"]
         for key, label, exact in (("rollout/reward_mean", "reward", False),
                                   ("train/train_rollout_logprob_abs_diff", "abs_diff", True),
-                                  ("train/ess_ratio", "ess", True), ("train/train_rollout_kl", "kl", False)):
+                                  ("train/ess_ratio", "ess", True), ("train/train_rollout_kl", "kl", False),
+                                  ("rollout/response_len_mean", "len", False),
+                                  ("rollout/truncated_frac", "truncated", False)):
             if key in row:
                 parts.append(f"{label} {_fmt(row[key], exact)}")
         times = [f"{k[5:-5]} {row[k]:.2f}s" for k in row
                  if k.startswith("perf/") and k.endswith("_time") and isinstance(row[k], (int, float))]
+        if isinstance(row.get("perf/rollout_tokens_per_s"), (int, float)):
+            times.append(f"{row['perf/rollout_tokens_per_s']:.0f} tok/s")
         return " | ".join(parts + times)
 
     def close(self) -> None:

@@ -24,16 +24,3 @@ def sglang_backend():
     sglang_attention.set_attention_backend(os.environ.get(sglang_attention.ENV_VAR, "triton"))
     with kernels.use_backend("sglang"):
         yield
-
-
-
-
-@pytest.fixture
-def engine_noise_on_device(monkeypatch):
-    """top_rl.rollout.native draws its Gumbel noise on the CPU and adds it to the sampler's log-probs on
-    the model's device, which fails on a GPU; these tests move the same noise values to the GPU (a no-op
-    once the engine does it itself)."""
-    from top_rl.rollout import native
-
-    draw = native.gumbel_noise
-    monkeypatch.setattr(native, "gumbel_noise", lambda *a, **kw: draw(*a, **kw).cuda())

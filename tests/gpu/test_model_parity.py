@@ -16,7 +16,7 @@ from top_rl.rollout.base import SamplingParams
 from top_rl.rollout.native import NativeEngine
 from tests.gpu._common import QWEN3_06B, device_model, needs_cuda
 
-pytestmark = [needs_cuda, pytest.mark.gpu, pytest.mark.usefixtures("engine_noise_on_device")]
+pytestmark = [needs_cuda, pytest.mark.gpu]
 
 PROMPT_LENS = [3, 17, 64, 129, 700, 2100]
 V = QWEN3_06B["vocab_size"]

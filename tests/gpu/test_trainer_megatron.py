@@ -13,7 +13,7 @@ from top_rl.rollout.base import SamplingParams
 from top_rl.rollout.native import NativeEngine
 from tests.gpu._common import QWEN3_06B, device_model, needs_cuda
 
-pytestmark = [needs_cuda, pytest.mark.gpu, pytest.mark.usefixtures("engine_noise_on_device")]
+pytestmark = [needs_cuda, pytest.mark.gpu]
 
 
 def test_megatron_trainer_parity_three_steps():

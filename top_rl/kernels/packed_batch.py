@@ -8,7 +8,8 @@ empties and the GPU idles until the host has launched the next kernels. Done per
 later calls with the same tensor (same object, same in-place version) reuse it.
 
 The cache holds the tensor weakly (a freed batch leaves it) and only its last few batches (pipeline schedules
-interleave a few micro-batches); derived tensors are kept only while their batch is cached.
+interleave a few micro-batches); derived tensors are kept only while their batch is cached. `DecodeMeta` does the
+same for a decode step's lengths tensor (one per forward, shared by every layer).
 """
 
 from __future__ import annotations
@@ -77,3 +78,22 @@ def packed_batch(cu_seqlens: torch.Tensor) -> PackedBatch:
         while len(_cache) > _CAPACITY:
             _cache.popitem(last=False)
     return batch
+
+
+class DecodeMeta:
+    """What a decode step's kernels derive from its lengths tensor (kv indptr and indices, split counts, the host
+    copy flashinfer plans with), built once for all layers: every layer of a forward gets the same tensor
+    (Qwen3.forward's kv_lens). Held weakly with its version, so a freed or rewritten tensor never matches; inference
+    tensors (no version counter) are derived anew each call."""
+
+    def __init__(self):
+        self._source, self._version, self._items = None, None, {}
+
+    def get(self, lengths: torch.Tensor, key, build):
+        if lengths.is_inference():
+            return build()
+        if self._source is None or self._source() is not lengths or self._version != lengths._version:
+            self._source, self._version, self._items = weakref.ref(lengths), lengths._version, {}
+        if key not in self._items:
+            self._items[key] = build()
+        return self._items[key]

@@ -36,7 +36,7 @@ import warnings
 import torch
 
 from top_rl.contract import DEFAULT
-from top_rl.kernels.packed_batch import PackedBatch, packed_batch
+from top_rl.kernels.packed_batch import DecodeMeta, PackedBatch, packed_batch
 
 ENV_VAR = "TOP_RL_ATTENTION_BACKEND"
 BACKENDS = DEFAULT.attention_backends
@@ -67,6 +67,9 @@ def attention_backend() -> str:
     if name not in BACKENDS:
         raise ValueError(f"{ENV_VAR}={name!r} is not in the TOP contract's {BACKENDS}")
     return name
+
+
+_decode_meta = DecodeMeta()
 
 
 def _lengths(cu_seqlens: torch.Tensor) -> torch.Tensor:
@@ -109,14 +112,28 @@ def _triton_prefill(q, k, v, batch: PackedBatch, scale, want_lse):
     return o, None  # the kernel does not return its log-sum-exp
 
 
+def decode_kv_indices(kv_indptr: torch.Tensor, b: int, max_len: int) -> torch.Tensor:
+    """_token_indices for a decode batch, without reading the lengths on the host: entry kv_indptr[r] + j is
+    r * max_len + j for j < lengths[r]. Fixed size b * max_len; the kernel reads only entries below kv_indptr[b], so
+    the tail is filler. (A host read per layer would stall the GPU queue, and a CUDA graph cannot hold one.)"""
+    flat = torch.arange(b * max_len, device=kv_indptr.device)
+    row = torch.searchsorted(kv_indptr[1:].long(), flat, right=True).clamp_(max=b - 1)
+    return row * max_len + flat - kv_indptr[row]
+
+
+def _triton_decode_meta(lengths: torch.Tensor, b: int, max_len: int):
+    lengths = lengths.to(torch.int32)
+    kv_indptr = torch.zeros(b + 1, dtype=torch.int32, device=lengths.device)
+    kv_indptr[1:] = torch.cumsum(lengths, 0)
+    num_kv_splits = ((lengths + TRITON_DECODE_SPLIT - 1) // TRITON_DECODE_SPLIT).to(torch.int32)
+    return kv_indptr, decode_kv_indices(kv_indptr, b, max_len), num_kv_splits
+
+
 def _triton_decode(q, k_cache, v_cache, lengths, scale):
     _, decode = _triton_ops()
     b, max_len = k_cache.shape[:2]
-    lengths = lengths.to(torch.int32)
-    kv_indptr = torch.zeros(b + 1, dtype=torch.int32, device=q.device)
-    kv_indptr[1:] = torch.cumsum(lengths, 0)
-    kv_indices = _token_indices(lengths.long(), max_len)
-    num_kv_splits = ((lengths + TRITON_DECODE_SPLIT - 1) // TRITON_DECODE_SPLIT).to(torch.int32)
+    kv_indptr, kv_indices, num_kv_splits = _decode_meta.get(
+        lengths, ("triton", b, max_len), lambda: _triton_decode_meta(lengths.to(q.device), b, max_len))
     # The engine sizes this by its context length; it is only a loop bound over (skipped) empty splits.
     max_kv_splits = max(1, -(-max_len // TRITON_DECODE_SPLIT))
     hq, dv = q.shape[1], v_cache.shape[-1]
@@ -212,8 +229,9 @@ class FlashinferState:
 
     def run_decode(self, q, k_cache, v_cache, lengths, scale):
         b, max_len, hkv, d = k_cache.shape
+        host = _decode_meta.get(lengths, "host", lambda: tuple(lengths.tolist()))  # one read per forward, not per layer
         lengths = lengths.to(torch.int32)
-        key = (tuple(lengths.tolist()), max_len, q.shape[1], hkv, d, q.dtype, k_cache.dtype)
+        key = (host, max_len, q.shape[1], hkv, d, q.dtype, k_cache.dtype)
         if self._needs_plan("decode", key):
             indptr = torch.zeros(b + 1, dtype=torch.int32, device=q.device)
             indptr[1:] = torch.cumsum(lengths, 0)

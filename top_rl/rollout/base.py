@@ -10,8 +10,14 @@ from top_rl.rollout.config import LogprobSource  # engines type with it
 
 
 def mix_seed(a: int, b: int) -> int:
-    """One integer from two (run seed and step; sample seed and position): every seed of a run derives this way."""
+    """One integer from two (run seed and step): every seed of a run derives this way."""
     return a * 1_000_003 + b
+
+
+def sample_seed(run_seed: int, step: int, index: int) -> int:
+    """Each sample's sampling seed: a pure function of (run seed, step, position in the step). Engines pass it to
+    SGLang's sampler as its int64 `sampling_seed` (config.validate refuses a run whose seeds would not fit)."""
+    return mix_seed(run_seed, step) * 65_537 + index
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,9 @@ TokenizerManager sends its scheduler (io_struct request objects, with SGLang's o
 (`BatchTokenIDOutput` under `--skip-tokenizer-init`, `FlushCacheReqOutput`, the weight-update outputs).
 
 Its numbers come from TOP-RL's model on the active kernel backend: prompt scores are `sequence_logprobs`
-(fp32, no temperature), sampling is the native engine's (sampler log-probs, Gumbel noise seeded by
-(sampling_seed, position); SGLang hashes with murmur, so completions for a seed are not a real server's).
+(fp32, no temperature); tokens are chosen by SGLang's own rl-mode sampler arithmetic (top_rl/rollout/
+seeded_sampler.py: murmur-hashed Gumbel noise from (sampling_seed, seq_len - 1, token id), the native engine's
+sampler too), so for the same weights, prompts and seeds it returns the tokens and log-probs a live server does.
 What it copies from the real scheduler, by the pinned source (sglang/srt/managers/...):
 - logprob_start_len: -1 with return_logprob means output tokens only; above len(input_ids) the request is
   aborted with 400 (scheduler.py:1873-1897); input_token_logprobs_val = [None] + values[:-1], idx =
@@ -16,8 +17,10 @@ What it copies from the real scheduler, by the pinned source (sglang/srt/manager
   (tp_worker.py:500-522), so it has no output token and no output log-prob (the stand-in never mixes
   batches: each request is computed alone, which is what batch invariance makes equivalent).
 - sampling: top_k=1 (temperature < 1e-6 normalizes to it) is greedy with fp32 unscaled log-probs; top_k and
-  top_p restrict the draw, never the returned log-probs (layers/sampler.py:105-170); min_p > 0 with a seed
-  asserts in the real sampler (:470-474): the stand-in aborts with 500 instead of dying.
+  top_p restrict the draw, never the returned log-probs (layers/sampler.py:105-170): deterministic mode's pytorch
+  backend sorts softmax(f32(logits) / T), zeroes what top_k / top_p cut, and draws with the same seeded sampler
+  over the float64 log of the sorted probabilities (top_k_top_p_min_p_sampling_from_probs_torch); min_p > 0 with
+  a seed asserts in the real sampler (:470-474): the stand-in aborts with 500 instead of dying.
 - flush_cache succeeds only with no request in flight, waiting up to timeout_s (scheduler.py:2871-2888).
 - update_weights_from_tensor: TP rank r deserializes serialized_named_tensors[r] (tp_worker.py:157-166); the
   stand-in plays every rank of its tp_size and loads rank 0's tensors.
@@ -38,7 +41,7 @@ import torch
 from top_rl import kernels
 from top_rl.model import load_model, pack, sequence_logprobs
 from top_rl.model.hf_io import read_safetensors
-from top_rl.rollout.native import gumbel_noise
+from top_rl.rollout import seeded_sampler
 
 _UNSUPPORTED = ("frequency_penalty", "presence_penalty", "min_new_tokens", "logit_bias", "regex", "json_schema",
                 "ebnf", "structural_tag", "custom_params", "stop_strs", "stop_regex_strs")
@@ -178,18 +181,23 @@ class StandinScheduler:
         if sp.top_k == 1:  # an all-greedy batch: argmax, fp32 log-softmax without temperature
             tok = int(torch.argmax(logits[0].float()))
             return tok, float(kernels.prefill_logprobs(logits, torch.tensor([tok], device=logits.device))[0])
-        lp = kernels.sampler_log_softmax(logits, sp.temperature)[0]
-        score = lp.double() + gumbel_noise(seed, position, lp.shape[-1]).to(lp.device)
-        keep = torch.ones_like(score, dtype=torch.bool)
-        if sp.top_k < lp.shape[-1]:
-            keep = torch.zeros_like(keep)
-            keep[torch.topk(lp.float(), sp.top_k).indices] = True
-        if sp.top_p < 1.0:
-            probs, order = torch.sort(lp.float().exp(), descending=True)
-            outside = (torch.cumsum(probs, 0) - probs) > sp.top_p
-            keep[order[outside]] = False
-        tok = int(torch.argmax(score.masked_fill(~keep, -math.inf)))
-        return tok, float(lp[tok])
+        device = logits.device
+        lp = kernels.sampler_log_softmax(logits, sp.temperature)
+        seeds = torch.tensor([seed], dtype=torch.int64, device=device)
+        positions = torch.tensor([position], dtype=torch.int64, device=device)
+        from sglang.srt.sampling.sampling_params import TOP_K_ALL
+
+        if sp.top_k == TOP_K_ALL and sp.top_p == 1.0:  # the rl on-policy path (sampling_batch_info.py's need_*)
+            tok = int(seeded_sampler.multinomial_with_seed(lp, seeds, positions)[0])
+            return tok, float(lp[0, tok])
+        probs = torch.softmax(logits.float() / sp.temperature, dim=-1)
+        probs_sort, probs_idx = probs.sort(dim=-1, descending=True)
+        probs_sum = torch.cumsum(probs_sort, dim=-1)
+        probs_sort[torch.arange(probs.shape[-1], device=device)[None, :] >= sp.top_k] = 0.0
+        probs_sort[(probs_sum - probs_sort) > sp.top_p] = 0.0
+        index = int(seeded_sampler.multinomial_with_seed(probs_sort.to(torch.float64).log_(), seeds, positions)[0])
+        tok = int(probs_idx[0, index])
+        return tok, float(lp[0, tok])
 
     def _sample(self, ids: list[int], sp) -> tuple[list[int], list[float]]:
         if sp.max_new_tokens == 0:

@@ -16,14 +16,25 @@ from top_rl.model.qwen3.config import Qwen3Config
 
 
 class KVCache:
-    """Per-layer K/V of `slots` sequences, [slots, max_len, Hkv, d] in the compute dtype."""
+    """Per-layer K/V of `slots` sequences, [slots, max_len, Hkv, d] in the compute dtype. A token's K/V go to
+    (its row, its position); a decode step over every row in order (`slots=None`) reads each layer's cache as is,
+    without gathering rows."""
 
     def __init__(self, cfg: Qwen3Config, slots: int, max_len: int, dtype: torch.dtype, device=None):
         shape = (cfg.num_hidden_layers, slots, max_len, cfg.num_key_value_heads, cfg.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
+        self.all_rows = torch.arange(slots, device=device)
         self.max_len = max_len
+
+    def write(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, k, v) -> None:
+        self.k[layer].index_put_((rows, positions), k)
+        self.v[layer].index_put_((rows, positions), v)
+
+    def read(self, layer: int, slots) -> tuple[torch.Tensor, torch.Tensor]:
+        if slots is None:
+            return self.k[layer], self.v[layer]
+        return self.k[layer, slots], self.v[layer, slots]
 
 
 class DecoderLayer(nn.Module):
@@ -40,7 +51,7 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(2 * cfg.intermediate_size, h, dtype=policy.compute))
         self.down_proj = nn.Parameter(torch.empty(h, cfg.intermediate_size, dtype=policy.compute))
 
-    def attention(self, u, positions, cos_sin, cu_seqlens, cache, layer, slots):
+    def attention(self, u, positions, cos_sin, cu_seqlens, cache, layer, slots, kv_lens=None):
         cfg, c = self.cfg, self.policy.compute
         t = u.shape[0]
         qkv = kernels.linear(u.to(c), self.qkv_proj)
@@ -53,25 +64,22 @@ class DecoderLayer(nn.Module):
         scale = cfg.head_dim**-0.5
         if cache is None:
             out = kernels.attention(q, k, v, cu_seqlens, scale)
-        elif cu_seqlens is not None:  # prefill into the cache: write each sequence's K/V at its slot
-            bounds = packed_batch(cu_seqlens).bounds
-            for i, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
-                cache.k[layer, slots[i], : e - s] = k[s:e]
-                cache.v[layer, slots[i], : e - s] = v[s:e]
+        elif cu_seqlens is not None:  # prefill into the cache: each token's K/V at (its sequence's slot, position)
+            cache.write(layer, slots, positions, k, v)
             out = kernels.attention(q, k, v, cu_seqlens, scale)
         else:  # decode: one token per slot at position lengths[slot]
-            cache.k[layer, slots, positions] = k
-            cache.v[layer, slots, positions] = v
-            out = kernels.decode_attention(q, cache.k[layer, slots], cache.v[layer, slots], positions + 1, scale)
+            cache.write(layer, cache.all_rows if slots is None else slots, positions, k, v)
+            k_cache, v_cache = cache.read(layer, slots)
+            out = kernels.decode_attention(q, k_cache, v_cache, kv_lens, scale)
         return kernels.row_linear(out.reshape(t, -1), self.o_proj)
 
-    def forward(self, h, residual, positions, cos_sin, cu_seqlens, cache, layer, slots):
+    def forward(self, h, residual, positions, cos_sin, cu_seqlens, cache, layer, slots, kv_lens=None):
         eps, fp32 = self.cfg.rms_norm_eps, self.policy.norm_output
         if residual is None:  # layer 0: the embedding is both the norm input and the residual
             u, residual = kernels.rms_norm(h, self.input_layernorm, eps, out_dtype=fp32), h
         else:
             u, residual = kernels.rms_norm(h, self.input_layernorm, eps, residual, out_dtype=fp32)
-        a = self.attention(u, positions, cos_sin, cu_seqlens, cache, layer, slots)
+        a = self.attention(u, positions, cos_sin, cu_seqlens, cache, layer, slots, kv_lens)
         u, residual = kernels.rms_norm(a, self.post_attention_layernorm, eps, residual, out_dtype=fp32)
         g = kernels.linear(u.to(self.policy.compute), self.gate_up_proj)
         d = kernels.row_linear(kernels.silu_and_mul(g), self.down_proj)
@@ -136,17 +144,31 @@ class Qwen3(nn.Module):
 
         load_hf_state_dict(self, sd, source)
 
-    def forward(self, input_ids, positions, cu_seqlens=None, cache: KVCache | None = None, slots=None):
-        """Logits [T, V] in the compute dtype. Packed prefill: cu_seqlens given (with a cache, each
-        sequence i is written to slot slots[i]). Decode: cache and slots given, cu_seqlens None."""
-        if int(positions.max()) >= self.cos_sin.shape[0]:
-            raise ValueError(
-                f"position {int(positions.max())} exceeds max_position_embeddings={self.cfg.max_position_embeddings}"
-            )
+    def forward(self, input_ids, positions, cu_seqlens=None, cache: KVCache | None = None, slots=None,
+                logit_rows=None, lm_head=None):
+        """Logits [T, V] in the compute dtype. Packed prefill: cu_seqlens given (with a cache, sequence i is written
+        to slot slots[i], default i). Decode: cache given, cu_seqlens None, one token per slot in `slots` (None:
+        every slot, in order). `logit_rows`: the logits of those rows only (the head is row-wise, so the same bits as
+        indexing all logits). `lm_head`: lm_head_weight() computed once by the caller. A decode step reads nothing
+        back from the device: its caller checks that positions stay below max_position_embeddings."""
+        if cu_seqlens is not None:
+            batch = packed_batch(cu_seqlens)  # host facts, read once per cu_seqlens tensor
+            if batch.num_tokens and int(positions.max()) >= self.cos_sin.shape[0]:
+                raise ValueError(f"position {int(positions.max())} exceeds max_position_embeddings="
+                                 f"{self.cfg.max_position_embeddings}")
+            if cache is not None:  # each token's slot
+                seq_slots = slots if slots is not None else cache.all_rows[: len(batch.lengths)]
+                slots = torch.repeat_interleave(seq_slots, cu_seqlens[1:] - cu_seqlens[:-1],
+                                                output_size=batch.num_tokens)
+        # decode: each row's key count, one tensor for every layer (the attention kernels derive their per-step
+        # metadata from it once per forward)
+        kv_lens = positions + 1 if cache is not None and cu_seqlens is None else None
         h = self.embed_tokens[input_ids]  # fp32 gather (§4.1)
         residual = None
         cos_sin = self.rope_table()
         for i, layer in enumerate(self.layers):
-            h, residual = layer(h, residual, positions, cos_sin, cu_seqlens, cache, i, slots)
+            h, residual = layer(h, residual, positions, cos_sin, cu_seqlens, cache, i, slots, kv_lens)
+        if logit_rows is not None:
+            h, residual = h[logit_rows], residual[logit_rows]
         u, _ = kernels.rms_norm(h, self.norm, self.cfg.rms_norm_eps, residual, out_dtype=self.policy.norm_output)
-        return kernels.linear(u.to(self.policy.compute), self.lm_head_weight())
+        return kernels.linear(u.to(self.policy.compute), self.lm_head_weight() if lm_head is None else lm_head)

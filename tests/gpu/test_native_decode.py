@@ -1,0 +1,100 @@
+"""The native engine's decode loop on the GPU (Qwen3-0.6B shape with its 151936-token vocabulary, bf16, `sglang`
+kernels, triton attention):
+- a decode step makes no synchronizing CUDA call (torch's sync debug mode raises on one);
+- CUDA-graph steps and eager steps give torch.equal tokens, sampler log-probs and prefill log-probs;
+- a sample alone (batch 1) equals the same sample inside a batch of 64, graphs on;
+- a capture that fails falls back to eager steps after one warning, with the same tokens."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from top_rl.rollout import decode_graph, native
+from top_rl.rollout.base import SamplingParams
+from top_rl.rollout.native import NativeEngine
+from tests.gpu._common import device_model, needs_cuda
+
+pytestmark = [needs_cuda, pytest.mark.gpu]
+
+VOCAB = 151936
+N, NEW = 64, 40
+PARAMS = SamplingParams(max_new_tokens=NEW, temperature=0.9)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return device_model(seed=1, vocab_size=VOCAB)
+
+
+@pytest.fixture(scope="module")
+def batch():
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.choice([1, 5, 64, 130, 300]))] for _ in range(N)]
+    return prompts, [rng.randrange(2**63) for _ in range(N)]
+
+
+def _generate(model, prompts, seeds, graphs, source="decode"):
+    return NativeEngine(model, source, eos_token_id=-1, cuda_graphs=graphs).generate(prompts, seeds, PARAMS)
+
+
+@pytest.fixture(scope="module")
+def eager(model, batch):
+    return _generate(model, *batch, graphs=False)
+
+
+def _same(a, b, what):
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert x.response_ids == y.response_ids, f"{what}: sample {i} tokens differ"
+        assert torch.equal(torch.tensor(x.sample_logprobs), torch.tensor(y.sample_logprobs)), f"{what}: sample {i}"
+        assert torch.equal(torch.tensor(x.logprobs), torch.tensor(y.logprobs)), f"{what}: sample {i} gate log-probs"
+
+
+def test_a_decode_step_makes_no_synchronizing_call(model, batch, monkeypatch):
+    real = native.DecodeState.step
+
+    def checked(self):
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            real(self)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    monkeypatch.setattr(native.DecodeState, "step", checked)
+    samples = _generate(model, *batch, graphs=False)
+    assert all(len(s.response_ids) == NEW for s in samples)
+
+
+def test_graph_steps_equal_eager_steps(model, batch, eager):
+    assert decode_graph.wanted(torch.device("cuda")), "the audited path should capture by default"
+    _same(_generate(model, *batch, graphs=None), eager, "graph vs eager (decode source)")
+    prompts, seeds = batch
+    _same(_generate(model, prompts[:16], seeds[:16], graphs=True, source="prefill"),
+          _generate(model, prompts[:16], seeds[:16], graphs=False, source="prefill"), "graph vs eager (prefill source)")
+
+
+def test_a_sample_alone_equals_it_in_a_batch_of_64(model, batch, eager):
+    prompts, seeds = batch
+    for i in (0, 17, N - 1):
+        _same(_generate(model, [prompts[i]], [seeds[i]], graphs=True), [eager[i]], f"sample {i} alone vs batch 64")
+
+
+def test_a_failed_capture_falls_back_to_eager_steps(model, batch, eager, monkeypatch):
+    monkeypatch.setattr(decode_graph, "_failed", [])
+    real = native.DecodeState.step
+
+    def reads_while_capturing(self):
+        if torch.cuda.is_current_stream_capturing():
+            self.pos.sum().item()  # a host read: refused while a graph is being captured
+        real(self)
+
+    monkeypatch.setattr(native.DecodeState, "step", reads_while_capturing)
+    with pytest.warns(RuntimeWarning, match="CUDA graph capture of the native engine's decode step failed") as seen:
+        got = _generate(model, *batch, graphs=True)
+        again = _generate(model, *batch, graphs=True)  # no second capture, no second warning
+    assert len([w for w in seen if "CUDA graph capture" in str(w.message)]) == 1 and decode_graph._failed
+    _same(got, eager, "after a failed capture")
+    _same(again, eager, "the next call")
