@@ -108,26 +108,36 @@ def native_rows(model, name, batches, modes, prompt_len, new, runs, budget_at) -
 
 def sglang_rows(model, name, batches, prompt_len, new, runs, python, native_tokens) -> list:
     """A live SGLang server (launched by top_rl.rollout.sglang.SglangEngine with the TOP contract's flags, triton
-    attention) on this model written as an HF checkpoint: the same prompts, seeds and timing; `tokens = native`
-    counts the rows whose tokens equal the native engine's."""
+    attention) on this model written as an HF checkpoint: the same prompts, seeds and timing of the generation request
+    alone (the engine's prefill re-scoring, which the gate reads, is not timed: the native rows do not score either);
+    `tokens = native` counts the rows whose tokens equal the native engine's."""
     from top_rl.model import save_model
     from top_rl.rollout.sglang import SglangEngine, SglangEngineConfig
+    from top_rl.rollout.sglang_protocol import generate_payload, items, parse_generation
+    from top_rl.testing.sglang_standin import free_port
+
+    def generate(engine, prompts, seeds, params):
+        payload = generate_payload(prompts, seeds, engine.sampling(params))
+        return [parse_generation(item, i) for i, item in enumerate(items(engine.client.generate(payload), len(prompts)))]
 
     rows = []
     with tempfile.TemporaryDirectory() as ckpt:
         save_model(model, ckpt)
-        cfg = SglangEngineConfig(model_path=ckpt, attention_backend="triton", python=python, logprob_source="decode",
-                                 weights_dir=ckpt)
+        cfg = SglangEngineConfig(model_path=ckpt, attention_backend="triton", python=python, weights_dir=ckpt,
+                                 port=free_port(), mem_fraction_static=0.5, log_path=os.path.join(ckpt, "server.log"),
+                                 extra_sampling={"ignore_eos": True})  # no EOS, as the native rows
         engine = SglangEngine(cfg, "triton")
+        t0 = time.monotonic()
         engine.start()
+        print(f"[bench] {name}: SGLang server up in {time.monotonic() - t0:.0f} s", flush=True)
         try:
             full, one = SamplingParams(new, 1.0), SamplingParams(1, 1.0)
             for b in batches:
                 prompts, seeds = prompts_and_seeds(b, prompt_len, model.cfg.vocab_size)
-                full_s, samples = timed(lambda: engine.generate(prompts, seeds, full), runs)
-                one_s, _ = timed(lambda: engine.generate(prompts, seeds, one), runs)
+                full_s, gens = timed(lambda: generate(engine, prompts, seeds, full), runs)
+                one_s, _ = timed(lambda: generate(engine, prompts, seeds, one), runs)
                 want = native_tokens.get(b)
-                same = "" if want is None else f"{sum(s.response_ids == w for s, w in zip(samples, want))}/{b}"
+                same = "" if want is None else f"{sum(g.output_ids == w for g, w in zip(gens, want))}/{b}"
                 rows.append(row(name, "sglang", "server", b, model.cfg, full_s, one_s, new, prompt_len, same))
                 print("[bench] " + " | ".join(map(str, rows[-1])), flush=True)
         finally:
@@ -145,6 +155,7 @@ def main(argv=None) -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--budget-s", type=float, default=480, help="stop starting rows past this many seconds")
     p.add_argument("--sglang-python", default=None, help="a Python with the pinned sglang: adds live-server rows")
+    p.add_argument("--sglang-models", default="qwen3-0.6b", help="the models that get live-server rows")
     p.add_argument("--out", default=os.environ.get("OUT"), help="also write the table to OUT/rollout.md")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny model on CPU: checks the script, not speed")
     args = p.parse_args(argv)
@@ -169,7 +180,7 @@ def main(argv=None) -> None:
             got, tokens = native_rows(model, name, [int(b) for b in args.batches.split(",")], args.modes.split(","),
                                       args.prompt_len, args.new_tokens, args.runs, budget_at)
             rows += got
-            if args.sglang_python:
+            if args.sglang_python and name in args.sglang_models.split(","):
                 rows += sglang_rows(model, name, [int(b) for b in args.batches.split(",")], args.prompt_len,
                                     args.new_tokens, args.runs, args.sglang_python, tokens)
         del model

@@ -154,6 +154,32 @@ def test_prefill_source_is_bitwise_over_lengths_batches_and_temperatures(triton_
                 tokens=tokens, equal=tokens)
 
 
+def test_native_engine_samples_the_live_servers_tokens(triton_server):
+    """Issue 23: the native engine (sglang kernels, triton attention, its CUDA-graph decode step) chooses every token as
+    the live server does (SGLang's rl-mode sampler: seeded_sampler.py) for the same weights, prompts, seeds and T."""
+    from top_rl.rollout.native import NativeEngine
+
+    eng, model = triton_server
+    _push(eng, "disk", model)  # the fixture's weights (other tests push others)
+    native = NativeEngine(model, "decode", eos_token_id=ARCH.eos_token_id)
+    prompts, seeds = _prompts(32, 6), [5000 + i for i in range(32)]
+    for temperature in (1.0, 0.7):
+        params = SamplingParams(NEW_TOKENS, temperature, (ARCH.eos_token_id,))
+        eng.cfg.request_batch_size = 0
+        server = eng.generate(prompts, seeds, params)
+        with torch.inference_mode():
+            ours = native.generate(prompts, seeds, params)
+        same = [a.response_ids == b.response_ids for a, b in zip(server, ours)]
+        eq, n = _equal_rows([s.sample_logprobs for s in server],
+                            [torch.tensor(s.sample_logprobs, dtype=torch.float32) for s in ours])
+        _report(check="native_vs_server_tokens", temperature=temperature, samples=len(same), same_tokens=sum(same),
+                tokens=sum(len(s.response_ids) for s in server), equal_sampler_logprobs=eq, logprob_tokens=n)
+        first = same.index(False) if not all(same) else None
+        assert all(same), f"T={temperature}: {same.count(False)} of {len(same)} samples differ from the server's; " \
+                          f"first: sample {first} (server {server[first].response_ids[:8]}..., native " \
+                          f"{ours[first].response_ids[:8]}...)"
+
+
 def _push_distributed(eng, sd) -> None:
     """This process is the trainer's rank 0, the server rank 1, over gloo (NCCL refuses two ranks on one GPU)."""
     import torch.distributed as dist
