@@ -110,7 +110,7 @@ deep_gemm_src() {  # pack the engine's DeepGEMM into $ROOT/deep_gemm/deep_gemm_s
   "$PY" - "$whl" "$tmp/src" <<'PYEOF'
 import sys, zipfile
 whl, dest = sys.argv[1:]
-with zipfile.ZipFile(whl) as z:  # the package as the engine installs it, minus its binary (built for torch 2.9.1)
+with zipfile.ZipFile(whl) as z:  # the package as the engine installs it, minus its binary (0.4.1's was built for torch 2.9.1; the build here is the checked one)
     z.extractall(dest, [n for n in z.namelist() if n.startswith("deep_gemm/") and not n.endswith(".so")])
 PYEOF
   git_export "${DEEPGEMM_GIT_DIR:-}" "$DEEPGEMM_REPO" "$DEEPGEMM_REV" "$tmp/git" csrc deep_gemm

@@ -226,6 +226,7 @@ def test_actors_compute_under_the_runs_contract(monkeypatch):
     monkeypatch.setattr(actors.torch, "set_num_threads", lambda n: None)
     monkeypatch.setattr("top_rl.kernels.set_backend", lambda name: None)
     monkeypatch.setattr("top_rl.quiet.install", lambda: None)
+    monkeypatch.setattr(actors.rendezvous, "bind_gloo", lambda host: None)  # it sets GLOO_SOCKET_IFNAME for good
     actors._setup_process("sglang", None, 1, DG.name)
     assert sg.active_contract() is DG
     actors._setup_process("reference", None, 1, V1.name)  # other kernels: the contract's GEMM is not theirs to pin

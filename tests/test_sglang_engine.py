@@ -1,5 +1,5 @@
 """The SGLang engine's HTTP client against a local STAND-IN server (top_rl/testing/sglang_standin.py: SGLang
-0.5.10.post1's own HTTP app and tokenizer manager on 127.0.0.1, in front of a stand-in scheduler that computes with
+0.5.11's own HTTP app and tokenizer manager on 127.0.0.1, in front of a stand-in scheduler that computes with
 TOP-RL's model). Not a whole SGLang: what this proves is the protocol handling (payloads, the input_token_logprobs
 off-by-one, errors, retries, weight versions) against SGLang's request/response code, with exact equality of the
 numbers. tests/test_sglang_standin_protocol.py checks the behaviours that come from SGLang's own code.

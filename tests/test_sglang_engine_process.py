@@ -119,10 +119,15 @@ def test_distributed_sync_over_a_process_group(setup, tmp_path):
     group = None
     try:
         eng.start()
-        port, joined = _free_port(), {}
+        from datetime import timedelta
+
+        from top_rl import rendezvous
+
+        port, joined = rendezvous.reserve("127.0.0.1"), {}  # as trainer rank 0 does: a store on 127.0.0.1 only
         t = threading.Thread(target=lambda: joined.update(r=eng.init_weights_update_group("127.0.0.1", port, 1, 2, "gloo")))
         t.start()
-        group = W.init_trainer_group("127.0.0.1", port, 2, cfg.weight_group_name, backend="gloo")
+        group = W.init_trainer_group("127.0.0.1", port, 2, cfg.weight_group_name, backend="gloo",
+                                     store=rendezvous.store("127.0.0.1", port, 2, 0, timedelta(seconds=120)))
         t.join()
         assert joined["r"]["success"] is True
         other = tiny_model(seed=6)
@@ -142,4 +147,30 @@ def test_distributed_sync_over_a_process_group(setup, tmp_path):
     finally:
         if group is not None:
             dist.destroy_process_group(group)
+        eng.shutdown()
+
+
+def _blocked_signals(pid: int) -> set[int]:
+    mask = int(next(line for line in open(f"/proc/{pid}/status") if line.startswith("SigBlk:")).split()[1], 16)
+    return {sig for sig in range(1, 65) if mask >> (sig - 1) & 1}
+
+
+def test_server_sees_stop_signals_even_when_its_launcher_blocks_them(setup, tmp_path):
+    """A local run starts Ray's processes, the engine actor among them, with SIGINT/SIGTERM/SIGHUP blocked
+    (top_rl/local_ray.py); the server it launches must not inherit that mask, or stop() waits out its grace period
+    and the server outlives a run's shutdown."""
+    import time
+
+    stop = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    eng = SglangEngine(_cfg(setup, tmp_path), "fa3")
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    try:
+        eng.start()
+        assert stop <= _blocked_signals(os.getpid())  # the launcher blocks them ...
+        assert not stop & _blocked_signals(eng.server.proc.pid)  # ... the server does not
+        t0 = time.monotonic()
+        eng.server.stop(grace_s=20)
+        assert time.monotonic() - t0 < 10  # SIGTERM ended it; no SIGKILL after the grace period
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
         eng.shutdown()

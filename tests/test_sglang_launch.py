@@ -1,4 +1,4 @@
-"""Every SGLang server command TOP-RL can generate parses under SGLang 0.5.10.post1's own parser
+"""Every SGLang server command TOP-RL can generate parses under SGLang 0.5.11's own parser
 (`ServerArgs.add_cli_args`, from the pinned wheel) and carries the contract's flags and env.
 
 Only argparse runs here: a real server needs a GPU (docs/architecture.md, "What cannot run on these machines").

@@ -1,4 +1,4 @@
-"""What the stand-in server answers because it runs SGLang 0.5.10.post1's own request code (its FastAPI app,
+"""What the stand-in server answers because it runs SGLang 0.5.11's own request code (its FastAPI app,
 TokenizerManager, io_struct dataclasses and SamplingParams), and how our client handles it. Each test pins a
 behaviour the earlier hand-written stand-in got wrong (it answered 200/404 to wrong methods, took an int
 weight_version, an unknown sampling key and top_p=0, ignored top_k, had another 400 body, always flushed,

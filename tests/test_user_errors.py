@@ -52,6 +52,8 @@ def models(tmp_path_factory):
     (["cluster.colocate=true"], 1, ["cluster.colocate=true shares each trainer rank's GPU"]),
     (["rollout=sglang", "model.path=/m", "+rollout.sglang.extra_args=3"], 1,
      ["rollout.sglang.extra_args=3: expected a list of strings"]),
+    (["rollout=sglang", "model.path=/m", "+rollout.sglang.env={SGLANG_ENABLE_DETERMINISTIC_INFERENCE: 1}"], 1,
+     ["rollout.sglang.env.SGLANG_ENABLE_DETERMINISTIC_INFERENCE=1: environment values are strings"]),
     (["trainer.tp=3", "cluster.num_cpus=4"], 1, ["trainer.tp=3 does not split this model", "valid trainer.tp: 1"]),
 ])
 def test_dry_run_refuses_config_errors_in_one_line(tmp_path, overrides, rc, parts):

@@ -172,8 +172,10 @@ class TrainerActor:
         """Rank 0: the SGLang server's weight group, made by SGLang's own helper as the server makes its end."""
         from top_rl.rollout.sglang_weights import init_trainer_group
 
-        rendezvous.release(port)  # SGLang's helper binds the rendezvous itself
-        self.groups[index] = init_trainer_group(host, port, world, name, backend)
+        from torch.distributed.constants import default_pg_timeout
+
+        store = rendezvous.store(host, port, world, 0, default_pg_timeout)  # on the reserved socket: host only
+        self.groups[index] = init_trainer_group(host, port, world, name, backend, store=store)
 
     def push_weights(self, engines: list, indices: list[int], transports: list[str], version: int,
                      bucket_bytes: int) -> list[tuple[int, str | None]]:

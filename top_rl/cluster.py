@@ -243,7 +243,7 @@ class Cluster:
     def shutdown(self) -> None:
         for e in self.engines:
             try:
-                ray.get(e.shutdown.remote(), timeout=30)
+                ray.get(e.shutdown.remote(), timeout=60)  # longer than a server stop's 30 s grace
             except Exception:  # noqa: BLE001 - best effort on the way out (the engine may be dead)
                 pass
         for actor in self.engines + self.trainers:  # a rank whose peer died may be blocked in a collective

@@ -77,6 +77,7 @@ def same_env_value(have: str, want: str) -> bool:
     """Whether an env var's value means what the contract pins. SGLang reads its switches as booleans
     (sglang/srt/environ.py EnvBool: true/1/yes/y, false/0/no/n) and 0.5.11's ServerArgs writes them back as
     "True"/"False" in-process, so "True" and "1" are the same switch; other values compare as strings."""
+    have, want = str(have), str(want)
     a, b = _BOOL_WORDS.get(have.strip().lower()), _BOOL_WORDS.get(want.strip().lower())
     return a == b if a is not None and b is not None else have == want
 

@@ -81,7 +81,8 @@ def trainer_layout(cfg, ready: Ready) -> None:
 
 
 def sglang_engines(cfg, ready: Ready) -> None:
-    """Every SGLang engine's refusals that need no server: model.path, flags, attention backend, env."""
+    """Every SGLang engine's refusals that need no server: port, flags, extra_args, attention backend, env (a run
+    without model.path starts its servers from its random initial policy, written at start)."""
     if cfg.rollout.engine != "sglang":
         return
     from top_rl.rollout.sglang_plan import launch_plan

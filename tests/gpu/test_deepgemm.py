@@ -1,9 +1,9 @@
-"""DeepGEMM's bf16_gemm_nn as SGLang 0.5.10.post1 calls it for its batch-invariant mm (contract gemm='deepgemm'):
+"""DeepGEMM's bf16_gemm_nn as SGLang 0.5.11 calls it for its batch-invariant mm (contract gemm='deepgemm'):
 batch invariance at 1..4096 rows with torch.equal on every Qwen3-0.6B GEMM shape, and closeness to cuBLAS.
 
 Skipped where `deep_gemm` does not import: on the lent H200 (torch 2.11) no published build loads (sgl-deep-gemm
 0.2.x's _C.so needs c10::cuda::CUDAErrorLogCapture, which torch 2.11 does not export; PyPI has no sdist to rebuild).
-The engine's own package (sglang-kernel 0.4.1's deep_gemm, packed by `scripts/gpu_bundle.sh deep_gemm`, its host
+The engine's own package (sglang-kernel's deep_gemm, packed by `scripts/gpu_bundle.sh deep_gemm`, its host
 extension built there by scripts/build_deep_gemm.py against the shared libstdc++) imports and runs (5/5 on the H200). Its first GEMM still runs in a subprocess first, so a crash
 fails these tests with its signal instead of killing pytest.
 """

@@ -1,4 +1,4 @@
-"""The flashinfer attention path (fa2, as SGLang 0.5.10.post1 runs it in deterministic mode) on the GPU, whatever
+"""The flashinfer attention path (fa2, as SGLang 0.5.11 runs it in deterministic mode) on the GPU, whatever
 TOP_RL_ATTENTION_BACKEND says: K/V laid out as the model and the trainer produce them (V a column slice of the
 fused qkv projection), packing invariance, and decode batching. Skipped where flashinfer is not importable (carry
 the `flashinfer` group of scripts/gpu_bundle.sh). The whole suite under TOP_RL_ATTENTION_BACKEND=flashinfer runs

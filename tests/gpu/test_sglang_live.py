@@ -178,6 +178,7 @@ def test_native_engine_samples_the_live_servers_tokens(triton_server):
         assert all(same), f"T={temperature}: {same.count(False)} of {len(same)} samples differ from the server's; " \
                           f"first: sample {first} (server {server[first].response_ids[:8]}..., native " \
                           f"{ours[first].response_ids[:8]}...)"
+        assert eq == n, f"T={temperature}: {n - eq} of {n} sampler log-probs differ from the server's"
 
 
 def _push_distributed(eng, sd) -> None:

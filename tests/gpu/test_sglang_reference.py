@@ -1,4 +1,4 @@
-"""SGLang 0.5.10.post1's own Qwen3ForCausalLM in rl mode is the reference (top_rl/testing/sglang_reference.py):
+"""SGLang 0.5.11's own Qwen3ForCausalLM in rl mode is the reference (top_rl/testing/sglang_reference.py):
 our native model/engine and the Megatron trainer, on the `sglang` kernel backend with triton attention, must give
 its bits (torch.equal) for every layer's output, the logits, the prompt log-probs of its input_token_logprobs path
 (in several packings on both sides), its sampler's tokens and log-probs and its decode steps. The `plain` backend (the

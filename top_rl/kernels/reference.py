@@ -1,6 +1,6 @@
 """Reference backend: torch ops made batch-invariant, each with an analytic backward.
 
-Forward formulas follow SGLang 0.5.10.post1's `forward_native` paths in rl mode op for op (RMSNorm,
+Forward formulas follow SGLang 0.5.11's `forward_native` paths in rl mode op for op (RMSNorm,
 NeoX RoPE, SiLU-and-mul; tests compare them bitwise with the pinned wheel); GEMMs go through the
 fixed-shape tiled product, attention through fixed-size key blocks (reference_attention.py).
 Casts inside an op are differentiated as identities (straight-through), as autograd does for `.to()`.

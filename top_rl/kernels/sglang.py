@@ -1,4 +1,4 @@
-"""`sglang` backend: SGLang 0.5.10.post1's own kernels in the forward, analytic backwards (GPU only).
+"""`sglang` backend: SGLang 0.5.11's own kernels in the forward, analytic backwards (GPU only).
 
 Forward = what the engine runs in rl mode (docs/numerics.md §2, §4), by calling the pinned wheel's code:
   linear        `matmul_persistent(x, W.t())` (mm_BI), as F.linear -> aten::mm under the engine's override; the

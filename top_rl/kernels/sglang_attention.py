@@ -1,7 +1,7 @@
 """GPU varlen causal attention for the `sglang` kernel backend. (Named sglang_attention, not attention:
 a submodule `kernels.attention` would replace the seam function of that name on import.)
 
-Forward = the engine's own attention kernel, called as SGLang 0.5.10.post1 calls it in deterministic mode
+Forward = the engine's own attention kernel, called as SGLang 0.5.11 calls it in deterministic mode
 (docs/numerics.md §5), chosen by a setting that must equal the engine's `--attention-backend`:
   triton      sglang.srt.layers.attention.triton_ops: the unified 1-stage extend kernel for prefill, the
               2-stage split-KV decode kernel with num_kv_splits = ceil(len / 256) for decode.
@@ -182,7 +182,7 @@ class FlashinferState:
             try:
                 fi = importlib.import_module("flashinfer")
             except ImportError as e:
-                raise RuntimeError("attention backend 'flashinfer' needs the flashinfer package (0.6.7.post3)") from e
+                raise RuntimeError("attention backend 'flashinfer' needs the flashinfer package (0.6.8.post1, what sglang 0.5.11 pins)") from e
             cls._instance = cls(fi, device)
         return cls._instance
 
@@ -260,7 +260,7 @@ def _fa3():
     try:
         return importlib.import_module("sgl_kernel.flash_attn").flash_attn_with_kvcache
     except ImportError as e:
-        raise RuntimeError("attention backend 'fa3' needs sgl_kernel's FA3 build (sglang-kernel 0.4.1)") from e
+        raise RuntimeError("attention backend 'fa3' needs sgl_kernel's FA3 build (sglang-kernel 0.4.2)") from e
 
 
 def _fa3_prefill(q, k, v, batch: PackedBatch, scale, want_lse):

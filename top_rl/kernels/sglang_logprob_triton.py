@@ -1,6 +1,6 @@
 """Token log-probs of the `sglang` backend without the [tokens, vocab] output: lsm_BI gathered at one id per row.
 
-The engine's log-probs are SGLang 0.5.10.post1's batch-invariant `log_softmax` (lsm_BI:
+The engine's log-probs are SGLang 0.5.11's batch-invariant `log_softmax` (lsm_BI:
 sglang.srt.batch_invariant_ops.batch_invariant_ops.log_softmax, kernel `_log_softmax_kernel`). The trainer needs
 one column of it per row, so writing the whole [T, V] output (fp32 at V=151936: ~10 GB per 16k tokens) only to
 gather from it is most of the op's time. `_gathered_log_softmax` below repeats lsm_BI's per-row arithmetic and

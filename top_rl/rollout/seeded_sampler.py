@@ -1,6 +1,6 @@
 """SGLang's seeded sampler in rl on-policy mode, the one way every engine here picks a token.
 
-SGLang 0.5.10.post1 / 0.5.11, `--rl-on-policy-target` with deterministic inference and no top-k/top-p/min-p
+SGLang 0.5.11 (the same code in 0.5.10.post1), `--rl-on-policy-target` with deterministic inference and no top-k/top-p/min-p
 (sglang/srt/layers/sampler.py: Sampler.forward -> _sample_from_logprobs -> multinomial_with_seed):
   logprobs = log_softmax(bf16(bf16(logits) / T))          kernels.sampler_log_softmax: the engine's bits
   hashed   = murmur_hash32(uint64(seed), positions, arange(V))   layers/utils/hash.py, uint32 [n, V]

@@ -1,4 +1,4 @@
-"""HTTP transport to one SGLang 0.5.10.post1 server: endpoints, retries, and errors that name the endpoint.
+"""HTTP transport to one SGLang 0.5.11 server: endpoints, retries, and errors that name the endpoint.
 
 Retries: a call marked idempotent (generation with fixed seeds, re-scoring, health, cache flush, a disk weight
 load of the same path) is retried on connection failures and HTTP 5xx, `max_retries` times with linear backoff;

@@ -50,6 +50,11 @@ def _check_types(d: Mapping[str, Any]) -> None:
                 "a list of strings, e.g. [--log-level, warning]"
         elif isinstance(default, dict):
             ok, kind = isinstance(value, Mapping), "a mapping"
+            if ok and key == "env":  # a process environment holds strings; YAML reads `KEY: 1` as an int
+                bad = [k for k, v in value.items() if not isinstance(v, str)]
+                if bad:
+                    raise TopConfigError(f"rollout.sglang.env.{bad[0]}={value[bad[0]]!r}: environment values are "
+                                         f"strings; quote it (\"{value[bad[0]]}\")")
         elif isinstance(default, bool):
             ok, kind = isinstance(value, bool), "true or false"
         elif isinstance(default, (int, float)) and not (key == "mem_fraction_static" and value is None):

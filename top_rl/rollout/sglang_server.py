@@ -9,12 +9,26 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections import deque
 from pathlib import Path
 
 from top_rl.rollout.sglang_client import SglangClient, SglangError
 from top_rl.rollout.sglang_launch import LaunchSpec
+
+
+# The server gets the default signal mask back before it execs: a local run starts Ray's processes (this engine's
+# actor among them) with the stop signals blocked (top_rl/local_ray.py), a blocked mask is inherited across fork and
+# exec, and a server that never sees SIGTERM cannot shut down cleanly (stop() would wait its whole grace period,
+# then SIGKILL). Popen has no sigmask argument, and preexec_fn is unsafe in a threaded process: a one-line exec shim.
+_UNBLOCK_THEN_EXEC = ("import os, signal, sys; signal.pthread_sigmask(signal.SIG_SETMASK, set()); "
+                      "os.execvp(sys.argv[1], sys.argv[1:])")
+
+
+def unblocked(argv: list[str]) -> list[str]:
+    """`argv` run with no signal blocked, whatever this process blocks."""
+    return [sys.executable, "-c", _UNBLOCK_THEN_EXEC, *argv]
 
 
 class SglangStartupError(SglangError):
@@ -44,8 +58,8 @@ class ServerProcess:
         with open(self.log_path, "ab") as log:
             log.write(f"\n===== top-rl start #{self.starts + 1}: {' '.join(self.spec.argv)}\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(self.spec.argv, env=self.spec.env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(unblocked(self.spec.argv), env=self.spec.env, stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         self.starts += 1
         self.wait_healthy(timeout_s)
 

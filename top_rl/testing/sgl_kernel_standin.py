@@ -1,6 +1,6 @@
 """A stand-in `sgl_kernel` (sglang-kernel's Python package) whose every function raises when called.
 
-sglang-kernel is a ~400 MB CUDA build pinned to torch 2.9.1: it installs neither on CPU nor on the lent
+sglang-kernel is a ~330 MB CUDA build (0.4.2: torch 2.11): it installs neither on CPU nor, whole, on the lent
 GPU. SGLang's Python modules import names from it at module level (`from sgl_kernel.kvcacheio import ...`),
 but SGLang's rl-mode prefill, sampler and decode step call none of them (measured on an H200 with this
 module). So `install()` answers every `import sgl_kernel[.sub]` with a module whose attributes are

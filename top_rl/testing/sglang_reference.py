@@ -1,4 +1,4 @@
-"""SGLang 0.5.10.post1's own Qwen3ForCausalLM in rl mode, driven without a server: the reference the trainer and
+"""SGLang 0.5.11's own Qwen3ForCausalLM in rl mode, driven without a server: the reference the trainer and
 the native engine must equal bit for bit (tests/gpu/test_sglang_reference.py).
 
 What it builds, each from SGLang's own code:

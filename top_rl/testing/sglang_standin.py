@@ -1,4 +1,4 @@
-"""A STAND-IN for an SGLang 0.5.10.post1 server (tests and CPU dry runs): SGLang's own front half, a stand-in back.
+"""A STAND-IN for an SGLang 0.5.11 server (tests and CPU dry runs): SGLang's own front half, a stand-in back.
 
 Front (SGLang's code, imported from the pinned wheel): the FastAPI app of `sglang.srt.entrypoints.http_server`
 (its routes, methods, validation and error bodies), its `ServerArgs` (built by its own CLI parser in the
@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextvars
 import json
+import os
 import random
 import socket
 import sys
@@ -197,7 +198,15 @@ class StandinServer:
         sa = sglang_server_args
         if sa is None:
             kw = {**DEFAULT_ARGS, **(server_args or {})}
-            sa = mods["server_args"].ServerArgs(model_path=model_path, host=host, port=self.port, device="cpu", **kw)
+            # A real server is its own process: what ServerArgs writes to os.environ (0.5.11 sets
+            # SGLANG_ENABLE_DETERMINISTIC_INFERENCE and friends) must not leak into the test's process.
+            saved = dict(os.environ)
+            try:
+                sa = mods["server_args"].ServerArgs(model_path=model_path, host=host, port=self.port, device="cpu",
+                                                    **kw)
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
         self.server_args = sa
         self.scheduler = StandinScheduler(model_path, sa, dtype)
         self.tokenizer_manager = _tokenizer_manager_class()(sa, self.scheduler)

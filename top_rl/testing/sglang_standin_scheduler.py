@@ -1,4 +1,4 @@
-"""The STAND-IN scheduler behind the stand-in SGLang server: it receives what SGLang 0.5.10.post1's own
+"""The STAND-IN scheduler behind the stand-in SGLang server: it receives what SGLang 0.5.11's own
 TokenizerManager sends its scheduler (io_struct request objects, with SGLang's own normalized and verified
 `SamplingParams`) and answers with the io_struct outputs the real scheduler + detokenizer send back
 (`BatchTokenIDOutput` under `--skip-tokenizer-init`, `FlushCacheReqOutput`, the weight-update outputs).
