@@ -114,7 +114,7 @@ def sglang_rows(model, name, batches, prompt_len, new, runs, python, native_toke
     from top_rl.model import save_model
     from top_rl.rollout.sglang import SglangEngine, SglangEngineConfig
     from top_rl.rollout.sglang_protocol import generate_payload, items, parse_generation
-    from top_rl.testing.sglang_standin import free_port
+    from top_rl.rollout.sglang_config import free_port
 
     def generate(engine, prompts, seeds, params):
         payload = generate_payload(prompts, seeds, engine.sampling(params))

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rl_runs  # noqa: E402
 from rl_runs import BASE  # noqa: E402
 
-from top_rl import prompts  # noqa: E402
+from top_rl.tasks import prompts  # noqa: E402
 from top_rl.model import Qwen3Config, UnsupportedModel  # noqa: E402
 from top_rl.tasks import ArithConfig, ArithTask, DataPosition  # noqa: E402
 

@@ -19,10 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rl_runs  # noqa: E402
 from rl_runs import BASE, STEPS  # noqa: E402
 
-from top_rl import checkpoint  # noqa: E402
-from top_rl.checkpoint import ResumeRefused  # noqa: E402
+from top_rl.run import checkpoint  # noqa: E402
+from top_rl.run.checkpoint import ResumeRefused  # noqa: E402
 from top_rl.cli import compose  # noqa: E402
-from top_rl.export import main as export_main  # noqa: E402
+from top_rl.tools.export import main as export_main  # noqa: E402
 
 
 @pytest.fixture()
@@ -125,7 +125,7 @@ class _WritesAMarker:
 
 
 def _plant_payload(ckpt: Path, name: str, marker: Path) -> None:
-    from top_rl import checkpoint_manifest
+    from top_rl.run import manifest as checkpoint_manifest
 
     state = torch.load(ckpt / name, weights_only=False)  # the genuine content (test code: this file is ours)
     state["payload"] = _WritesAMarker(marker)
@@ -151,7 +151,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_never_loaded(run_dir, t
         f"resume refused: {ckpt / name}: holds Python objects other than tensors and plain data (builtins.exec): "
         "top-rl loads no code from a checkpoint. Nothing was loaded.")
     assert not marker.exists()
-    from top_rl import safe_load
+    from top_rl.run import safe_load
 
     with pytest.raises(pickle.UnpicklingError, match="Unsupported global: GLOBAL exec"):
         safe_load.load(ckpt / name)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from top_rl.cli import export_main, parity_probe_main
-from top_rl.cli_args import Arg, KeyValueCli, UsageError
+from top_rl.tools.args import Arg, KeyValueCli, UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 

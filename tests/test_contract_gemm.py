@@ -220,12 +220,12 @@ def test_deepgemm_contract_needs_the_sglang_kernels():
 
 def test_actors_compute_under_the_runs_contract(monkeypatch):
     """Every actor process pins the run's contract before its first kernel (its GEMM path is fixed at import)."""
-    import top_rl.actors as actors
+    import top_rl.driver.actors as actors
 
     monkeypatch.setattr(actors.ray, "get_gpu_ids", lambda: [0])
     monkeypatch.setattr(actors.torch, "set_num_threads", lambda n: None)
     monkeypatch.setattr("top_rl.kernels.set_backend", lambda name: None)
-    monkeypatch.setattr("top_rl.quiet.install", lambda: None)
+    monkeypatch.setattr("top_rl.observe.quiet.install", lambda: None)
     monkeypatch.setattr(actors.rendezvous, "bind_gloo", lambda host: None)  # it sets GLOO_SOCKET_IFNAME for good
     actors._setup_process("sglang", None, 1, DG.name)
     assert sg.active_contract() is DG

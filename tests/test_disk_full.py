@@ -20,7 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rl_runs  # noqa: E402
 from rl_runs import BASE, STEPS  # noqa: E402
 
-from top_rl import checkpoint, checkpoint_manifest, disk_full, faults  # noqa: E402
+from top_rl.run import checkpoint
+from top_rl.run import manifest as checkpoint_manifest
+from top_rl.run import disk_full
+from top_rl.run import faults  # noqa: E402
 from top_rl.tasks import ArithTask, DataPosition  # noqa: E402
 
 

@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rl_runs  # noqa: E402
 
-from top_rl.export import main as export_main  # noqa: E402
+from top_rl.tools.export import main as export_main  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 
@@ -81,7 +81,7 @@ def test_export_console_script_refuses_to_overwrite(tmp_path, capsys):
 
 def _fake_run(run_dir: Path) -> Path:
     """A run_dir with one checkpoint that verifies (tiny stand-in files), metrics and a wandb dir."""
-    from top_rl import checkpoint_manifest
+    from top_rl.run import manifest as checkpoint_manifest
 
     ckpt = run_dir / "checkpoints" / "step_000002"
     (ckpt / "hf").mkdir(parents=True)

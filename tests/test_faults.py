@@ -1,7 +1,7 @@
 """Issue 5: a run survives faults. SIGKILL mid-checkpoint leaves the previous checkpoint resumable; an
 engine that dies is restarted with the current weights and the rollout retried (the run stays bitwise
 the uninterrupted one); a dead trainer rank and SIGTERM stop the run cleanly, naming the checkpoint and
-how to resume. Faults are injected with TOP_RL_FAULT (top_rl/faults.py)."""
+how to resume. Faults are injected with TOP_RL_FAULT (top_rl/run/faults.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rl_runs  # noqa: E402
 from rl_runs import BASE, STEPS  # noqa: E402
 
-from top_rl import checkpoint, faults  # noqa: E402
+from top_rl.run import checkpoint
+from top_rl.run import faults  # noqa: E402
 
 
 def _with(overrides, **kv):
@@ -112,7 +113,7 @@ def _assert_stopped_cleanly(run_dir: Path, out, sig: int) -> int:
 def test_group_sigterm_then_group_sighup_each_checkpoint_and_the_resumes_are_bitwise_the_straight_run(tmp_path):
     """Issue 24: SIGTERM/SIGHUP to the whole process group reached Ray's GCS and raylet too, which died first:
     the run lost everything (no checkpoint with checkpoint.every=0, run.lock left, no message). Now Ray's
-    processes are shielded (top_rl.local_ray): each stop finishes its step, checkpoints, says how to resume."""
+    processes are shielded (top_rl.driver.local_ray): each stop finishes its step, checkpoints, says how to resume."""
     overrides = _with(BASE, checkpoint__every=0)  # only a stop (or the end) writes a checkpoint
     proc = rl_runs.start(tmp_path, *overrides, f"steps={STEPS}")
     first = _assert_stopped_cleanly(tmp_path, _stop_group_after(tmp_path, proc, 1, signal.SIGTERM), signal.SIGTERM)
@@ -163,7 +164,7 @@ def test_ctrl_c_during_start_up_stops_the_run_cleanly_and_leaves_nothing(tmp_pat
 
 def _fake_checkpoint(run_dir: Path, step: int) -> Path:
     """A checkpoint with every file a resume needs (tiny stand-in contents) and its manifest."""
-    from top_rl import checkpoint_manifest
+    from top_rl.run import manifest as checkpoint_manifest
 
     ckpt = run_dir / "checkpoints" / f"step_{step:06d}"
     ckpt.mkdir(parents=True)

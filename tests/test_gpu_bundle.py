@@ -103,7 +103,7 @@ class Block(importlib.abc.MetaPathFinder):
         if name.split(".")[0] in {blocked!r}:
             raise ImportError("left out of the bundle: " + name)
 sys.meta_path.insert(0, Block())
-from top_rl.testing import sgl_kernel_standin
+from tests.doubles import sgl_kernel_standin
 with sgl_kernel_standin.installed():
     for m in {SERVER_MODULES!r}:
         importlib.import_module(m)
@@ -125,7 +125,7 @@ def test_every_distribution_a_live_server_imports_is_on_the_gpu_machine_or_carri
     dies at start on the GPU (fastapi 0.163 importing opentelemetry was one); sgl_kernel is the CPU stand-in here."""
     code = f"""
 import importlib, importlib.metadata as md, json, sys
-from top_rl.testing import sgl_kernel_standin
+from tests.doubles import sgl_kernel_standin
 before = set(sys.modules)
 with sgl_kernel_standin.installed():
     for m in {SERVER_MODULES!r}:

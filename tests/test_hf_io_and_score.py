@@ -50,7 +50,7 @@ def test_score_cli_loads_transformers_checkpoint(tmp_path):
     hf = _hf_checkpoint(tmp_path, tied=True, gqa=2)
     ids = SEQS[2]
     out = subprocess.run(
-        [sys.executable, "-m", "top_rl.score", "--model", str(tmp_path), "--input-ids", ",".join(map(str, ids))],
+        [sys.executable, "-m", "top_rl.tools.score", "--model", str(tmp_path), "--input-ids", ",".join(map(str, ids))],
         capture_output=True, text=True, check=True,
     )
     got = torch.tensor(json.loads(out.stdout)["logprobs"])
@@ -63,7 +63,7 @@ def test_score_cli_loads_transformers_checkpoint(tmp_path):
 
 def test_score_cli_refuses_non_qwen3(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
-    out = subprocess.run([sys.executable, "-m", "top_rl.score", "--model", str(tmp_path), "--input-ids", "1,2"],
+    out = subprocess.run([sys.executable, "-m", "top_rl.tools.score", "--model", str(tmp_path), "--input-ids", "1,2"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "not a dense Qwen3" in out.stderr
 

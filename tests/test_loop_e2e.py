@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from top_rl.tracking import REQUIRED_KEYS
+from top_rl.observe.tracking import REQUIRED_KEYS
 
 pytestmark = pytest.mark.slow
 SMALL = ["rollout.prompts_per_step=4", "rollout.n_samples=4", "cluster.torch_threads=1"]
@@ -21,7 +21,7 @@ def _wandb_history_keys(path) -> set[str]:
     """Every key of every history row in an offline wandb run file (read with wandb's own protobufs)."""
     from wandb.proto import wandb_internal_pb2
 
-    from top_rl import wandb_history
+    from top_rl.observe import wandb_history
 
     keys = set()
     for raw in wandb_history.records(path):

@@ -1,6 +1,6 @@
 """The whole RL loop with `rollout.engine=sglang`, on CPU: Ray, the Megatron trainer, and an engine actor that
 launches `python -m sglang.launch_server ...` with the contract's flags, where the configured `python` is a wrapper
-that runs the STAND-IN server (top_rl/testing/sglang_standin.py: SGLang's own HTTP app and tokenizer manager in
+that runs the STAND-IN server (tests/doubles/sglang_standin.py: SGLang's own HTTP app and tokenizer manager in
 front of a stand-in scheduler; not SGLang) with those flags. What this covers, which a live server on a GPU covers
 again (tests/gpu/test_sglang_live.py, scripts/gpu_run.sh e2e): a run without model.path writes its random initial
 policy for the server to start from, every weight push goes over the HTTP protocol (disk sync), the prefill source
@@ -23,12 +23,14 @@ import sglang_cpu  # noqa: E402
 _ERR = sglang_cpu.import_error()
 pytestmark = [pytest.mark.skipif(_ERR is not None, reason=_ERR or ""), pytest.mark.slow]
 
+ROOT = Path(__file__).resolve().parents[1]  # tests.doubles lives in the repository, not the package
+
 
 def _wrapper(root: Path) -> Path:
     """A `python` that runs the stand-in for `-m sglang.launch_server`, the real interpreter otherwise."""
     w = root / "python"
     w.write_text(f'#!/bin/sh\nif [ "$1" = "-m" ] && [ "$2" = "sglang.launch_server" ]; then\n  shift 2\n'
-                 f'  exec {sys.executable} -m top_rl.testing.sglang_standin "$@"\nfi\nexec {sys.executable} "$@"\n')
+                 f'  exec env PYTHONPATH={ROOT} {sys.executable} -m tests.doubles.sglang_standin "$@"\nfi\nexec {sys.executable} "$@"\n')
     w.chmod(0o755)
     return w
 

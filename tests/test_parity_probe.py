@@ -1,4 +1,4 @@
-"""`top-rl-parity-probe` against the in-thread STAND-IN server (top_rl/testing/sglang_standin.py, not SGLang): the
+"""`top-rl-parity-probe` against the in-thread STAND-IN server (tests/doubles/sglang_standin.py, not SGLang): the
 stand-in (SGLang's HTTP app and tokenizer manager, a stand-in scheduler) computes with TOP-RL's own model, so the probe must report bitwise equality for the same checkpoint and
 name the first differing token for another one. On a GPU cluster the same command runs against a real server."""
 
@@ -16,8 +16,8 @@ import sglang_cpu  # noqa: E402
 from helpers import tiny_model  # noqa: E402
 
 from top_rl.model import save_model  # noqa: E402
-from top_rl.parity_probe import compare, main  # noqa: E402
-from top_rl.testing.sglang_standin import StandinServer  # noqa: E402
+from top_rl.tools.parity_probe import compare, main  # noqa: E402
+from tests.doubles.sglang_standin import StandinServer  # noqa: E402
 
 _ERR = sglang_cpu.import_error()
 needs_sglang = pytest.mark.skipif(_ERR is not None, reason=_ERR or "")

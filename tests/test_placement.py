@@ -1,9 +1,9 @@
-"""Placement plans (top_rl.placement): bundles per layout, colocation, and refusals that name what was asked
+"""Placement plans (top_rl.driver.placement): bundles per layout, colocation, and refusals that name what was asked
 and what the cluster has. Pure functions: no Ray."""
 
 import pytest
 
-from top_rl.placement import ClusterConfig, PlacementError, check, plan
+from top_rl.driver.placement import ClusterConfig, PlacementError, check, plan
 
 
 def test_separate_layout_gives_each_actor_its_bundle():

@@ -42,7 +42,7 @@ def _loopback(ip: str) -> bool:
 
 def test_the_rendezvous_store_serves_on_the_reserved_socket():
     """Rank 0 listens on the node's address it reserved, not on every interface as a TCPStore left to bind does."""
-    from top_rl import rendezvous
+    from top_rl.driver import rendezvous
 
     port = rendezvous.reserve("127.0.0.1")
     timeout = datetime.timedelta(seconds=60)
@@ -60,7 +60,7 @@ def test_the_rendezvous_store_serves_on_the_reserved_socket():
 
 
 def test_gloo_binds_the_interface_holding_the_nodes_address(monkeypatch):
-    from top_rl import rendezvous
+    from top_rl.driver import rendezvous
 
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     rendezvous.bind_gloo("127.0.0.1")
@@ -72,9 +72,9 @@ def test_gloo_binds_the_interface_holding_the_nodes_address(monkeypatch):
 
 _LOCAL_CLUSTER = r'''
 import json, os, sys, time, psutil, ray
-from top_rl.actors import TrainerActor
-from top_rl.cluster import start_ray
-from top_rl.placement import ClusterConfig
+from top_rl.driver.actors import TrainerActor
+from top_rl.driver.cluster import start_ray
+from top_rl.driver.placement import ClusterConfig
 start_ray(ClusterConfig(num_cpus=2))  # as the loop starts a local run
 rank0 = TrainerActor.options(num_cpus=0).remote(0, 2, "reference", None, 1)
 host, port = ray.get(rank0.free_address.remote())

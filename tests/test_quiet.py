@@ -1,4 +1,4 @@
-"""A quiet console (top_rl/quiet.py): third-party start-up notices are filtered, each by its module and text,
+"""A quiet console (top_rl/observe/quiet.py): third-party start-up notices are filtered, each by its module and text,
 in the driver and in every Ray actor; TOP-RL's own warnings and other third-party messages still show."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rl_runs  # noqa: E402
 
-from top_rl import quiet  # noqa: E402
+from top_rl.observe import quiet  # noqa: E402
 
-# What a run printed before top_rl.quiet (driver and every actor), written out here rather than read from
+# What a run printed before top_rl.observe.quiet (driver and every actor), written out here rather than read from
 # quiet.py so the test checks the console, not the table.
 NOTICES = ["Transformer Engine and Apex are not installed", "Apex is not installed. Falling back to Torch Norm",
            "absl.logging is not installed", "full scope is deprecated", "GPTModel IS DEPRECATED",

@@ -14,8 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rl_runs  # noqa: E402
 from rl_runs import BASE, STEPS  # noqa: E402
 
-from top_rl import checkpoint, wandb_history  # noqa: E402
-from top_rl.checkpoint import CheckpointConfig, ResumeRefused  # noqa: E402
+from top_rl.run import checkpoint
+from top_rl.observe import wandb_history  # noqa: E402
+from top_rl.run.checkpoint import CheckpointConfig, ResumeRefused  # noqa: E402
 from top_rl.tasks import ArithConfig, ArithTask, DataPosition  # noqa: E402
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from top_rl.run_lock import NAME, RunDirLocked, RunLock
+from top_rl.run.lock import NAME, RunDirLocked, RunLock
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,8 +36,9 @@ def test_second_holder_is_refused_naming_pid_and_host_and_release_cleans_up(tmp_
 def test_a_resume_refused_on_a_run_dir_a_live_run_holds_names_that_run(tmp_path):
     """Issue 24: resume=true without a checkpoint is refused; on a run_dir a live run holds (and has not
     checkpointed yet), the reason to give is that run, as the lock would, not the missing checkpoint."""
-    from top_rl import preflight, run_lock
-    from top_rl.checkpoint import ResumeRefused
+    from top_rl import preflight
+    from top_rl.run import lock as run_lock
+    from top_rl.run.checkpoint import ResumeRefused
     from top_rl.cli import compose
 
     cfg = compose([f"run_dir={tmp_path}", "resume=true", "task.num_prompts=6"])
@@ -54,7 +55,7 @@ def test_a_resume_refused_on_a_run_dir_a_live_run_holds_names_that_run(tmp_path)
 def test_lock_of_a_killed_process_is_taken_over_with_a_message(tmp_path, capsys):
     run_dir = tmp_path / "run"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from top_rl.run_lock import RunLock; "
+        [sys.executable, "-c", "import sys, time; from top_rl.run.lock import RunLock; "
          f"RunLock({str(run_dir)!r}).acquire(); print('held', flush=True); time.sleep(600)"],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:

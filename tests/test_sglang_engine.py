@@ -1,4 +1,4 @@
-"""The SGLang engine's HTTP client against a local STAND-IN server (top_rl/testing/sglang_standin.py: SGLang
+"""The SGLang engine's HTTP client against a local STAND-IN server (tests/doubles/sglang_standin.py: SGLang
 0.5.11's own HTTP app and tokenizer manager on 127.0.0.1, in front of a stand-in scheduler that computes with
 TOP-RL's model). Not a whole SGLang: what this proves is the protocol handling (payloads, the input_token_logprobs
 off-by-one, errors, retries, weight versions) against SGLang's request/response code, with exact equality of the
@@ -27,7 +27,7 @@ from top_rl.rollout.sglang_client import (SglangClient, SglangHTTPError, SglangP
                                           SglangUnavailable)
 from top_rl.rollout.sglang_config import SglangEngineConfig  # noqa: E402
 from top_rl.rollout.sglang_protocol import parse_generation, parse_scores, score_payload  # noqa: E402
-from top_rl.testing.sglang_standin import StandinServer  # noqa: E402
+from tests.doubles.sglang_standin import StandinServer  # noqa: E402
 
 _ERR = sglang_cpu.import_error()
 pytestmark = pytest.mark.skipif(_ERR is not None, reason=_ERR or "")

@@ -1,4 +1,4 @@
-"""The engine's process handling, with the STAND-IN server (top_rl/testing/sglang_standin.py, not SGLang) as the
+"""The engine's process handling, with the STAND-IN server (tests/doubles/sglang_standin.py, not SGLang) as the
 child process: the engine builds the real `python -m sglang.launch_server ...` command, and a wrapper given as
 `python` runs the stand-in with those flags. Covered: the launch (version check through that interpreter,
 SGLang-parser validation, /health wait, /server_info check), a clear startup error with the log tail, the
@@ -37,7 +37,7 @@ PARAMS = SamplingParams(max_new_tokens=4, temperature=0.9)
 
 
 def _free_port() -> int:
-    from top_rl.testing.sglang_standin import free_port
+    from top_rl.rollout.sglang_config import free_port
 
     return free_port()
 
@@ -48,7 +48,7 @@ def setup(tmp_path_factory):
     save_model(tiny_model(), root / "ckpt")
     wrapper = root / "python"  # runs the stand-in for `-m sglang.launch_server`, the real python otherwise
     wrapper.write_text(f'#!/bin/sh\nif [ "$1" = "-m" ] && [ "$2" = "sglang.launch_server" ]; then\n  shift 2\n'
-                       f'  exec {sys.executable} -m top_rl.testing.sglang_standin "$@"\nfi\nexec {sys.executable} "$@"\n')
+                       f'  exec env PYTHONPATH={ROOT} {sys.executable} -m tests.doubles.sglang_standin "$@"\nfi\nexec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
     return root, wrapper
 
@@ -121,7 +121,7 @@ def test_distributed_sync_over_a_process_group(setup, tmp_path):
         eng.start()
         from datetime import timedelta
 
-        from top_rl import rendezvous
+        from top_rl.driver import rendezvous
 
         port, joined = rendezvous.reserve("127.0.0.1"), {}  # as trainer rank 0 does: a store on 127.0.0.1 only
         t = threading.Thread(target=lambda: joined.update(r=eng.init_weights_update_group("127.0.0.1", port, 1, 2, "gloo")))
@@ -157,7 +157,7 @@ def _blocked_signals(pid: int) -> set[int]:
 
 def test_server_sees_stop_signals_even_when_its_launcher_blocks_them(setup, tmp_path):
     """A local run starts Ray's processes, the engine actor among them, with SIGINT/SIGTERM/SIGHUP blocked
-    (top_rl/local_ray.py); the server it launches must not inherit that mask, or stop() waits out its grace period
+    (top_rl/driver/local_ray.py); the server it launches must not inherit that mask, or stop() waits out its grace period
     and the server outlives a run's shutdown."""
     import time
 

@@ -20,7 +20,7 @@ from top_rl.rollout.base import SamplingParams  # noqa: E402
 from top_rl.rollout.native import NativeEngine  # noqa: E402
 from top_rl.rollout.sglang import SglangEngine  # noqa: E402
 from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError  # noqa: E402
-from top_rl.testing.sglang_standin import StandinServer  # noqa: E402
+from tests.doubles.sglang_standin import StandinServer  # noqa: E402
 
 _ERR = sglang_cpu.import_error()
 needs_sglang = pytest.mark.skipif(_ERR is not None, reason=_ERR or "")

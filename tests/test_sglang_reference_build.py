@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sglang_cpu  # noqa: E402
 
-from top_rl.testing import sgl_kernel_standin as standin  # noqa: E402
+from tests.doubles import sgl_kernel_standin as standin  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 _ERR = sglang_cpu.import_error()
@@ -60,12 +60,12 @@ sys.path.insert(0, "tests")
 import sglang_cpu
 from helpers import tiny_model
 from top_rl.model import hf_state_dict, save_model
-from top_rl.testing import sgl_kernel_standin
+from tests.doubles import sgl_kernel_standin
 ckpt = sys.argv[1]
 save_model(tiny_model(dtype="bfloat16", tied=False, num_hidden_layers=3, vocab_size=128), ckpt)
 sd = hf_state_dict(tiny_model(dtype="bfloat16", tied=False, num_hidden_layers=3, vocab_size=128))
 torch.Tensor.cuda = lambda self, *a, **k: self  # rl-mode RoPE moves inv_freq with .cuda(); no GPU here
-from top_rl.testing.sglang_reference import SglangReference
+from tests.doubles.sglang_reference import SglangReference
 ref = SglangReference(ckpt, device="cpu", max_reqs=4, max_tokens=64)
 p = dict(ref.model.named_parameters())
 m = "model.layers.1."

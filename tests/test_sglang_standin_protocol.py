@@ -46,7 +46,7 @@ def ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(ckpt):
-    from top_rl.testing.sglang_standin import StandinServer
+    from tests.doubles.sglang_standin import StandinServer
 
     with StandinServer(str(ckpt[0])) as srv:
         yield srv
@@ -162,7 +162,7 @@ def test_meta_info_and_a_prefill_only_answer(server):
 
 
 def test_tensor_sync_reads_each_tp_ranks_entry(ckpt):
-    from top_rl.testing.sglang_standin import StandinServer
+    from tests.doubles.sglang_standin import StandinServer
 
     with StandinServer(str(ckpt[0]), server_args={"tp_size": 2}) as srv:
         cfg = SglangEngineConfig(model_path=str(ckpt[0]), port=srv.port, weight_sync="tensor", tp_size=2, top=False,

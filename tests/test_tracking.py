@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from top_rl.tracking import Tracker, TrackingConfig, resolve_wandb_mode
+from top_rl.observe.tracking import Tracker, TrackingConfig, resolve_wandb_mode
 
 
 @pytest.fixture(autouse=True)
@@ -80,7 +80,7 @@ def _finished(path, timeout_s=30.0):
     run.finish() returns (on this 2-core machine a read right after finish saw no history row 1 time in 30)."""
     from wandb.proto import wandb_internal_pb2
 
-    from top_rl import wandb_history
+    from top_rl.observe import wandb_history
 
     deadline = time.monotonic() + timeout_s
     while True:
@@ -96,7 +96,7 @@ def _finished(path, timeout_s=30.0):
 
 def _wandb_steps(run_dir, run_id):
     """Every history row of every finished attempt's offline file, read back with wandb's own protobufs."""
-    from top_rl import wandb_history
+    from top_rl.observe import wandb_history
 
     files = [_finished(f) for f in wandb_history.offline_files(run_dir, run_id)]
     return sorted(s for f in files for s in wandb_history.history_steps(f)), len(files)

@@ -1,5 +1,5 @@
 """Issue 24 (6c): a user error at any entry point (`top-rl`, `dry_run=true` included, `top-rl-export`,
-`top-rl-parity-probe`, `python -m top_rl.score`) is one line naming the key or file and the fix, with a non-zero
+`top-rl-parity-probe`, `python -m top_rl.tools.score`) is one line naming the key or file and the fix, with a non-zero
 exit and no Python traceback: a wrong key, a bad value, a missing or malformed file."""
 
 from __future__ import annotations
@@ -83,12 +83,12 @@ def test_malformed_or_incomplete_model_dirs(tmp_path, models):
     out = _run("-m", "top_rl.cli", f"run_dir={tmp_path / 'run'}", f"model.path={models / 'no_weights'}", "steps=1")
     _one_line(out, 1, "top-rl: ", "has neither model.safetensors nor model.safetensors.index.json")  # before Ray
     assert not (tmp_path / "run").exists()
-    _one_line(_run("-m", "top_rl.score", "--model", str(bad), "--input-ids", "1,2,3"), 2, "error: ",
+    _one_line(_run("-m", "top_rl.tools.score", "--model", str(bad), "--input-ids", "1,2,3"), 2, "error: ",
               f"{bad / 'config.json'}:1: not valid JSON")
 
 
 def test_tool_value_errors(models):
-    out = _run("-m", "top_rl.score", "--model", str(models / "no_weights"), "--input-ids", "1,2", "--dtype", "fp8")
+    out = _run("-m", "top_rl.tools.score", "--model", str(models / "no_weights"), "--input-ids", "1,2", "--dtype", "fp8")
     assert out.returncode == 2 and "argument --dtype: invalid choice: 'fp8'" in out.stderr
     assert "Traceback" not in out.stderr
     probe = ["-c", "import sys; from top_rl.cli import parity_probe_main; sys.exit(parity_probe_main())"]

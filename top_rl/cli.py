@@ -1,5 +1,5 @@
 """Entry points, all taking `key=value` arguments and `--help`: `top-rl [hydra overrides]` (`-m` sweeps),
-`top-rl-export run_dir=... out=DIR`, `top-rl-parity-probe url=... model=DIR` (top_rl/cli_args.py)."""
+`top-rl-export run_dir=... out=DIR`, `top-rl-parity-probe url=... model=DIR` (top_rl/tools/args.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
-from top_rl import quiet
+from top_rl.observe import quiet
 
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")  # package data: ships in the wheel
 
@@ -110,7 +110,7 @@ def launch_plan(cfg) -> dict:
             engines.append(sglang_plan(cfg, index=i))
         else:
             engines.append({"kind": "native", "in_process": True, "kernels": kernel_backend(cfg), "logprob_source": cfg.rollout.logprob_source, "dtype": cfg.model.dtype})
-    from top_rl import placement
+    from top_rl.driver import placement
 
     t = cfg.trainer
     world = t.dp * t.tp * t.pp * t.cp
@@ -157,7 +157,7 @@ def _hydra_entry():
             print(json.dumps(plan, indent=2, default=str))
             return
         from top_rl import loop
-        from top_rl.faults import RunStopped
+        from top_rl.run.faults import RunStopped
         from top_rl.rl.gate import ParityViolation
 
         try:
@@ -173,14 +173,14 @@ def _hydra_entry():
 
 
 def _ignore_stop_signals() -> None:
-    from top_rl.faults import STOP_SIGNALS
+    from top_rl.run.faults import STOP_SIGNALS
 
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 
 
 def main() -> None:
-    from top_rl import faults
+    from top_rl.run import faults
 
     quiet.install()
     faults.interrupt_on_signals()  # first: Ctrl-C during imports and checks stops the run too
@@ -209,14 +209,14 @@ def main() -> None:
 
 def export_main(argv: list[str] | None = None) -> int:
     quiet.install()
-    from top_rl.export import main as export
+    from top_rl.tools.export import main as export
 
     return export(sys.argv[1:] if argv is None else argv)
 
 
 def parity_probe_main(argv: list[str] | None = None) -> int:
     quiet.install()
-    from top_rl.parity_probe import main as probe
+    from top_rl.tools.parity_probe import main as probe
 
     return probe(sys.argv[1:] if argv is None else argv)
 

@@ -15,12 +15,12 @@ from omegaconf import OmegaConf
 from top_rl import contract
 from top_rl.contract import AttentionBackend
 from top_rl.kernels import KernelBackend
-from top_rl.checkpoint import CheckpointConfig
-from top_rl.placement import ClusterConfig
+from top_rl.run.checkpoint import CheckpointConfig
+from top_rl.driver.placement import ClusterConfig
 from top_rl.model.source import ModelConfig
 from top_rl.rl.config import AlgoConfig, GateConfig
 from top_rl.rollout.config import RolloutConfig
-from top_rl.tracking import TrackingConfig
+from top_rl.observe.tracking import TrackingConfig
 from top_rl.train import TrainerConfig
 
 

@@ -12,14 +12,20 @@ from pathlib import Path
 
 import torch
 
-from top_rl import checkpoint, disk_full, faults, preflight, prompts, rng, run_lock
-from top_rl.cluster import Cluster
+from top_rl import preflight
+from top_rl.run import checkpoint
+from top_rl.run import disk_full
+from top_rl.run import faults
+from top_rl.tasks import prompts
+from top_rl.run import rng
+from top_rl.run import lock as run_lock
+from top_rl.driver.cluster import Cluster
 from top_rl.config import RunConfig, kernel_backend
 from top_rl.rl import gate, grpo_advantages
 from top_rl.rl.batch import RLBatch, RLSample, RLStepConfig
 from top_rl.rollout.base import SamplingParams, sample_seed
 from top_rl.rollout.sglang_plan import initial_policy_dir
-from top_rl.tracking import Tracker
+from top_rl.observe.tracking import Tracker
 
 
 def rollout_metrics(samples, seconds: float) -> dict:

@@ -5,7 +5,7 @@ Each check is a function `(cfg, ready) -> None` that raises with a message namin
 or prompt and the fix; CHECKS runs them in order (cheap config checks first, the dataset scan and the
 checkpoint verification last). `ready` collects what the checks loaded (task, model config, resume
 state), so the run does not load it twice. A new refusal is one function and one line in CHECKS.
-Reading is all they do: the lock (top_rl.run_lock) is the run's first write, right after.
+Reading is all they do: the lock (top_rl.run.lock) is the run's first write, right after.
 `dry_run=true` runs CONFIG_CHECKS, those that need only the config (and model.path's config.json where this
 machine has it): the planning machine need not hold the data, the weights or the run's resources.
 """
@@ -17,15 +17,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from top_rl import checkpoint, config, contract, placement, prompts, run_lock, tasks
-from top_rl.checkpoint import ResumeRefused
+from top_rl import config, contract, tasks
+from top_rl.run import checkpoint
+from top_rl.driver import placement
+from top_rl.tasks import prompts
+from top_rl.run import lock as run_lock
+from top_rl.run.checkpoint import ResumeRefused
 from top_rl.config import ConfigError, kernel_backend
 from top_rl.model import family
-from top_rl.placement import PlacementError
+from top_rl.driver.placement import PlacementError
 from top_rl.model.family import UnsupportedModel
-from top_rl.prompts import BadInput
+from top_rl.tasks.prompts import BadInput
 from top_rl.rollout.sglang_config import TopConfigError
-from top_rl.run_lock import RunDirLocked
+from top_rl.run.lock import RunDirLocked
 from top_rl.train import layout_rules
 from top_rl.train.layout_rules import LayoutError
 
@@ -93,7 +97,7 @@ def sglang_engines(cfg, ready: Ready) -> None:
 
 def resources(cfg, ready: Ready) -> None:
     """The placement (engines, trainer ranks, their GPUs and CPUs) fits this machine (local runs; a running
-    cluster is checked once connected, top_rl.cluster)."""
+    cluster is checked once connected, top_rl.driver.cluster)."""
     hint = layout_rules.hint(ready.shape, _k_chunk(cfg)) if ready.shape else ""
     placement.check_before_start(cfg.rollout.num_engines, cfg.trainer, cfg.cluster, hint)
 
@@ -174,7 +178,7 @@ def prompt_lengths(cfg, ready: Ready) -> None:
 
 def resume_state(cfg, ready: Ready) -> None:
     """A fresh run never overwrites checkpoints; a resume takes the newest checkpoint that verifies and
-    refuses changed determinism-relevant settings (top_rl.checkpoint.prepare)."""
+    refuses changed determinism-relevant settings (top_rl.run.checkpoint.prepare)."""
     ready.checkpoints_seen = [p.name for p in checkpoint.complete_checkpoints(Path(cfg.run_dir))]
     try:
         ready.state = checkpoint.prepare(Path(cfg.run_dir), cfg)

@@ -17,7 +17,7 @@ from tests.gpu._common import needs_cuda
 pytestmark = [needs_cuda, pytest.mark.gpu]
 
 if torch.cuda.is_available():  # before SGLang's sampler module is imported: the contract's env, the sgl_kernel stand-in
-    from top_rl.testing.sglang_reference import prepare_process
+    from tests.doubles.sglang_reference import prepare_process
 
     prepare_process()
 

@@ -82,7 +82,7 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
 
 
 def _free_port() -> int:
-    from top_rl.testing.sglang_standin import free_port
+    from top_rl.rollout.sglang_config import free_port
 
     return free_port()
 

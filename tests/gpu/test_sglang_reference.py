@@ -1,4 +1,4 @@
-"""SGLang 0.5.11's own Qwen3ForCausalLM in rl mode is the reference (top_rl/testing/sglang_reference.py):
+"""SGLang 0.5.11's own Qwen3ForCausalLM in rl mode is the reference (tests/doubles/sglang_reference.py):
 our native model/engine and the Megatron trainer, on the `sglang` kernel backend with triton attention, must give
 its bits (torch.equal) for every layer's output, the logits, the prompt log-probs of its input_token_logprobs path
 (in several packings on both sides), its sampler's tokens and log-probs and its decode steps. The `plain` backend (the
@@ -24,7 +24,7 @@ from tests.gpu._common import needs_cuda
 pytestmark = [needs_cuda, pytest.mark.gpu]
 
 if torch.cuda.is_available():  # before anything imports SGLang's layers: the contract's env, the sgl_kernel stand-in
-    from top_rl.testing.sglang_reference import prepare_process
+    from tests.doubles.sglang_reference import prepare_process
 
     prepare_process()
 
@@ -53,7 +53,7 @@ def _token_names(seqs) -> list[str]:
 
 @pytest.fixture(autouse=True)
 def no_sgl_kernel_call():
-    from top_rl.testing import sgl_kernel_standin
+    from tests.doubles import sgl_kernel_standin
 
     start = len(sgl_kernel_standin.CALLS)
     yield
@@ -78,7 +78,7 @@ def triton_attention_on_both_sides():
 @pytest.fixture(scope="module", params=["tied", "untied"])
 def setup(request, tmp_path_factory):
     from top_rl.kernels import sglang_attention
-    from top_rl.testing.sglang_reference import SglangReference
+    from tests.doubles.sglang_reference import SglangReference
 
     tied = request.param == "tied"
     path = tmp_path_factory.mktemp(f"ref_{request.param}")

@@ -20,7 +20,7 @@ class LogprobSource(StrEnum):
 
 
 class OnLongPrompt(StrEnum):
-    """Prompts longer than the context allows (top_rl/prompts.py)."""
+    """Prompts longer than the context allows (top_rl/tasks/prompts.py)."""
 
     error = "error"
     truncate = "truncate"

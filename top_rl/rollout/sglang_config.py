@@ -226,3 +226,21 @@ def check_config(cfg: SglangEngineConfig, trainer_attention_backend: str,
         check_env(cfg.env, "the engine config's env", top)
         check_env(os.environ if base_env is None else base_env, "the launching process's environment", top)
         check_sampling({"temperature": 1.0, **cfg.extra_sampling}, top)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A free TCP port SGLang accepts (<= MAX_PORT: it reserves port + 10000 for gRPC); the OS's ephemeral range
+    reaches past it."""
+    import random
+    import socket
+
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randint(20000, MAX_PORT)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in 20000..{MAX_PORT} on {host}")

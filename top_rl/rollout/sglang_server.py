@@ -19,7 +19,7 @@ from top_rl.rollout.sglang_launch import LaunchSpec
 
 
 # The server gets the default signal mask back before it execs: a local run starts Ray's processes (this engine's
-# actor among them) with the stop signals blocked (top_rl/local_ray.py), a blocked mask is inherited across fork and
+# actor among them) with the stop signals blocked (top_rl/driver/local_ray.py), a blocked mask is inherited across fork and
 # exec, and a server that never sees SIGTERM cannot shut down cleanly (stop() would wait its whole grace period,
 # then SIGKILL). Popen has no sigmask argument, and preexec_fn is unsafe in a threaded process: a one-line exec shim.
 _UNBLOCK_THEN_EXEC = ("import os, signal, sys; signal.pthread_sigmask(signal.SIG_SETMASK, set()); "

@@ -67,7 +67,7 @@ def init_trainer_group(master_address: str, master_port: int, world_size: int, g
                        backend: str = "nccl", store=None):
     """The trainer's end (rank 0) of the group the servers join; it is not the default process group, so it
     coexists with Megatron's groups. Uses the pinned SGLang's own helper, as the servers do. `store`: the rendezvous
-    store this process serves at master_address:master_port (top_rl.rendezvous.store: bound to that address only;
+    store this process serves at master_address:master_port (top_rl.driver.rendezvous.store: bound to that address only;
     without it SGLang's helper binds its own TCPStore, which listens on every interface). The servers reach it with
     `tcp://` and key it under the group's name (a PrefixStore), so this end does the same."""
     from sglang.srt.utils.common import init_custom_process_group

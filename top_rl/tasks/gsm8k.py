@@ -143,7 +143,7 @@ class Gsm8kTask(HFTokenizerTask):
         if self.cfg.on_bad_row == "error":
             raise ValueError(f"{where}: {why} (set task.on_bad_row=skip to drop such rows)")
         self.skipped += 1
-        if len(self.skipped_rows) < 20:  # reported at start (top_rl.prompts.load_task); the count goes to metrics
+        if len(self.skipped_rows) < 20:  # reported at start (top_rl.tasks.prompts.load_task); the count goes to metrics
             self.skipped_rows.append(f"{where}: {why}")
 
     def _add(self, where: str, row: Any) -> None:

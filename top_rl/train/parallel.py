@@ -20,7 +20,7 @@ from megatron.core import parallel_state as ps
 
 
 def init_process_group(rank: int = 0, world_size: int = 1, init_method: str | None = None, store=None) -> None:
-    """Join (or create) the default group at `init_method` or `store` (top_rl.rendezvous.store: bound to the node's
+    """Join (or create) the default group at `init_method` or `store` (top_rl.driver.rendezvous.store: bound to the node's
     address); a single process gets a private file store."""
     if dist.is_initialized():
         return
@@ -95,7 +95,7 @@ def layer_offset(tc, pp_rank: int) -> int:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now, on `host` (local tools; a run's ranks meet through top_rl.rendezvous)."""
+    """A port nothing listens on now, on `host` (local tools; a run's ranks meet through top_rl.driver.rendezvous)."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]

@@ -9,7 +9,7 @@
                        tokenizer), written by trainer rank 0: the exact weights the engines sample
                        with, so `top-rl-export` is a copy and needs neither the trainer nor its layout
   state.json           step, data position, wandb run id, resolved config
-  manifest.json        size and SHA-256 of every file above (top_rl.checkpoint_manifest); written last
+  manifest.json        size and SHA-256 of every file above (top_rl.run.manifest); written last
 A checkpoint is written into `step_NNNNNN.tmp/` (then fsynced) and renamed when complete, so a
 crash mid-write leaves the previous one as the latest. A checkpoint is trusted only once it verifies
 against its manifest: resume takes the newest one that does and names each one skipped (and the file
@@ -26,8 +26,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from top_rl import checkpoint_manifest, faults
-from top_rl.checkpoint_manifest import CheckpointInvalid
+from top_rl.run import manifest as checkpoint_manifest
+from top_rl.run import faults
+from top_rl.run.manifest import CheckpointInvalid
 from top_rl.tasks.base import DataPosition
 
 STEP_PREFIX = "step_"
@@ -54,7 +55,7 @@ class ResumeRefused(ValueError):
 
 
 class CheckpointUnsafe(CheckpointInvalid):
-    """A checkpoint file that would run code when loaded (top_rl.safe_load): never loaded, and a resume that
+    """A checkpoint file that would run code when loaded (top_rl.run.safe_load): never loaded, and a resume that
     finds one stops rather than quietly falling back to an older checkpoint."""
 
 
@@ -115,7 +116,7 @@ def save(run_dir: Path, cfg, step: int, position: DataPosition, cluster, run_id:
     try:
         _write_files(tmp, cfg, step, position, cluster, run_id, task)
     except Exception as e:
-        from top_rl import disk_full
+        from top_rl.run import disk_full
 
         if not (disk_full.is_no_space(e) or disk_full.free_space(root)[0] < disk_full.LOW_SPACE_BYTES):
             raise
@@ -138,7 +139,8 @@ def _write_files(tmp: Path, cfg, step: int, position: DataPosition, cluster, run
     cluster.save_trainer_states([str((tmp / _shard(r)).resolve()) for r in range(len(cluster.trainers))])
     import torch  # here, not at import: the run config imports CheckpointConfig without loading torch
 
-    from top_rl import rng, safe_load
+    from top_rl.run import rng
+    from top_rl.run import safe_load
 
     def driver_state(f) -> None:
         faults.inject("enospc_in_checkpoint", step, path=f.name)
@@ -178,7 +180,7 @@ def load_verified(ckpt: Path, driver: bool = True) -> dict:
         if not (ckpt / name).is_file():
             raise CheckpointInvalid(ckpt, name, "missing")
     if driver:  # a resume: it loads them (exports and resume hints read only state.json and hf/)
-        from top_rl import safe_load
+        from top_rl.run import safe_load
 
         for name in pickles:  # read without running: a checkpoint that would run code is never loaded (safe_load)
             try:

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import torch
 
 from top_rl import contract
-from top_rl.testing import sgl_kernel_standin
+from tests.doubles import sgl_kernel_standin
 
 
 def _free_port() -> int:

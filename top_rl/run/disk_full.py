@@ -1,6 +1,6 @@
 """A full disk stops the run with one line: where, how much is free, and how to resume.
 
-A checkpoint is written atomically (top_rl.checkpoint), so a full disk never costs the last complete one.
+A checkpoint is written atomically (top_rl.run.checkpoint), so a full disk never costs the last complete one.
 What it did cost was the console: every write into run_dir fails, wandb's console capture fails to log
 each stderr line into run_dir and reports that through Python logging, whose handler (also in run_dir)
 fails and prints "--- Logging error ---" with a traceback to stderr, which is captured again: tens of
@@ -21,7 +21,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from top_rl.faults import RunStopped, resume_hint
+from top_rl.run.faults import RunStopped, resume_hint
 
 NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 NO_SPACE_WORDS = ("No space left on device", "Disk quota exceeded", "os error 28", "os error 122")

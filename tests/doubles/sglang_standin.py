@@ -6,10 +6,10 @@ subprocess form) and its `TokenizerManager` (request normalization, `SamplingPar
 `normalize`/`verify`, validation, response and `meta_info` building, weight-version bookkeeping). Only the
 tokenizer manager's two ZMQ sockets are replaced by in-process channels to the stand-in scheduler
 (`sglang_standin_scheduler`), which computes with TOP-RL's model. sglang-kernel is absent here: the imports
-run with `top_rl.testing.sgl_kernel_standin`; served by uvicorn on 127.0.0.1, lifespan off (no OpenAI
+run with `tests.doubles.sgl_kernel_standin`; served by uvicorn on 127.0.0.1, lifespan off (no OpenAI
 handlers, no warmup request).
 
-Run as `python -m top_rl.testing.sglang_standin [sglang.launch_server flags...] [--standin-dtype D]
+Run as `python -m tests.doubles.sglang_standin [sglang.launch_server flags...] [--standin-dtype D]
 [--standin-startup-delay S]`, or in a thread with `StandinServer(model_path).start()`. For tests:
 `server.requests` logs (path, JSON body); `server.faults.append((path, status, body))` answers the next
 request to `path` with that status and text body before SGLang sees it; status 0 drops the connection
@@ -24,15 +24,14 @@ import asyncio
 import contextvars
 import json
 import os
-import random
 import socket
 import sys
 import threading
 import time
 
-from top_rl.rollout.sglang_config import MAX_PORT
-from top_rl.testing import sgl_kernel_standin
-from top_rl.testing.sglang_standin_scheduler import StandinScheduler
+from top_rl.rollout.sglang_config import free_port
+from tests.doubles import sgl_kernel_standin
+from tests.doubles.sglang_standin_scheduler import StandinScheduler
 
 _CURRENT: contextvars.ContextVar = contextvars.ContextVar("sglang_standin_state")
 _SGLANG: dict = {}
@@ -168,21 +167,6 @@ class _Front:
         return False
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A free TCP port SGLang accepts (<= MAX_PORT: it reserves port + 10000 for gRPC); the OS's ephemeral range
-    reaches past it."""
-    rng = random.SystemRandom()
-    for _ in range(200):
-        port = rng.randint(20000, MAX_PORT)
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in 20000..{MAX_PORT} on {host}")
-
-
 class StandinServer:
     """The stand-in on `host` in a background thread (port 0 picks a free port). `server_args` overrides
     fields of SGLang's ServerArgs (built with the contract's flags); `sglang_server_args` passes a built one."""
@@ -258,7 +242,7 @@ class StandinServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m top_rl.testing.sglang_standin", add_help=False,
+    ap = argparse.ArgumentParser(prog="python -m tests.doubles.sglang_standin", add_help=False,
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--standin-dtype", default=None, help="compute dtype of the stand-in's model")
     ap.add_argument("--standin-startup-delay", type=float, default=0.0, help="answer /health 503 this long")

@@ -2,7 +2,7 @@
 
 A run that crashed may have logged steps to metrics.jsonl that wandb never recorded (the wandb service
 buffers; a SIGKILL loses what it had not written), and may have recorded steps past its last
-checkpoint that the resumed run replays. `top_rl.tracking` re-logs the first kind and skips the second,
+checkpoint that the resumed run replays. `top_rl.observe.tracking` re-logs the first kind and skips the second,
 using the steps this module finds:
   offline  every earlier attempt wrote its own `wandb/offline-run-*-<id>/run-<id>.wandb` (a LevelDB-style
            log of wandb's protobuf records, format below); their history records name the steps

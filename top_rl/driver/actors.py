@@ -1,9 +1,9 @@
-"""The Ray actors: a rollout engine, and one trainer rank. The driver (top_rl.cluster) places and calls them.
+"""The Ray actors: a rollout engine, and one trainer rank. The driver (top_rl.driver.cluster) places and calls them.
 
 Devices: an actor computes on the GPU(s) Ray gave it (`ray.get_gpu_ids()`, exposed as CUDA_VISIBLE_DEVICES);
 an actor Ray gave no GPU computes on the CPU, even on a GPU node (Ray leaves CUDA_VISIBLE_DEVICES unset for
 it, so without this it would silently share GPU 0 with everyone).
-Weights: engines start empty and are sent every version by trainer rank 0 (top_rl.weight_sync); the driver
+Weights: engines start empty and are sent every version by trainer rank 0 (top_rl.weights.sync); the driver
 never holds them.
 """
 
@@ -14,15 +14,16 @@ import os
 import ray
 import torch
 
-from top_rl import rendezvous, weight_sync
-from top_rl.weight_sync import Endpoint
+from top_rl.driver import rendezvous
+from top_rl.weights import sync as weight_sync
+from top_rl.weights.sync import Endpoint
 
 
 def _setup_process(kernel_backend: str, attention_backend: str | None, threads: int,
                    contract_name: str | None = None) -> None:
-    from top_rl import quiet
+    from top_rl.observe import quiet
 
-    quiet.install()  # third-party start-up notices, once per actor (top_rl/quiet.py)
+    quiet.install()  # third-party start-up notices, once per actor (top_rl/observe/quiet.py)
     rendezvous.bind_gloo(ray.util.get_node_ip_address())  # before any gloo group: the node's address only
     if not ray.get_gpu_ids():
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before anything initialises CUDA in this process
@@ -75,7 +76,7 @@ class EngineActor:
     def generate(self, prompts, seeds, params):
         return self.engine.generate(prompts, seeds, params)
 
-    # weights, by transport (top_rl.weight_sync)
+    # weights, by transport (top_rl.weights.sync)
     def load_weights(self, hf_weights: dict, version: int) -> int:
         self.engine.update_weights(hf_weights)
         self.version = version
@@ -126,7 +127,7 @@ class TrainerActor:
 
     def free_address(self) -> tuple[str, int]:
         """An address on this node's IP for others to meet at (rank 0: the trainer's rendezvous, weight groups),
-        its port reserved by this actor until the rendezvous serves on it (top_rl.rendezvous)."""
+        its port reserved by this actor until the rendezvous serves on it (top_rl.driver.rendezvous)."""
         host = ray.util.get_node_ip_address()
         return host, rendezvous.reserve(host)
 
@@ -137,7 +138,7 @@ class TrainerActor:
         the same)."""
         from torch.distributed.constants import default_pg_timeout
 
-        from top_rl import rng
+        from top_rl.run import rng
         from top_rl.train import Trainer
         from top_rl.train.parallel import init_process_group
 
@@ -230,7 +231,9 @@ class TrainerActor:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str) -> None:
         """This rank's shard, written by the rank itself (run_dir must be on storage every node sees)."""
-        from top_rl import faults, rng, safe_load
+        from top_rl.run import faults
+        from top_rl.run import rng
+        from top_rl.run import safe_load
 
         state = {"trainer": self.trainer.state_dict(), "rng": rng.state()}
         with open(path, "wb") as f:  # a Python file: a full disk raises OSError(ENOSPC), torch's own writer loses it
@@ -239,7 +242,8 @@ class TrainerActor:
         safe_load.check_saved(path)
 
     def load_checkpoint(self, path: str) -> None:
-        from top_rl import rng, safe_load
+        from top_rl.run import rng
+        from top_rl.run import safe_load
 
         state = safe_load.load(path)  # tensors and plain data only: a checkpoint runs no code
         self.trainer.load_state_dict(state["trainer"])

@@ -1,12 +1,12 @@
-"""Ray placement and the calls the RL loop makes: rollout engines and the trainer group (top_rl.actors).
+"""Ray placement and the calls the RL loop makes: rollout engines and the trainer group (top_rl.driver.actors).
 
 Locally this is `ray.init()` on this machine; on a cluster (`cluster.address` or RAY_ADDRESS) it joins the
-running Ray. One placement group holds the bundles `top_rl.placement` plans; every actor asks Ray for its
+running Ray. One placement group holds the bundles `top_rl.driver.placement` plans; every actor asks Ray for its
 GPUs, so each gets its own device (or its share of one, colocated). The trainer ranks meet at rank 0's
 node address. Trainer calls are SPMD: every rank gets the same call (batches travel once, as one object),
 rank 0 answers.
 
-Faults (top_rl.faults): results are awaited fail-fast, so the first actor that dies or raises surfaces
+Faults (top_rl.run.faults): results are awaited fail-fast, so the first actor that dies or raises surfaces
 as `ActorFailed` naming it, without waiting on its SPMD peers (which may be blocked in a collective with
 it). A rollout engine that dies is replaced in its bundle by a fresh one, trainer rank 0 sends it the
 current weights, and the call is repeated (at most `cluster.max_engine_restarts` times per run): a rollout
@@ -24,10 +24,14 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tqdm import tqdm
 
-from top_rl import faults, local_ray, placement, rendezvous, weight_sync
-from top_rl.actors import EngineActor, TrainerActor
-from top_rl.faults import ActorFailed
-from top_rl.placement import ClusterConfig, PlacementError
+from top_rl.run import faults
+from top_rl.driver import local_ray
+from top_rl.driver import placement
+from top_rl.driver import rendezvous
+from top_rl.weights import sync as weight_sync
+from top_rl.driver.actors import EngineActor, TrainerActor
+from top_rl.run.faults import ActorFailed
+from top_rl.driver.placement import ClusterConfig, PlacementError
 
 WEIGHT_BUCKET_BYTES = 512 << 20
 
@@ -42,11 +46,11 @@ def start_ray(cfg: ClusterConfig) -> None:
     address = cfg.address or os.environ.get("RAY_ADDRESS")
     if address:  # a cluster's workers do not inherit this process's warning filters: install them there too
         ray.init(address=address, log_to_driver=True,
-                 runtime_env={"worker_process_setup_hook": "top_rl.quiet.install"})
-    else:  # a local run: every server Ray starts listens on loopback only (top_rl.rendezvous)
+                 runtime_env={"worker_process_setup_hook": "top_rl.observe.quiet.install"})
+    else:  # a local run: every server Ray starts listens on loopback only (top_rl.driver.rendezvous)
         rendezvous.ray_on_loopback()
         local_ray.start(num_cpus=cfg.num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=True,
-                        configure_logging=False)  # its processes survive a group SIGTERM/SIGHUP (top_rl.local_ray)
+                        configure_logging=False)  # its processes survive a group SIGTERM/SIGHUP (top_rl.driver.local_ray)
         faults.raise_if_interrupted()  # a stop signal that came while Ray started: stop before placing actors
 
 

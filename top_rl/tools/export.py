@@ -16,9 +16,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from top_rl import checkpoint
-from top_rl.cli_args import Arg, KeyValueCli, UsageError
-from top_rl.checkpoint_manifest import CheckpointInvalid
+from top_rl.run import checkpoint
+from top_rl.tools.args import Arg, KeyValueCli, UsageError
+from top_rl.run.manifest import CheckpointInvalid
 
 CLI = KeyValueCli("top-rl-export", "Copy a run's checkpoint (its Hugging Face `hf/` directory) to a directory that "
                   "transformers loads.", [

@@ -13,7 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from top_rl.atomic import write_file
+from top_rl.run.atomic import write_file
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class Tracker:
     and wandb ``run_id``; rows after that step (from the crashed attempt) are dropped so the
     JSONL never holds a step twice. Without ``resume_from_step`` an existing JSONL is replaced.
 
-    wandb on resume (top_rl.wandb_history): the rows metrics.jsonl keeps that wandb never recorded
+    wandb on resume (top_rl.observe.wandb_history): the rows metrics.jsonl keeps that wandb never recorded
     (a crash loses wandb's buffered tail) are logged again from the JSONL, and steps wandb already
     holds (logged past the checkpoint, then replayed) are not sent twice: the wandb run ends up with
     every step exactly once."""
@@ -108,7 +108,7 @@ class Tracker:
             self._restore_wandb_history()
 
     def _restore_wandb_history(self) -> None:
-        from top_rl import wandb_history
+        from top_rl.observe import wandb_history
 
         if self.mode == "offline":
             this = Path(self.run.dir).parent / f"run-{self.run_id}.wandb"

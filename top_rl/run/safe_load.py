@@ -61,4 +61,4 @@ def check_saved(path: str | Path) -> None:
     names = unsafe_globals(path)
     if names:
         raise RuntimeError(f"{path} was written with types a resume refuses to load ({', '.join(sorted(names))}): "
-                           "a top-rl bug; the state saved must be tensors and plain data (top_rl/safe_load.py)")
+                           "a top-rl bug; the state saved must be tensors and plain data (top_rl/run/safe_load.py)")

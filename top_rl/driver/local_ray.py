@@ -2,7 +2,7 @@
 
 `timeout -s TERM`, `kill -TERM -<pgid>`, Slurm and a closing terminal signal every process of the run's
 process group (or of the job), not only the driver. Ray's GCS, raylet, agents and workers would die on that SIGTERM/SIGHUP
-at once, so the driver could not finish its step and write the checkpoint it promises (top_rl.faults). So
+at once, so the driver could not finish its step and write the checkpoint it promises (top_rl.run.faults). So
 Ray's processes start with the stop signals blocked: a blocked signal mask is inherited across fork and exec
 (the raylet passes it on to the workers it starts), which is how Ray itself already keeps Ctrl-C (SIGINT)
 away from its processes. The driver alone receives them and stops the run in order; SIGKILL still ends
@@ -21,7 +21,7 @@ import signal
 
 import ray
 
-from top_rl.faults import STOP_SIGNALS as SHIELDED  # the driver handles them (top_rl.faults)
+from top_rl.run.faults import STOP_SIGNALS as SHIELDED  # the driver handles them (top_rl.run.faults)
 
 
 def start(**init_kwargs) -> None:

@@ -8,7 +8,7 @@ Two layouts, chosen by `cluster.colocate`:
   colocated  one bundle per trainer rank holding one whole GPU that the rank shares with engines
              (fractional GPUs: trainer_gpus + engines x engine_gpus <= 1). Engines fill the ranks' GPUs
              from the last rank down, so with fewer engines than ranks no engine shares rank 0's GPU and
-             the trainer can broadcast to every engine over NCCL (top_rl.weight_sync).
+             the trainer can broadcast to every engine over NCCL (top_rl.weights.sync).
 Bundle order: engines first (separate) then ranks; `engine_bundle` / `trainer_bundle` index into it.
 """
 
@@ -19,7 +19,7 @@ from enum import StrEnum
 
 
 class WeightTransport(StrEnum):
-    """How trainer rank 0 sends weights to the engines (top_rl/weight_sync.py)."""
+    """How trainer rank 0 sends weights to the engines (top_rl/weights/sync.py)."""
 
     auto = "auto"  # NCCL broadcast between GPUs, CUDA IPC on a shared GPU, the object store on CPU
     broadcast = "broadcast"  # a process group always (gloo on CPU)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from top_rl.placement import WeightTransport
+from top_rl.driver.placement import WeightTransport
 from top_rl.rollout.sglang_weights import Bucket, bucket_meta, buckets, flatten, unflatten
 
 GROUP_TIMEOUT = datetime.timedelta(minutes=10)
@@ -70,7 +70,7 @@ class Group:
     rank 0, which hosts the rendezvous store on its node."""
 
     def __init__(self, host: str, port: int, rank: int, world: int, name: str):
-        from top_rl import rendezvous
+        from top_rl.driver import rendezvous
 
         store = rendezvous.store(host, port, world, rank, GROUP_TIMEOUT)  # rank 0 reserved host:port
         store = dist.PrefixStore(name, store)

@@ -1,4 +1,4 @@
-"""`python -m top_rl.score --model DIR --input-ids 1,2,3`: a checkpoint's log-probs under TOP kernels.
+"""`python -m top_rl.tools.score --model DIR --input-ids 1,2,3`: a checkpoint's log-probs under TOP kernels.
 
 Prints {"logprobs": [...]} where entry i is log p(id[i+1] | id[0..i]) (the engine's prefill path: fp32,
 no temperature), computed by the same kernels the trainer uses.
@@ -26,7 +26,7 @@ def parse_ids(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m top_rl.score", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m top_rl.tools.score", description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="Hugging Face checkpoint directory (dense Qwen3 today)")
     ap.add_argument("--input-ids", required=True, help="comma-separated token ids")
     ap.add_argument("--dtype", default=None, choices=DTYPE_NAMES,

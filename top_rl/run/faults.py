@@ -1,6 +1,6 @@
 """Faults a run survives or stops on cleanly, and the one test-only hook that causes them.
 
-- A rollout engine that dies is replaced and its call repeated (top_rl.cluster): generation is a pure
+- A rollout engine that dies is replaced and its call repeated (top_rl.driver.cluster): generation is a pure
   function of prompt, seed and weights, so a retried rollout is the rollout that would have happened.
 - A trainer rank that dies stops the run: `RunGuard` turns the failure into `RunStopped`, naming the
   actor, the last complete checkpoint and the command that resumes from it.
@@ -9,9 +9,9 @@
   imports, Ray starting) one stops the run at once (`interrupt_on_signals`, installed by `top-rl`
   first thing: also when the shell started it with SIGINT ignored, as a background job). Schedulers
   and terminals send them to the whole process group: Ray's own processes are shielded from them
-  (top_rl.local_ray), so the driver can finish. After SIGHUP a console that is a terminal is presumed
+  (top_rl.driver.local_ray), so the driver can finish. After SIGHUP a console that is a terminal is presumed
   gone: writes to it would fail (EIO) and stop the run mid-step, so they go to /dev/null instead.
-  Checkpoints are written atomically (top_rl.checkpoint), so either way the last complete one is intact.
+  Checkpoints are written atomically (top_rl.run.checkpoint), so either way the last complete one is intact.
 
 Test-only fault injection, read only here: TOP_RL_FAULT="point:N[,point:N...]"
   kill_after_step:N     SIGKILL this driver once step N is logged and checkpointed
@@ -90,7 +90,7 @@ class RunStopped(RuntimeError):
 
 def resume_hint(run_dir: Path) -> str:
     """How to resume: the newest checkpoint that verifies against its manifest (never one that fails)."""
-    from top_rl import checkpoint
+    from top_rl.run import checkpoint
 
     try:
         latest, _, failed = checkpoint.newest_verified(run_dir, driver=False)

@@ -1,0 +1,1 @@
+"""Moving the trainer's weights into the engines: buckets, transports, senders and receivers."""
