@@ -23,7 +23,7 @@ from rl_runs import BASE, STEPS  # noqa: E402
 from top_rl.run import checkpoint
 from top_rl.run import manifest as checkpoint_manifest
 from top_rl.run import disk_full
-from top_rl.run import faults  # noqa: E402
+from top_rl.run import fault_injection  # noqa: E402
 from top_rl.tasks import ArithTask, DataPosition  # noqa: E402
 
 
@@ -54,7 +54,7 @@ def test_enospc_in_the_drivers_checkpoint_write_stops_with_one_line_and_keeps_th
                                         ArithTask())
     last = save(2)
     before = rl_runs.tree_hash(last)
-    monkeypatch.setattr(faults, "_PLAN", {("enospc_in_checkpoint", 3)})
+    monkeypatch.setattr(fault_injection, "_PLAN", {("enospc_in_checkpoint", 3)})
     with pytest.raises(disk_full.DiskFull) as stop:
         save(3)
     root = tmp_path / "checkpoints"

@@ -36,7 +36,7 @@ def test_warning_filters_are_specific(monkeypatch):
     assert not _shown(apex, "megatron.core.models.backends")
     assert not _shown("Transformer Engine and Apex are not installed. Falling back to Torch optimizers.",
                       "megatron.core.optimizer")
-    assert _shown(apex, "top_rl.model.qwen3.megatron")  # our own module: never hidden
+    assert _shown(apex, "top_rl.train.qwen3_megatron")  # our own module: never hidden
     assert _shown("something else", "megatron.core.models.backends")  # another message from that module
     assert _shown(apex, "megatron.core.models.backends_other")  # module matched exactly, not as a prefix
     env = __import__("os").environ["PYTHONWARNINGS"].split(",")

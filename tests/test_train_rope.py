@@ -13,7 +13,7 @@ from top_rl import kernels
 from top_rl.model import Qwen3Config, packed_positions
 from top_rl.train import TrainSequence, cpu_shims
 from top_rl.train.batch import pack_micro_batch
-from top_rl.model.qwen3.megatron import transformer_config
+from top_rl.train.qwen3_megatron import transformer_config
 
 
 class _NoCP:  # a context-parallel group of one, so no process group is needed

@@ -14,7 +14,6 @@ import torch
 
 from top_rl import preflight
 from top_rl.run import checkpoint
-from top_rl.run import disk_full
 from top_rl.run import faults
 from top_rl.tasks import prompts
 from top_rl.run import rng
@@ -48,7 +47,7 @@ def run(cfg: RunConfig) -> dict:
     # One run per run_dir; SIGINT/SIGTERM/SIGHUP stop the run after a checkpointed step; a dead trainer stops it
     # naming the checkpoint; a full disk stops it in one line, before the tracker and Ray shut down.
     with faults.RunGuard(run_dir) as guard, run_lock.RunLock(run_dir), contextlib.ExitStack() as cleanup, \
-            disk_full.StopOnFullDisk(run_dir):
+            faults.StopOnFullDisk(run_dir):
         state = preflight.confirm_under_lock(cfg, ready)  # None: a fresh run (which never overwrites checkpoints)
         cluster = Cluster(cfg.cluster, kernel_backend=kernel_backend(cfg), attention_backend=cfg.top.attention_backend,
                           rollout_cfg=cfg.rollout, trainer_cfg=dataclasses.replace(cfg.trainer, dtype=cfg.model.dtype),

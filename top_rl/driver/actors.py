@@ -231,13 +231,13 @@ class TrainerActor:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str) -> None:
         """This rank's shard, written by the rank itself (run_dir must be on storage every node sees)."""
-        from top_rl.run import faults
+        from top_rl.run import fault_injection
         from top_rl.run import rng
         from top_rl.run import safe_load
 
         state = {"trainer": self.trainer.state_dict(), "rng": rng.state()}
         with open(path, "wb") as f:  # a Python file: a full disk raises OSError(ENOSPC), torch's own writer loses it
-            faults.inject("enospc_in_trainer_checkpoint", path=path)
+            fault_injection.inject("enospc_in_trainer_checkpoint", path=path)
             torch.save(state, f)
         safe_load.check_saved(path)
 

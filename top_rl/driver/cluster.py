@@ -24,13 +24,13 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tqdm import tqdm
 
-from top_rl.run import faults
+from top_rl.run import fault_injection, faults
 from top_rl.driver import local_ray
 from top_rl.driver import placement
 from top_rl.driver import rendezvous
 from top_rl.weights import sync as weight_sync
 from top_rl.driver.actors import EngineActor, TrainerActor
-from top_rl.run.faults import ActorFailed
+from top_rl.run.stopped import ActorFailed
 from top_rl.driver.placement import ClusterConfig, PlacementError
 
 WEIGHT_BUCKET_BYTES = 512 << 20
@@ -165,7 +165,7 @@ class Cluster:
         while True:
             refs = [submit(i, e) for i, e in enumerate(self.engines)]
             if fault:
-                faults.inject(fault, actor=self.engines[0])
+                fault_injection.inject(fault, actor=self.engines[0])
             try:
                 return self._get(refs, [f"rollout engine {i}" for i in range(len(refs))], what)
             except ActorFailed as e:
@@ -223,7 +223,7 @@ class Cluster:
     def _on_trainers(self, method: str, args_per_rank, what: str, fault: str | None = None) -> list:
         refs = [getattr(t, method).remote(*args) for t, args in zip(self.trainers, args_per_rank)]
         if fault:
-            faults.inject(fault, actor=self.trainers[0])
+            fault_injection.inject(fault, actor=self.trainers[0])
         return self._get(refs, [f"trainer rank {r}" for r in range(len(refs))], what)
 
     def rl_step(self, batch):

@@ -1,13 +1,12 @@
-"""Model families: everything that knows one architecture (its config, HF tensor names, native model,
-Megatron layer spec) lives in one package, top_rl/model/<family>/; the rest of TOP-RL reaches it through
-this registry. A family package exposes:
+"""Model families: everything that knows one architecture (its config, HF tensor names, native model) lives in
+one package, top_rl/model/<family>/, and its Megatron layer spec in the trainer (top_rl/train/trainer.py
+MEGATRON_SPECS); the rest of TOP-RL reaches it through this registry. A family package exposes:
   NAME, Config (frozen dataclass: from_hf_dict / from_dir / to_hf_dict, `family` = NAME), NotSupported,
   NativeModel(config, dtype)      the engine's model over the kernel seam (.load_hf, .hf_state_dict,
                                   .new_kv_cache, .init_random)
   hf_to_megatron, iter_megatron_to_hf, megatron_names, full_shape   HF <-> Megatron names and layouts
-  load_megatron()                 its Megatron module: transformer_config, build_gpt_model (imports Megatron)
   serves(model_type)              whether a config.json's model_type is this family's
-Adding a size of a family is config; adding a family is one new package and one line below.
+Adding a size of a family is config; adding a family is one new package, one line below and its Megatron spec.
 """
 
 from __future__ import annotations

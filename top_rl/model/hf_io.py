@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from top_rl.run.atomic import write_file
+from top_rl.atomic import write_file
 from top_rl.model import family
 from top_rl.model.family import UnsupportedModel
 

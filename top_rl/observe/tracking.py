@@ -13,7 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from top_rl.run.atomic import write_file
+from top_rl.atomic import write_file
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
-from top_rl.run.atomic import write_file
+from top_rl.atomic import write_file
 from top_rl.rl.config import GateConfig, OnViolation
 from top_rl.rl.metrics import ParityMetrics, parity_metrics
 

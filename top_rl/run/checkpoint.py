@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from top_rl.run import manifest as checkpoint_manifest
-from top_rl.run import faults
+from top_rl.run import disk_full, fault_injection
 from top_rl.run.manifest import CheckpointInvalid
 from top_rl.tasks.base import DataPosition
 
@@ -116,14 +116,12 @@ def save(run_dir: Path, cfg, step: int, position: DataPosition, cluster, run_id:
     try:
         _write_files(tmp, cfg, step, position, cluster, run_id, task)
     except Exception as e:
-        from top_rl.run import disk_full
-
         if not (disk_full.is_no_space(e) or disk_full.free_space(root)[0] < disk_full.LOW_SPACE_BYTES):
             raise
         shutil.rmtree(tmp, ignore_errors=True)  # the partial checkpoint: its space back, the last complete one kept
         last = latest(run_dir)
         took = f" (the last one, {last.name}, takes {disk_full.size_of(last)})" if last is not None else ""
-        raise disk_full.stopped(run_dir, root, f"writing the step-{step} checkpoint{took}") from None
+        raise disk_full.stopped(root, f"writing the step-{step} checkpoint{took}", resume_hint(Path(run_dir))) from None
     if final.exists():  # should a step be saved twice: never be without one complete copy
         final.rename(old)
     os.replace(tmp, final)
@@ -143,12 +141,12 @@ def _write_files(tmp: Path, cfg, step: int, position: DataPosition, cluster, run
     from top_rl.run import safe_load
 
     def driver_state(f) -> None:
-        faults.inject("enospc_in_checkpoint", step, path=f.name)
+        fault_injection.inject("enospc_in_checkpoint", step, path=f.name)
         torch.save({"rng": rng.state()}, f)
 
     _write(tmp / "driver.pt", driver_state)
     safe_load.check_saved(tmp / "driver.pt")
-    faults.inject("kill_in_checkpoint", step)
+    fault_injection.inject("kill_in_checkpoint", step)
     cluster.save_hf(str((tmp / "hf").resolve()))  # written by trainer rank 0
     task.save_tokenizer(str(tmp / "hf"))
     state = {"format": FORMAT, "step": step, "position": position.state_dict(), "run_id": run_id,
@@ -303,3 +301,23 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def resume_hint(run_dir: Path) -> str:
+    """How to resume: the newest checkpoint that verifies against its manifest (never one that fails)."""
+    try:
+        latest, _, failed = newest_verified(run_dir, driver=False)
+    except Exception as e:  # noqa: BLE001 - the stop message must never fail itself
+        return f"(the checkpoints in {run_dir} could not be checked: {e})"
+    skipped = describe_failed(failed)
+    if latest is None:
+        return f"{run_dir} has no complete checkpoint{' that verifies' if failed else ''} yet: a new run starts " \
+               f"from step 0.{skipped}"
+    from_cli = Path(sys.argv[0]).name in ("top-rl", "cli.py")  # the same overrides, plus resume=true
+    args = [a for a in sys.argv[1:] if not a.startswith(("resume=", "+resume="))] if from_cli else []
+    if not any(a.startswith("run_dir=") for a in args):
+        args.insert(0, f"run_dir={run_dir}")
+    cmd = shlex.join(["top-rl", *args, "resume=true"]) + ("" if from_cli else "  (with the run's other overrides)")
+    which = "Last complete checkpoint that verifies" if failed else "Last complete checkpoint"
+    return f"{which}: {latest} (step {step_of(latest)}).{skipped}{chr(10) if skipped else ' '}Resume " \
+           f"with:\n  {cmd}"

@@ -21,7 +21,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from top_rl.run.faults import RunStopped, resume_hint
+from top_rl.run.stopped import RunStopped
 
 NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 NO_SPACE_WORDS = ("No space left on device", "Disk quota exceeded", "os error 28", "os error 122")
@@ -73,25 +73,9 @@ def quiet_logging() -> None:
     logging.raiseExceptions = False
 
 
-def stopped(run_dir: Path, where: Path, what: str) -> DiskFull:
+def stopped(where: Path, what: str, resume_hint: str) -> DiskFull:
     """The DiskFull for a write to `where` (under run_dir) that found no space while `what`."""
     quiet_logging()
     free, total = free_space(where)
     return DiskFull(f"no space left on device while {what}: {where} is on a filesystem with {_size(free)} free of "
-                    f"{_size(total)}. Free some space (or move run_dir) and resume. {resume_hint(Path(run_dir))}")
-
-
-class StopOnFullDisk:
-    """`with StopOnFullDisk(run_dir):` the run's body: a no-space failure leaves it as DiskFull (module doc).
-    Enter it inside the stack that closes the tracker and Ray, so it acts before they do."""
-
-    def __init__(self, run_dir: Path):
-        self.run_dir = Path(run_dir)
-
-    def __enter__(self) -> "StopOnFullDisk":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc is None or isinstance(exc, DiskFull) or not isinstance(exc, Exception) or not is_no_space(exc):
-            return
-        raise stopped(self.run_dir, self.run_dir, "writing the run's files") from None
+                    f"{_size(total)}. Free some space (or move run_dir) and resume. {resume_hint}")

@@ -13,14 +13,7 @@
   gone: writes to it would fail (EIO) and stop the run mid-step, so they go to /dev/null instead.
   Checkpoints are written atomically (top_rl.run.checkpoint), so either way the last complete one is intact.
 
-Test-only fault injection, read only here: TOP_RL_FAULT="point:N[,point:N...]"
-  kill_after_step:N     SIGKILL this driver once step N is logged and checkpointed
-  kill_in_checkpoint:N  SIGKILL this driver halfway through writing the step-N checkpoint
-  kill_engine:N         kill rollout engine 0 while this process's N-th rollout call is in flight
-  kill_trainer:N        kill trainer rank 0 while this process's N-th train step is in flight
-  enospc_in_checkpoint:N          the driver's write of the step-N checkpoint fails with ENOSPC (disk full)
-  enospc_in_trainer_checkpoint:N  a trainer rank's N-th shard write fails with ENOSPC
-Unset (always, outside tests), `inject` is a dictionary lookup that does nothing.
+The test-only hook that causes them is top_rl/run/fault_injection.py.
 """
 
 from __future__ import annotations
@@ -30,84 +23,14 @@ import os
 import shlex
 import signal
 import sys
-from collections import Counter
 from pathlib import Path
 
-ENV = "TOP_RL_FAULT"
+from top_rl.run import checkpoint, disk_full
+from top_rl.run.checkpoint import resume_hint  # noqa: F401 - the stop messages' hint
+from top_rl.run.stopped import ActorFailed, RunStopped  # noqa: F401 - raised and caught as faults.*
+
 # What a user, a scheduler (timeout, Slurm, Kubernetes) or a closing terminal sends to stop a run.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def _plan() -> set[tuple[str, int]]:
-    spec = os.environ.get(ENV, "")
-    out = set()
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        point, _, n = part.partition(":")
-        out.add((point, int(n)))
-    return out
-
-
-_PLAN = _plan()
-_calls: Counter = Counter()
-
-
-def inject(point: str, step: int | None = None, actor=None, path: str | None = None) -> None:
-    """Test-only (see module doc): cause the fault TOP_RL_FAULT names for this point, if any. `step`
-    identifies the occurrence; without it, occurrences of `point` in this process are counted. `path`:
-    the file an enospc_* point fails to write."""
-    if not _PLAN:
-        return
-    if step is None:
-        _calls[point] += 1
-        step = _calls[point]
-    if (point, step) not in _PLAN:
-        return
-    print(f"[top-rl] {ENV}: injecting {point}:{step}", file=sys.stderr, flush=True)
-    if point.startswith("enospc_"):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-    if actor is None:
-        os.kill(os.getpid(), signal.SIGKILL)
-    import ray
-
-    ray.kill(actor, no_restart=True)
-
-
-class ActorFailed(RuntimeError):
-    """A Ray actor died or raised; `actor` names it ("trainer rank 0", "rollout engine 1")."""
-
-    def __init__(self, message: str, actor: str, died: bool, index: int):
-        super().__init__(message)
-        self.actor, self.died, self.index = actor, died, index
-
-
-class RunStopped(RuntimeError):
-    """The run stopped before its last step; the message says why and how to resume."""
-
-    def __init__(self, message: str, exit_code: int = 1):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-def resume_hint(run_dir: Path) -> str:
-    """How to resume: the newest checkpoint that verifies against its manifest (never one that fails)."""
-    from top_rl.run import checkpoint
-
-    try:
-        latest, _, failed = checkpoint.newest_verified(run_dir, driver=False)
-    except Exception as e:  # noqa: BLE001 - the stop message must never fail itself
-        return f"(the checkpoints in {run_dir} could not be checked: {e})"
-    skipped = checkpoint.describe_failed(failed)
-    if latest is None:
-        return f"{run_dir} has no complete checkpoint{' that verifies' if failed else ''} yet: a new run starts " \
-               f"from step 0.{skipped}"
-    from_cli = Path(sys.argv[0]).name in ("top-rl", "cli.py")  # the same overrides, plus resume=true
-    args = [a for a in sys.argv[1:] if not a.startswith(("resume=", "+resume="))] if from_cli else []
-    if not any(a.startswith("run_dir=") for a in args):
-        args.insert(0, f"run_dir={run_dir}")
-    cmd = shlex.join(["top-rl", *args, "resume=true"]) + ("" if from_cli else "  (with the run's other overrides)")
-    which = "Last complete checkpoint that verifies" if failed else "Last complete checkpoint"
-    return f"{which}: {latest} (step {checkpoint.step_of(latest)}).{skipped}{chr(10) if skipped else ' '}Resume " \
-           f"with:\n  {cmd}"
 
 
 _startup_signal: int | None = None
@@ -227,3 +150,18 @@ class RunGuard:
             raise RunStopped(f"interrupted ({signal.Signals(signum).name} {how}). {resume_hint(self.run_dir)}",
                              exit_code=128 + signum) from exc
 
+
+class StopOnFullDisk:
+    """`with StopOnFullDisk(run_dir):` the run's body: a no-space failure leaves it as DiskFull (module doc).
+    Enter it inside the stack that closes the tracker and Ray, so it acts before they do."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+
+    def __enter__(self) -> "StopOnFullDisk":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is None or isinstance(exc, disk_full.DiskFull) or not isinstance(exc, Exception) or not disk_full.is_no_space(exc):
+            return
+        raise disk_full.stopped(self.run_dir, "writing the run's files", resume_hint(self.run_dir)) from None

@@ -9,6 +9,7 @@ metrics and exported weights are gathered/broadcast), so a driver may read any r
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -25,6 +26,10 @@ from top_rl.train.logprobs import make_output_processor, split_per_sample
 from top_rl.train.optim import CpuAdamW, MegatronAdam
 from top_rl.train.schedule import StageRunner
 
+# Each model family's Megatron layer spec (transformer_config, build_gpt_model), by family name: the trainer's
+# side of a family (top_rl/model/family.py), kept here so the model package never imports Megatron.
+MEGATRON_SPECS = {"qwen3": "top_rl.train.qwen3_megatron"}
+
 LossFn = Callable[[list[torch.Tensor], list[int]], torch.Tensor]
 
 
@@ -35,7 +40,7 @@ class Trainer:
         cfg.dtype = cfg.dtype or model_cfg.torch_dtype
         self.model_cfg, self.cfg = model_cfg, cfg
         self.family = family.of(model_cfg)
-        spec = self.family.load_megatron()
+        spec = importlib.import_module(MEGATRON_SPECS[model_cfg.family])
         if model_cfg.num_hidden_layers % cfg.pp:
             raise ValueError(f"{model_cfg.num_hidden_layers} layers do not split evenly over PP={cfg.pp}")
         self.compute_dtype = as_dtype(cfg.dtype)

@@ -1,9 +1,9 @@
 """Dense Qwen3, the model family TOP-RL serves (contract qwen3_dense_top_v1): everything that knows Qwen3
-lives in this package (top_rl/model/family.py lists what a family exposes).
+lives in this package (top_rl/model/family.py lists what a family exposes), except its Megatron layer
+spec, which is the trainer's (top_rl/train/qwen3_megatron.py).
   config.py     Qwen3Config: HF config.json <-> the dataclass, with the contract's refusals
   native.py     the native model over the kernel seam (the engine's, and the reference the trainer equals)
   hf_names.py   HF tensor names <-> native fused layout and <-> Megatron names/layouts
-  megatron.py   Megatron-core GPTModel with the TOP layer spec (imports Megatron: only the trainer loads it)
 """
 
 from __future__ import annotations
@@ -14,15 +14,8 @@ from top_rl.model.qwen3.native import Qwen3 as NativeModel
 
 NAME = "qwen3"
 __all__ = ["NAME", "Config", "NotSupported", "NativeModel", "full_shape", "hf_to_megatron", "iter_megatron_to_hf",
-           "megatron_names", "load_megatron", "serves"]
+           "megatron_names", "serves"]
 
 
 def serves(model_type: str | None) -> bool:
     return model_type == "qwen3"
-
-
-def load_megatron():
-    """This family's Megatron module (megatron.py: transformer_config, build_gpt_model); imports megatron-core."""
-    import importlib
-
-    return importlib.import_module("top_rl.model.qwen3.megatron")
