@@ -23,7 +23,7 @@ from rl_runs import BASE, STEPS  # noqa: E402
 from top_rl.run import checkpoint
 from top_rl.run import manifest as checkpoint_manifest
 from top_rl.run import disk_full
-from top_rl.run import fault_injection  # noqa: E402
+from top_rl.run import fault_injection, faults  # noqa: E402
 from top_rl.tasks import ArithTask, DataPosition  # noqa: E402
 
 
