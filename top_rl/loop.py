@@ -92,8 +92,8 @@ def run(cfg: RunConfig) -> dict:
             t1 = time.perf_counter()
             report = cluster.rl_step(batch)
             t_train = time.perf_counter() - t1
-            if report.violation is not None:
-                gate.act(gate.Verdict(None, report.violation, report.dump_path), step + 1, cfg.top)
+            if report.verdict.message is not None:  # the trainer's verdict, whole
+                gate.act(report.verdict, step + 1, cfg.top)
             t2 = time.perf_counter()
             cluster.push_weights()
             t_push = time.perf_counter() - t2
@@ -105,9 +105,9 @@ def run(cfg: RunConfig) -> dict:
                 **prompt_counts,
                 "data/rows_skipped": getattr(task, "skipped", 0),
                 **{f"train/{k}": v for k, v in report.losses.items()},
-                "train/step": report.extra["trainer_step"],
-                "train/micro_batches": report.extra["micro_batches"],
-                "train/tokens": report.extra["tokens"],
+                "train/step": report.trainer_step,
+                "train/micro_batches": report.micro_batches,
+                "train/tokens": report.tokens,
                 "train/lr": cfg.trainer.lr,
                 **{f"perf/trainer/{k}_s": v for k, v in report.timings.items()},
                 "perf/rollout_time": t_rollout,
