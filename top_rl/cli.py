@@ -113,7 +113,7 @@ def launch_plan(cfg) -> dict:
     from top_rl.driver import placement
 
     t = cfg.trainer
-    world = t.dp * t.tp * t.pp * t.cp
+    world = t.world
     plan = placement.plan(cfg.rollout.num_engines, world, cfg.cluster)
     return {
         "run_dir": cfg.run_dir,
