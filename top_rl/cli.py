@@ -57,11 +57,12 @@ def _job_run_dir(dict_cfg) -> None:
 
 
 def compose(overrides: list[str]):
-    """The validated RunConfig for these overrides (tests and tools; `main` goes through @hydra.main)."""
+    """The validated RunConfig for these overrides (tests and tools; `main` goes through @hydra.main, and its run
+    validates once, in preflight)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from top_rl.config import from_hydra
+    from top_rl.config import from_hydra, validate
 
     from hydra.errors import CompactHydraException
 
@@ -73,7 +74,7 @@ def compose(overrides: list[str]):
             composed = hydra_compose(config_name="config", overrides=overrides)
         except CompactHydraException as e:  # an enum-typed key's bad value, an unknown key: name it
             raise ConfigError(hydra_error_line(e)) from None
-        return from_hydra(composed)
+        return validate(from_hydra(composed))
 
 
 def hydra_error_line(e: BaseException) -> str:

@@ -73,7 +73,7 @@ def _plain(v):
 
 
 class ConfigError(ValueError):
-    pass
+    exit_code = 2  # `top-rl` exits 2 on a config it cannot use, as Hydra does on one it cannot compose
 
 
 # Choices an enum cannot state: the enum-typed fields are checked by OmegaConf when the config composes.
@@ -136,9 +136,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     for key in ("checkpoint.every", "cluster.max_engine_restarts"):
         if _get(cfg, key) < 0:
             errors.append(f"{key}={_get(cfg, key)} must be >= 0")
-    if cfg.rollout.temperature <= 1e-6:
-        errors.append(f"rollout.temperature={cfg.rollout.temperature} must be > 1e-6 (TOP samples; greedy "
-                      "decoding returns another log-prob kind)")
+    if contract.temperature_refusal(cfg.rollout.temperature):
+        errors.append(f"rollout.temperature={cfg.rollout.temperature} {contract.temperature_refusal(cfg.rollout.temperature)}")
     errors += _optimizer_errors(cfg.trainer)
     if cfg.algo.name == "grpo" and cfg.rollout.n_samples < 2:
         errors.append(f"rollout.n_samples={cfg.rollout.n_samples} must be >= 2 for GRPO: advantages are relative "
@@ -153,15 +152,13 @@ def validate(cfg: RunConfig) -> RunConfig:
     if cfg.algo.updates_per_rollout > batch:
         errors.append(f"algo.updates_per_rollout={cfg.algo.updates_per_rollout} exceeds the {batch} samples of a step "
                       "(rollout.prompts_per_step x rollout.n_samples): each update needs at least one")
-    source_ok = getattr(contract.CONTRACTS.get(cfg.top.contract), "decode_equals_extend", ())
-    if (cfg.top.enabled and kernel_backend(cfg) == "sglang" and cfg.rollout.logprob_source == "decode"
-            and cfg.top.attention_backend not in source_ok):
-        errors.append(f"rollout.logprob_source=decode with top.kernels=sglang and top.attention_backend="
-                      f"{cfg.top.attention_backend}: that backend's decode kernel reduces differently from its "
-                      "prefill (extend) kernel, so the sampler's log-probs would fail the gate at step 1; use "
-                      "rollout.logprob_source=prefill" + (f" or an attention backend proven equal ({', '.join(source_ok)})"
-                                                           if source_ok else ""))
     chosen = contract.CONTRACTS.get(cfg.top.contract)
+    refusal = chosen and chosen.decode_refusal(cfg.top.attention_backend)
+    if cfg.top.enabled and kernel_backend(cfg) == "sglang" and cfg.rollout.logprob_source == "decode" and refusal:
+        proven = ", ".join(chosen.decode_equals_extend)
+        errors.append(f"rollout.logprob_source=decode with top.kernels=sglang and top.attention_backend="
+                      f"{cfg.top.attention_backend}: {refusal}; use rollout.logprob_source=prefill"
+                      + (f" or an attention backend proven equal ({proven})" if proven else ""))
     if cfg.top.enabled and chosen is not None and chosen.gemm == "deepgemm" and kernel_backend(cfg) != "sglang":
         errors.append(f"top.contract={cfg.top.contract} names DeepGEMM, which only top.kernels=sglang runs (the "
                       f"{kernel_backend(cfg)} kernels compute their own GEMM); set top.kernels=sglang (a Hopper GPU "
@@ -203,7 +200,9 @@ def _seed_errors(cfg: RunConfig, batch: int) -> list[str]:
 
 
 def from_hydra(dict_cfg) -> RunConfig:
-    """DictConfig composed by Hydra (schema: RunConfig) -> validated RunConfig."""
+    """DictConfig composed by Hydra (schema: RunConfig) -> RunConfig, every key typed. Its values are checked once,
+    by the run's preflight (top_rl.preflight.config_values calls `validate`), so a config changed after composing is
+    checked too."""
     obj = OmegaConf.to_object(dict_cfg)
     dropped = list(_dropped_keys(dict_cfg, obj))
     if dropped:
@@ -211,4 +210,4 @@ def from_hydra(dict_cfg) -> RunConfig:
                           " of the config (`top-rl --help` lists them): remove or correct it")
     if isinstance(obj.task, dict) is False:
         obj.task = OmegaConf.to_container(OmegaConf.create(obj.task), resolve=True)
-    return validate(obj)
+    return obj
