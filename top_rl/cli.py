@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -129,7 +130,7 @@ def launch_plan(cfg) -> dict:
                 "engine_bundle": plan.engine_bundle, "trainer_bundle": plan.trainer_bundle,
                 "weight_transport": cfg.cluster.weight_transport},
         "model": cfg.model.path or f"random {cfg.model.family} (model.* fields)",
-        "task": cfg.task,
+        "task": dataclasses.asdict(cfg.task),
     }
 
 

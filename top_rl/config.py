@@ -8,19 +8,18 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
-
 from omegaconf import OmegaConf
 
 from top_rl import contract
-from top_rl.contract import AttentionBackend
+from top_rl.contract import AttentionBackend, ComputeDtype
 from top_rl.kernels import KernelBackend
 from top_rl.run.checkpoint import CheckpointConfig
 from top_rl.driver.placement import ClusterConfig
 from top_rl.model.source import ModelConfig
-from top_rl.rl.config import AlgoConfig, GateConfig
-from top_rl.rollout.config import RolloutConfig
+from top_rl.rl.config import AlgoConfig, GateConfig, PolicyLossConfig
+from top_rl.rollout.config import LogprobSource, RolloutConfig
 from top_rl.observe.tracking import TrackingConfig
+from top_rl.tasks import TaskConfig
 from top_rl.train import TrainerConfig
 
 
@@ -35,23 +34,28 @@ class TopConfig(GateConfig):
     attention_backend: AttentionBackend = AttentionBackend.triton  # = the SGLang engines' --attention-backend
 
 
+# RunConfig() is the run `top-rl` makes without overrides: its defaults are top_rl/conf/config.yaml's, composed
+# (tests/test_config.py checks they agree). A component's own dataclass keeps its library defaults.
 @dataclass
 class RunConfig:
     run_dir: str = "runs/default"
-    steps: int = 40
+    steps: int = 70
     seed: int = 0
     resume: bool = False
     resume_allow_changes: bool = False  # resume even if determinism-relevant settings changed
     dry_run: bool = False
-    model: ModelConfig = field(default_factory=ModelConfig)
-    task: Any = field(default_factory=lambda: {"name": "arith"})
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(  # conf/model/tiny.yaml
+        dtype=ComputeDtype.float32, max_position_embeddings=64, rope_theta=10000.0))
+    # The task group's config (a TaskConfig subclass: top_rl.tasks.TASKS); Hydra's task group picks which.
+    task: TaskConfig = field(default_factory=lambda: TaskConfig(name="arith"))
+    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(  # conf/rollout/native.yaml
+        n_samples=16, max_new_tokens=2, logprob_source=LogprobSource.decode))
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(micro_batch_size=64, lr=0.002))  # cpu.yaml
+    algo: AlgoConfig = field(default_factory=lambda: AlgoConfig(loss=PolicyLossConfig(clip_eps_high=0.28)))  # grpo
     top: TopConfig = field(default_factory=TopConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig(rollout_chunk=64))
 
     def as_dict(self) -> dict:
         return _plain(dataclasses.asdict(self))
@@ -164,8 +168,7 @@ def validate(cfg: RunConfig) -> RunConfig:
                       f"{kernel_backend(cfg)} kernels compute their own GEMM); set top.kernels=sglang (a Hopper GPU "
                       f"with deep_gemm) or top.contract={contract.DEFAULT.name}")
     errors += _seed_errors(cfg, batch)
-    if not isinstance(cfg.task, dict) or "name" not in cfg.task:
-        errors.append("task must be a mapping with a 'name' (pick a group: task=arith | gsm8k | dapo)")
+    errors += cfg.task.errors()  # the task's string choices and ranges (top_rl.tasks.base.TaskConfig)
     if errors:
         raise ConfigError("invalid config: " + "; ".join(errors))
     return cfg
@@ -208,6 +211,4 @@ def from_hydra(dict_cfg) -> RunConfig:
     if dropped:
         raise ConfigError(f"invalid config: {', '.join(dropped)} {'is not a key' if len(dropped) == 1 else 'are not keys'}"
                           " of the config (`top-rl --help` lists them): remove or correct it")
-    if isinstance(obj.task, dict) is False:
-        obj.task = OmegaConf.to_container(OmegaConf.create(obj.task), resolve=True)
     return obj

@@ -66,7 +66,7 @@ def config_values(cfg, ready: Ready) -> None:
 def task_config(cfg, ready: Ready) -> None:
     """The task's name and keys (no data is read)."""
     try:
-        tasks.task_config(cfg.task["name"], cfg.task)
+        tasks.task_config(cfg.task.name, cfg.task)
     except (KeyError, ValueError, TypeError) as e:
         raise BadInput(f"task: {e.args[0] if e.args else e}") from None
 
@@ -124,7 +124,7 @@ def task_data(cfg, ready: Ready) -> None:
     """The dataset loads (bad rows named file:line) and is not empty."""
     ready.task = task = prompts.load_task(cfg.task)
     if len(task) == 0:
-        where = cfg.task.get("path") or "its data"
+        where = getattr(cfg.task, "path", None) or "its data"
         skipped = getattr(task, "skipped", 0)
         raise BadInput(f"task {task.name!r}: {where} holds no usable rows"
                        + (f" ({skipped} bad rows skipped under task.on_bad_row=skip)" if skipped else "")
