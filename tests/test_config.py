@@ -35,7 +35,7 @@ def test_every_experiment_composes_and_plans(experiment):
 
 def test_default_is_the_embedded_cpu_job():
     cfg = compose([])
-    assert (cfg.rollout.engine, cfg.task["name"], cfg.top.enabled, cfg.top.kernels) == ("native", "arith", True, "reference")
+    assert (cfg.rollout.engine, cfg.task.name, cfg.top.enabled, cfg.top.kernels) == ("native", "arith", True, "reference")
     assert (cfg.trainer.tp, cfg.model.path) == (1, None)
 
 
@@ -115,7 +115,21 @@ def test_task_sections_are_typed_by_their_task():
         compose(["task.max_operand=abc"])
     with pytest.raises(ConfigError, match=r"Key 'no_such_key' not in 'Gsm8kConfig'"):
         compose(["task=gsm8k", "task.no_such_key=1"])
-    assert compose(["task=gsm8k"]).task["reward_mode"] == "strict"
+    assert compose(["task=gsm8k"]).task.reward_mode == "strict"
+    with pytest.raises(ConfigError, match=r"task\.reward_mode='loose'; choose one of: strict, lenient_last_number"):
+        compose(["task=gsm8k", "task.reward_mode=loose"])  # a string choice: the config's one validator
+
+
+def test_the_run_config_defaults_are_the_yaml_defaults():
+    """RunConfig() is the run `top-rl` makes without overrides (one source: conf/config.yaml, composed)."""
+    from top_rl.config import RunConfig
+    from top_rl.tasks import ArithConfig
+
+    composed, default = compose([]), RunConfig()
+    assert {k: v for k, v in default.as_dict().items() if k != "task"} == \
+        {k: v for k, v in composed.as_dict().items() if k != "task"}
+    # the task section: a TaskConfig naming the default group, which composes to that task's own dataclass
+    assert default.task.name == composed.task.name == "arith" and isinstance(composed.task, ArithConfig)
 
 
 def test_importing_the_config_loads_no_runtime():

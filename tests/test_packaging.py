@@ -49,7 +49,7 @@ def test_unpacked_wheel_composes_and_plans_without_the_checkout(wheel, tmp_path)
     env.update(PYTHONPATH=str(site), WANDB_MODE="disabled")
     # -P: no cwd/script dir on sys.path; cwd elsewhere: the checkout cannot be what is imported.
     probe = ("import json, top_rl.cli as c; cfg = c.compose(['+experiment=gsm8k_qwen3_0.6b']); "
-             "print(json.dumps({'file': c.__file__, 'conf': c.CONF_DIR, 'task': cfg.task['name']}))")
+             "print(json.dumps({'file': c.__file__, 'conf': c.CONF_DIR, 'task': cfg.task.name}))")
     res = subprocess.run([sys.executable, "-P", "-c", probe], capture_output=True, text=True, cwd=tmp_path,
                          env=env, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -51,8 +51,8 @@ def test_arith_ops_difficulty_and_leading_number():
     assert seen == {"-", "*"}
     from omegaconf import OmegaConf  # Hydra hands the config over as a DictConfig
     assert get_task("arith", OmegaConf.create({"max_operand": 1})).cfg.max_operand == 1
-    with pytest.raises(ValueError):
-        ArithTask(ArithConfig(ops="/"))
+    with pytest.raises(ValueError, match=r"task.ops='/' must be a non-empty subset of '\+-\*'"):
+        get_task("arith", ArithConfig(ops="/"))  # the config's own rule (ArithConfig.errors), not the constructor's
     with pytest.raises(ValueError, match="unknown config keys"):
         get_task("arith", {"max_operands": 3})
 
@@ -157,7 +157,7 @@ def test_strict_gold_and_modes(hf_tok, tmp_path):
     assert lenient.reward(it, "I think 41 or 1234") == 1.0 and lenient.reward(it, "#### $1,234.00") == 1.0
     assert len(lenient) == 2  # lenient reads `####42` as 42
     with pytest.raises(ValueError, match="task.reward_mode='loose'; choose one of: strict, lenient_last_number"):
-        Gsm8kTask(Gsm8kConfig(path=str(p), reward_mode="loose"), tokenizer=hf_tok)
+        get_task("gsm8k", Gsm8kConfig(path=str(p), reward_mode="loose"), tokenizer=hf_tok)
 
 
 def test_extract_lenient():

@@ -74,7 +74,7 @@ def test_violation_halts_before_the_optimizer_step(tmp_path):
     assert not report.updated
     assert "step 7" in report.violation and "sample 3 (id s3)" in report.violation
     assert f"token position {len(bad.logprobs) - 1}" in report.violation
-    assert report.dump_path and torch.load(report.dump_path, weights_only=False)["step"] == 7
+    assert report.verdict.dump_path and torch.load(report.verdict.dump_path, weights_only=False)["step"] == 7
     after = _weights(trainer)
     assert all(torch.equal(before[k], after[k]) for k in before), "a halted step changed the weights"
     # under warn the same step trains
@@ -129,4 +129,4 @@ def test_the_gate_costs_no_extra_forward(tmp_path):
     finally:
         handle.remove()
     assert report.violation is None
-    assert len(calls) == report.extra["micro_batches"] == 3  # 6 samples, 2 per micro-batch, one forward each
+    assert len(calls) == report.micro_batches == 3  # 6 samples, 2 per micro-batch, one forward each

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -57,11 +58,12 @@ def _job_run_dir(dict_cfg) -> None:
 
 
 def compose(overrides: list[str]):
-    """The validated RunConfig for these overrides (tests and tools; `main` goes through @hydra.main)."""
+    """The validated RunConfig for these overrides (tests and tools; `main` goes through @hydra.main, and its run
+    validates once, in preflight)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from top_rl.config import from_hydra
+    from top_rl.config import from_hydra, validate
 
     from hydra.errors import CompactHydraException
 
@@ -73,7 +75,7 @@ def compose(overrides: list[str]):
             composed = hydra_compose(config_name="config", overrides=overrides)
         except CompactHydraException as e:  # an enum-typed key's bad value, an unknown key: name it
             raise ConfigError(hydra_error_line(e)) from None
-        return from_hydra(composed)
+        return validate(from_hydra(composed))
 
 
 def hydra_error_line(e: BaseException) -> str:
@@ -113,7 +115,7 @@ def launch_plan(cfg) -> dict:
     from top_rl.driver import placement
 
     t = cfg.trainer
-    world = t.dp * t.tp * t.pp * t.cp
+    world = t.world
     plan = placement.plan(cfg.rollout.num_engines, world, cfg.cluster)
     return {
         "run_dir": cfg.run_dir,
@@ -128,7 +130,7 @@ def launch_plan(cfg) -> dict:
                 "engine_bundle": plan.engine_bundle, "trainer_bundle": plan.trainer_bundle,
                 "weight_transport": cfg.cluster.weight_transport},
         "model": cfg.model.path or f"random {cfg.model.family} (model.* fields)",
-        "task": cfg.task,
+        "task": dataclasses.asdict(cfg.task),
     }
 
 

@@ -8,19 +8,18 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
-
 from omegaconf import OmegaConf
 
 from top_rl import contract
-from top_rl.contract import AttentionBackend
+from top_rl.contract import AttentionBackend, ComputeDtype
 from top_rl.kernels import KernelBackend
 from top_rl.run.checkpoint import CheckpointConfig
 from top_rl.driver.placement import ClusterConfig
 from top_rl.model.source import ModelConfig
-from top_rl.rl.config import AlgoConfig, GateConfig
-from top_rl.rollout.config import RolloutConfig
+from top_rl.rl.config import AlgoConfig, GateConfig, PolicyLossConfig
+from top_rl.rollout.config import LogprobSource, RolloutConfig
 from top_rl.observe.tracking import TrackingConfig
+from top_rl.tasks import TaskConfig
 from top_rl.train import TrainerConfig
 
 
@@ -35,23 +34,28 @@ class TopConfig(GateConfig):
     attention_backend: AttentionBackend = AttentionBackend.triton  # = the SGLang engines' --attention-backend
 
 
+# RunConfig() is the run `top-rl` makes without overrides: its defaults are top_rl/conf/config.yaml's, composed
+# (tests/test_config.py checks they agree). A component's own dataclass keeps its library defaults.
 @dataclass
 class RunConfig:
     run_dir: str = "runs/default"
-    steps: int = 40
+    steps: int = 70
     seed: int = 0
     resume: bool = False
     resume_allow_changes: bool = False  # resume even if determinism-relevant settings changed
     dry_run: bool = False
-    model: ModelConfig = field(default_factory=ModelConfig)
-    task: Any = field(default_factory=lambda: {"name": "arith"})
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(  # conf/model/tiny.yaml
+        dtype=ComputeDtype.float32, max_position_embeddings=64, rope_theta=10000.0))
+    # The task group's config (a TaskConfig subclass: top_rl.tasks.TASKS); Hydra's task group picks which.
+    task: TaskConfig = field(default_factory=lambda: TaskConfig(name="arith"))
+    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(  # conf/rollout/native.yaml
+        n_samples=16, max_new_tokens=2, logprob_source=LogprobSource.decode))
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(micro_batch_size=64, lr=0.002))  # cpu.yaml
+    algo: AlgoConfig = field(default_factory=lambda: AlgoConfig(loss=PolicyLossConfig(clip_eps_high=0.28)))  # grpo
     top: TopConfig = field(default_factory=TopConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig(rollout_chunk=64))
 
     def as_dict(self) -> dict:
         return _plain(dataclasses.asdict(self))
@@ -73,7 +77,7 @@ def _plain(v):
 
 
 class ConfigError(ValueError):
-    pass
+    exit_code = 2  # `top-rl` exits 2 on a config it cannot use, as Hydra does on one it cannot compose
 
 
 # Choices an enum cannot state: the enum-typed fields are checked by OmegaConf when the config composes.
@@ -136,9 +140,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     for key in ("checkpoint.every", "cluster.max_engine_restarts"):
         if _get(cfg, key) < 0:
             errors.append(f"{key}={_get(cfg, key)} must be >= 0")
-    if cfg.rollout.temperature <= 1e-6:
-        errors.append(f"rollout.temperature={cfg.rollout.temperature} must be > 1e-6 (TOP samples; greedy "
-                      "decoding returns another log-prob kind)")
+    if contract.temperature_refusal(cfg.rollout.temperature):
+        errors.append(f"rollout.temperature={cfg.rollout.temperature} {contract.temperature_refusal(cfg.rollout.temperature)}")
     errors += _optimizer_errors(cfg.trainer)
     if cfg.algo.name == "grpo" and cfg.rollout.n_samples < 2:
         errors.append(f"rollout.n_samples={cfg.rollout.n_samples} must be >= 2 for GRPO: advantages are relative "
@@ -153,22 +156,19 @@ def validate(cfg: RunConfig) -> RunConfig:
     if cfg.algo.updates_per_rollout > batch:
         errors.append(f"algo.updates_per_rollout={cfg.algo.updates_per_rollout} exceeds the {batch} samples of a step "
                       "(rollout.prompts_per_step x rollout.n_samples): each update needs at least one")
-    source_ok = getattr(contract.CONTRACTS.get(cfg.top.contract), "decode_equals_extend", ())
-    if (cfg.top.enabled and kernel_backend(cfg) == "sglang" and cfg.rollout.logprob_source == "decode"
-            and cfg.top.attention_backend not in source_ok):
-        errors.append(f"rollout.logprob_source=decode with top.kernels=sglang and top.attention_backend="
-                      f"{cfg.top.attention_backend}: that backend's decode kernel reduces differently from its "
-                      "prefill (extend) kernel, so the sampler's log-probs would fail the gate at step 1; use "
-                      "rollout.logprob_source=prefill" + (f" or an attention backend proven equal ({', '.join(source_ok)})"
-                                                           if source_ok else ""))
     chosen = contract.CONTRACTS.get(cfg.top.contract)
+    refusal = chosen and chosen.decode_refusal(cfg.top.attention_backend)
+    if cfg.top.enabled and kernel_backend(cfg) == "sglang" and cfg.rollout.logprob_source == "decode" and refusal:
+        proven = ", ".join(chosen.decode_equals_extend)
+        errors.append(f"rollout.logprob_source=decode with top.kernels=sglang and top.attention_backend="
+                      f"{cfg.top.attention_backend}: {refusal}; use rollout.logprob_source=prefill"
+                      + (f" or an attention backend proven equal ({proven})" if proven else ""))
     if cfg.top.enabled and chosen is not None and chosen.gemm == "deepgemm" and kernel_backend(cfg) != "sglang":
         errors.append(f"top.contract={cfg.top.contract} names DeepGEMM, which only top.kernels=sglang runs (the "
                       f"{kernel_backend(cfg)} kernels compute their own GEMM); set top.kernels=sglang (a Hopper GPU "
                       f"with deep_gemm) or top.contract={contract.DEFAULT.name}")
     errors += _seed_errors(cfg, batch)
-    if not isinstance(cfg.task, dict) or "name" not in cfg.task:
-        errors.append("task must be a mapping with a 'name' (pick a group: task=arith | gsm8k | dapo)")
+    errors += cfg.task.errors()  # the task's string choices and ranges (top_rl.tasks.base.TaskConfig)
     if errors:
         raise ConfigError("invalid config: " + "; ".join(errors))
     return cfg
@@ -203,12 +203,12 @@ def _seed_errors(cfg: RunConfig, batch: int) -> list[str]:
 
 
 def from_hydra(dict_cfg) -> RunConfig:
-    """DictConfig composed by Hydra (schema: RunConfig) -> validated RunConfig."""
+    """DictConfig composed by Hydra (schema: RunConfig) -> RunConfig, every key typed. Its values are checked once,
+    by the run's preflight (top_rl.preflight.config_values calls `validate`), so a config changed after composing is
+    checked too."""
     obj = OmegaConf.to_object(dict_cfg)
     dropped = list(_dropped_keys(dict_cfg, obj))
     if dropped:
         raise ConfigError(f"invalid config: {', '.join(dropped)} {'is not a key' if len(dropped) == 1 else 'are not keys'}"
                           " of the config (`top-rl --help` lists them): remove or correct it")
-    if isinstance(obj.task, dict) is False:
-        obj.task = OmegaConf.to_container(OmegaConf.create(obj.task), resolve=True)
-    return validate(obj)
+    return obj

@@ -128,6 +128,16 @@ class TopContract:
         if clash:
             raise ValueError(f"contract {self.name!r}: {clash} belong to the GEMM path; set `gemm`, not base_engine_env")
 
+    def decode_refusal(self, attention_backend: str) -> str | None:
+        """Why `logprob_source=decode` cannot be gated on `attention_backend` under this contract (None: it can).
+        The one owner of the rule: the run config (native engines on the sglang kernels) and an SGLang server's
+        config ask it, each naming its own keys and fix."""
+        if attention_backend in self.decode_equals_extend:
+            return None
+        return (f"the {attention_backend} backend's decode kernel is not proven to give the bits of its extend "
+                "(prefill) kernel (triton's split-KV decode differs on a few tokens on an H200), so the gate, which "
+                "compares the sampler's decode-step log-probs with the trainer's prefill recompute, would fail at step 1")
+
     @property
     def engine_env(self) -> tuple[tuple[str, str], ...]:
         """Every env var both sides pin: the GEMM path's switches, then the rest."""
@@ -196,6 +206,20 @@ QWEN3_DENSE_TOP_V1_DEEPGEMM = dataclasses.replace(QWEN3_DENSE_TOP_V1, name="qwen
 
 CONTRACTS = {c.name: c for c in (QWEN3_DENSE_TOP_V1, QWEN3_DENSE_TOP_V1_DEEPGEMM)}  # what top.contract may choose
 DEFAULT = QWEN3_DENSE_TOP_V1
+
+
+# SGLang turns a temperature <= 1e-6 into greedy decoding with fp32 unscaled log-probs (§6.2): another log-prob kind.
+MIN_TEMPERATURE = 1e-6
+
+
+def temperature_refusal(t) -> str | None:
+    """Why TOP cannot sample at temperature `t` (None: it can), as "must be > 1e-6 (...)". The one owner of the
+    bound: the run config, SamplingParams, the trainer's sampler path, SGLang sampling settings and the parity
+    probe all ask it and name their own key."""
+    if t is not None and float(t) > MIN_TEMPERATURE:  # NaN fails too
+        return None
+    return ("must be > 1e-6 (TOP samples: SGLang turns a lower temperature into greedy decoding, whose fp32 unscaled "
+            "log-probs are another kind, §6.2; 1.0 samples the plain policy)")
 
 
 def get(name: str) -> TopContract:

@@ -6,7 +6,6 @@ The driver holds no weights and computes no log-probs."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from pathlib import Path
 
@@ -19,11 +18,10 @@ from top_rl.tasks import prompts
 from top_rl.run import rng
 from top_rl.run import lock as run_lock
 from top_rl.driver.cluster import Cluster
-from top_rl.config import RunConfig, kernel_backend
+from top_rl.config import RunConfig
 from top_rl.rl import gate, grpo_advantages
-from top_rl.rl.batch import RLBatch, RLSample, RLStepConfig
+from top_rl.rl.batch import RLBatch, RLSample
 from top_rl.rollout.base import SamplingParams, sample_seed
-from top_rl.rollout.sglang_plan import initial_policy_dir
 from top_rl.observe.tracking import Tracker
 
 
@@ -41,21 +39,15 @@ def run(cfg: RunConfig) -> dict:
     run_dir = Path(cfg.run_dir)
     # Every refusal comes before Ray, wandb or any file write (a refused run leaves no run_dir behind).
     ready = preflight.check(cfg)
-    task, model_cfg, max_prompt_len = ready.task, ready.model_cfg, ready.max_prompt_len
+    plan = preflight.run_plan(cfg, ready)  # what the cluster places and starts, decided once
+    task, max_prompt_len = ready.task, ready.max_prompt_len
     rng.seed(cfg.seed)
-    step_cfg = RLStepConfig(loss=cfg.algo.loss, gate=cfg.top, dump_dir=str((run_dir / "parity").resolve()))
     # One run per run_dir; SIGINT/SIGTERM/SIGHUP stop the run after a checkpointed step; a dead trainer stops it
     # naming the checkpoint; a full disk stops it in one line, before the tracker and Ray shut down.
     with faults.RunGuard(run_dir) as guard, run_lock.RunLock(run_dir), contextlib.ExitStack() as cleanup, \
             faults.StopOnFullDisk(run_dir):
         state = preflight.confirm_under_lock(cfg, ready)  # None: a fresh run (which never overwrites checkpoints)
-        cluster = Cluster(cfg.cluster, kernel_backend=kernel_backend(cfg), attention_backend=cfg.top.attention_backend,
-                          rollout_cfg=cfg.rollout, trainer_cfg=dataclasses.replace(cfg.trainer, dtype=cfg.model.dtype),
-                          step_cfg=step_cfg, model_cfg=cfg.model,
-                          arch=model_cfg, vocab_size=task.vocab_size, eos_token_id=task.eos_token_id,
-                          sglang_context={"model_path": cfg.model.path or "", "top": cfg.top.enabled,
-                                          "initial_policy": str(initial_policy_dir(run_dir))},
-                          contract_name=cfg.top.contract)
+        cluster = Cluster(plan)
         cleanup.callback(cluster.shutdown)
         guard.catch_signals()  # after Ray started (it installs a SIGTERM handler of its own)
         if state is not None:  # engines get the resumed weights before the first rollout
@@ -92,8 +84,8 @@ def run(cfg: RunConfig) -> dict:
             t1 = time.perf_counter()
             report = cluster.rl_step(batch)
             t_train = time.perf_counter() - t1
-            if report.violation is not None:
-                gate.act(gate.Verdict(None, report.violation, report.dump_path), step + 1, cfg.top)
+            if report.verdict.message is not None:  # the trainer's verdict, whole
+                gate.act(report.verdict, step + 1, cfg.top)
             t2 = time.perf_counter()
             cluster.push_weights()
             t_push = time.perf_counter() - t2
@@ -105,9 +97,9 @@ def run(cfg: RunConfig) -> dict:
                 **prompt_counts,
                 "data/rows_skipped": getattr(task, "skipped", 0),
                 **{f"train/{k}": v for k, v in report.losses.items()},
-                "train/step": report.extra["trainer_step"],
-                "train/micro_batches": report.extra["micro_batches"],
-                "train/tokens": report.extra["tokens"],
+                "train/step": report.trainer_step,
+                "train/micro_batches": report.micro_batches,
+                "train/tokens": report.tokens,
                 "train/lr": cfg.trainer.lr,
                 **{f"perf/trainer/{k}_s": v for k, v in report.timings.items()},
                 "perf/rollout_time": t_rollout,

@@ -12,6 +12,7 @@ machine has it): the planning machine need not hold the data, the weights or the
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 from top_rl import config, contract, tasks
 from top_rl.run import checkpoint
 from top_rl.driver import placement
+from top_rl.driver.plan import EngineSpec, ProcessSpec, RunPlan, TrainerSpec
 from top_rl.tasks import prompts
 from top_rl.run import lock as run_lock
 from top_rl.run.checkpoint import ResumeRefused
@@ -52,6 +54,8 @@ class Ready:
     state: dict | None = None  # the verified checkpoint state to resume from (None: step 0)
     checkpoints_seen: list[str] = field(default_factory=list)
     shape: layout_rules.ModelShape | None = None  # the model's sizes the trainer layout splits
+    sglang: tuple = ()  # rollout=sglang: each engine's checked SglangEngineConfig
+    placement: placement.Placement | None = None
 
 
 def config_values(cfg, ready: Ready) -> None:
@@ -62,7 +66,7 @@ def config_values(cfg, ready: Ready) -> None:
 def task_config(cfg, ready: Ready) -> None:
     """The task's name and keys (no data is read)."""
     try:
-        tasks.task_config(cfg.task["name"], cfg.task)
+        tasks.task_config(cfg.task.name, cfg.task)
     except (KeyError, ValueError, TypeError) as e:
         raise BadInput(f"task: {e.args[0] if e.args else e}") from None
 
@@ -89,17 +93,16 @@ def sglang_engines(cfg, ready: Ready) -> None:
     without model.path starts its servers from its random initial policy, written at start)."""
     if cfg.rollout.engine != "sglang":
         return
-    from top_rl.rollout.sglang_plan import launch_plan
+    from top_rl.rollout.sglang_plan import engine_config
 
-    for i in range(cfg.rollout.num_engines):
-        launch_plan(cfg, index=i)
+    ready.sglang = tuple(engine_config(cfg, index=i) for i in range(cfg.rollout.num_engines))
 
 
 def resources(cfg, ready: Ready) -> None:
     """The placement (engines, trainer ranks, their GPUs and CPUs) fits this machine (local runs; a running
     cluster is checked once connected, top_rl.driver.cluster)."""
     hint = layout_rules.hint(ready.shape, _k_chunk(cfg)) if ready.shape else ""
-    placement.check_before_start(cfg.rollout.num_engines, cfg.trainer, cfg.cluster, hint)
+    ready.placement = placement.check_before_start(cfg.rollout.num_engines, cfg.trainer, cfg.cluster, hint)
 
 
 def run_dir_writable(cfg, ready: Ready) -> None:
@@ -121,7 +124,7 @@ def task_data(cfg, ready: Ready) -> None:
     """The dataset loads (bad rows named file:line) and is not empty."""
     ready.task = task = prompts.load_task(cfg.task)
     if len(task) == 0:
-        where = cfg.task.get("path") or "its data"
+        where = getattr(cfg.task, "path", None) or "its data"
         skipped = getattr(task, "skipped", 0)
         raise BadInput(f"task {task.name!r}: {where} holds no usable rows"
                        + (f" ({skipped} bad rows skipped under task.on_bad_row=skip)" if skipped else "")
@@ -156,7 +159,7 @@ def shared_gpu_memory(cfg, ready: Ready) -> None:
     if gpu is None:
         return
     t = cfg.trainer
-    world = t.dp * t.tp * t.pp * t.cp
+    world = t.world
     servers = -(-cfg.rollout.num_engines // world)
     fraction = config_from_dict(cfg.rollout.sglang).mem_fraction_static or 0.88  # None: SGLang's own (~0.88 on H200)
     tokens = t.micro_batch_tokens or (t.micro_batch_size or 1) * ready.model_cfg.max_position_embeddings
@@ -204,3 +207,25 @@ def confirm_under_lock(cfg, ready: Ready) -> dict | None:
     if [p.name for p in checkpoint.complete_checkpoints(Path(cfg.run_dir))] != ready.checkpoints_seen:
         resume_state(cfg, ready)
     return ready.state
+
+
+def run_plan(cfg, ready: Ready) -> RunPlan:
+    """What the driver places and starts (top_rl.driver.plan), from the config and what the checks loaded."""
+    from top_rl.rl.batch import RLStepConfig
+    from top_rl.rollout.sglang_plan import initial_policy_dir
+
+    run_dir = Path(cfg.run_dir)
+    sglang = ready.sglang or (None,) * cfg.rollout.num_engines
+    trainer = TrainerSpec(world=cfg.trainer.world, trainer_cfg=dataclasses.replace(cfg.trainer, dtype=cfg.model.dtype),
+                          step_cfg=RLStepConfig(loss=cfg.algo.loss, gate=cfg.top,
+                                                dump_dir=str((run_dir / "parity").resolve())),
+                          model_cfg=cfg.model, arch=ready.model_cfg, vocab_size=ready.task.vocab_size,
+                          eos_token_id=ready.task.eos_token_id)
+    return RunPlan(
+        cluster=cfg.cluster, placement=ready.placement,
+        process=ProcessSpec(kernel_backend(cfg), cfg.top.attention_backend, cfg.top.contract),
+        engines=tuple(EngineSpec(cfg.rollout.engine, cfg.rollout.logprob_source, cfg.model.dtype, ready.model_cfg, sglang=s)
+                      for s in sglang),
+        trainer=trainer,
+        initial_policy=str(initial_policy_dir(run_dir)) if cfg.rollout.engine == "sglang" and not cfg.model.path
+        else None)

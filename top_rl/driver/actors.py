@@ -15,12 +15,12 @@ import ray
 import torch
 
 from top_rl.driver import rendezvous
+from top_rl.driver.plan import EngineSpec, ProcessSpec, TrainerSpec
 from top_rl.weights import sync as weight_sync
 from top_rl.weights.sync import Endpoint
 
 
-def _setup_process(kernel_backend: str, attention_backend: str | None, threads: int,
-                   contract_name: str | None = None) -> None:
+def _setup_process(process: ProcessSpec, threads: int) -> None:
     from top_rl.observe import quiet
 
     quiet.install()  # third-party start-up notices, once per actor (top_rl/observe/quiet.py)
@@ -30,15 +30,12 @@ def _setup_process(kernel_backend: str, attention_backend: str | None, threads: 
     torch.set_num_threads(threads)
     from top_rl import kernels
 
-    kernels.set_backend(kernel_backend)
-    if kernel_backend == "sglang" and contract_name:
-        from top_rl.kernels import sglang
+    kernels.set_backend(process.kernel_backend)
+    if process.kernel_backend == "sglang":
+        from top_rl.kernels import sglang, sglang_attention
 
-        sglang.set_contract(contract_name)  # the engines' contract (its GEMM path), before any kernel runs
-    if kernel_backend == "sglang" and attention_backend:
-        from top_rl.kernels import sglang_attention
-
-        sglang_attention.set_attention_backend(attention_backend)
+        sglang.set_contract(process.contract_name)  # the engines' contract (its GEMM path), before any kernel runs
+        sglang_attention.set_attention_backend(process.attention_backend)
 
 
 def _device() -> torch.device:
@@ -49,26 +46,25 @@ def _device() -> torch.device:
 class EngineActor:
     """Hosts one rollout engine: native (in-process over the kernel seam) or an SGLang server it launches."""
 
-    def __init__(self, kind: str, kernel_backend: str, attention_backend: str | None, threads: int, arch,
-                 dtype: str, logprob_source: str, sglang: dict | None = None, contract_name: str | None = None):
-        """`sglang`: for kind "sglang", the keyword arguments of SglangEngine.from_config (the run's
-        rollout.sglang mapping plus the trainer's attention backend, model path, TOP switch, engine index).
-        `contract_name`: the run's top.contract, for the native engine's kernels and the SGLang server alike."""
-        _setup_process(kernel_backend, attention_backend, threads, contract_name)
-        self.kind, self.version, self.group = kind, -1, None
-        if kind == "native":
+    def __init__(self, spec: EngineSpec, process: ProcessSpec, threads: int):
+        """`spec`: this engine's part of the run plan (top_rl.driver.plan); an SGLang engine's server config in it
+        is built and checked once, by preflight."""
+        _setup_process(process, threads)
+        self.kind, self.version, self.group = spec.kind, -1, None
+        if spec.kind == "native":
             from top_rl.model import family
             from top_rl.rollout.native import NativeEngine
 
-            model = family.of(arch).NativeModel(arch, dtype).to(_device())  # weights: the first push
-            self.engine = NativeEngine(model, logprob_source)
-        elif kind == "sglang":
+            model = family.of(spec.arch).NativeModel(spec.arch, spec.dtype).to(_device())  # weights: the first push
+            self.engine = NativeEngine(model, spec.logprob_source)
+        elif spec.kind == "sglang":
+            from top_rl import contract
             from top_rl.rollout.sglang import SglangEngine
 
-            self.engine = SglangEngine.from_config(logprob_source=logprob_source, contract_name=contract_name,
-                                                   **(sglang or {}))
+            self.engine = SglangEngine(spec.sglang, process.attention_backend, contract.get(process.contract_name))
+            self.engine.start()
         else:
-            raise ValueError(f"rollout.engine={kind!r}; choose native or sglang")
+            raise ValueError(f"rollout.engine={spec.kind!r}; choose native or sglang")
 
     def endpoint(self) -> Endpoint:
         return Endpoint.here()
@@ -93,8 +89,7 @@ class EngineActor:
 
     # an SGLang server's own broadcast receive (rollout.sglang.weight_sync=distributed)
     def sglang_join_group(self, host: str, port: int, backend: str, name: str) -> None:
-        self.engine.cfg.weight_group_name = name  # unique per engine: rank 0 holds one group per engine
-        self.engine.init_weights_update_group(host, port, 1, 1 + self.engine.cfg.tp_size, backend)
+        self.engine.join_trainer_group(host, port, backend, name)
 
     def sglang_receive_bucket(self, names, dtypes, shapes, weight_version=None):
         self.engine.update_weights_from_distributed(names, dtypes, shapes, weight_version=weight_version)
@@ -102,7 +97,7 @@ class EngineActor:
             self.version = int(weight_version)
 
     def sglang_flattened(self) -> bool:
-        return bool(self.engine.cfg.flattened_buckets)
+        return self.engine.flattened_buckets
 
     def health(self):
         return self.engine.health()
@@ -116,9 +111,8 @@ class TrainerActor:
     """One trainer rank (Megatron-core over the kernel seam). Calls are SPMD: the driver sends each call to
     every rank; rank 0 answers (reports, weights it sends on)."""
 
-    def __init__(self, rank: int, world: int, kernel_backend: str, attention_backend: str | None, threads: int,
-                 contract_name: str | None = None):
-        _setup_process(kernel_backend, attention_backend, threads, contract_name)
+    def __init__(self, rank: int, world: int, process: ProcessSpec, threads: int):
+        _setup_process(process, threads)
         self.rank, self.world = rank, world
         self.groups: dict[int, weight_sync.Group] = {}  # rank 0: engine index -> its broadcast group
 
@@ -131,8 +125,7 @@ class TrainerActor:
         host = ray.util.get_node_ip_address()
         return host, rendezvous.reserve(host)
 
-    def setup(self, address: tuple[str, int], arch, trainer_cfg, step_cfg, model_cfg, vocab_size: int,
-              eos_token_id: int | None) -> None:
+    def setup(self, address: tuple[str, int], spec: TrainerSpec) -> None:
         """Join the trainer's process group (at rank 0's `address`, from its free_address), build this rank's model
         and load the initial policy: the checkpoint at model.path, or the seeded random init (every rank builds
         the same)."""
@@ -142,7 +135,7 @@ class TrainerActor:
         from top_rl.train import Trainer
         from top_rl.train.parallel import init_process_group
 
-        rng.seed(trainer_cfg.seed)  # every RNG this rank checkpoints starts from a known state
+        rng.seed(spec.trainer_cfg.seed)  # every RNG this rank checkpoints starts from a known state
         host, port = address
         if self.world > 1:
             init_process_group(self.rank, self.world,
@@ -150,13 +143,13 @@ class TrainerActor:
         else:
             rendezvous.release(port)
             init_process_group()
-        self.arch = arch
-        self.trainer = Trainer(arch, trainer_cfg)
-        self.step_cfg = step_cfg
-        if model_cfg.path:
-            self.trainer.load_hf(model_cfg.path)
+        self.arch = spec.arch
+        self.trainer = Trainer(spec.arch, spec.trainer_cfg)
+        self.step_cfg = spec.step_cfg
+        if spec.model_cfg.path:
+            self.trainer.load_hf(spec.model_cfg.path)
         else:
-            self.trainer.load_hf(model_cfg.build(vocab_size, eos_token_id).hf_state_dict())
+            self.trainer.load_hf(spec.model_cfg.build(spec.vocab_size, spec.eos_token_id).hf_state_dict())
 
     def rl_step(self, batch):
         return self.trainer.rl_step(batch, self.step_cfg)

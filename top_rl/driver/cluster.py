@@ -30,6 +30,7 @@ from top_rl.driver import placement
 from top_rl.driver import rendezvous
 from top_rl.weights import sync as weight_sync
 from top_rl.driver.actors import EngineActor, TrainerActor
+from top_rl.driver.plan import RunPlan
 from top_rl.run.stopped import ActorFailed
 from top_rl.driver.placement import ClusterConfig, PlacementError
 
@@ -55,16 +56,12 @@ def start_ray(cfg: ClusterConfig) -> None:
 
 
 class Cluster:
-    def __init__(self, cfg: ClusterConfig, *, kernel_backend: str, attention_backend: str, rollout_cfg, trainer_cfg,
-                 step_cfg, model_cfg, arch, vocab_size: int, eos_token_id: int | None,
-                 sglang_context: dict | None = None, contract_name: str | None = None):
-        """`sglang_context`: run-level settings SGLang engines are checked against (attention backend of the
-        trainer, model path, TOP on/off) and `initial_policy`, where a run without a model path writes the servers'
-        starting checkpoint; unused by the native engine. `contract_name`: the run's top.contract, which
-        every actor computes under (trainer ranks, native engines) and SGLang servers launch with."""
+    def __init__(self, plan: RunPlan):
+        """Place and start what `plan` (top_rl.driver.plan, built by preflight) names: the trainer ranks, then the
+        engines, each connected for weights and sent the initial policy."""
+        cfg = plan.cluster
         start_ray(cfg)
-        world = trainer_cfg.dp * trainer_cfg.tp * trainer_cfg.pp * trainer_cfg.cp
-        self.plan = placement.plan(rollout_cfg.num_engines, world, cfg)
+        self.plan = plan.placement
         placement.check(self.plan, ray.cluster_resources(), "the Ray cluster")
         self.pg = placement_group(self.plan.bundles, strategy="PACK")
         try:
@@ -76,38 +73,26 @@ class Cluster:
                 f"Ray could not place {self.plan.describe()} within {cfg.placement_timeout_s:g} s (cluster."
                 f"placement_timeout_s); available now: {', '.join(f'{v:g} {k}' for k, v in sorted(free.items()) if k in ('CPU', 'GPU'))}"
                 "; a bundle must fit on one node") from None
-        threads = _threads(cfg)
-        self.cfg, self.arch, self.compute_dtype = cfg, arch, trainer_cfg.dtype
+        self.threads = _threads(cfg)
+        self.cfg, self.process, self.engine_specs = cfg, plan.process, plan.engines
         self.restarts_left, self.max_restarts = cfg.max_engine_restarts, cfg.max_engine_restarts
         self.rollout_chunk = cfg.rollout_chunk
         self.weight_version = 0
-        self.is_sglang = rollout_cfg.engine == "sglang"
 
+        t = plan.trainer
         self.trainers = [
             TrainerActor.options(scheduling_strategy=self._bundle(self.plan.trainer_bundle[r]), num_cpus=0,
-                                 num_gpus=self.plan.trainer_gpus).remote(r, world, kernel_backend, attention_backend,
-                                                                         threads, contract_name)
-            for r in range(world)
+                                 num_gpus=self.plan.trainer_gpus).remote(r, t.world, self.process, self.threads)
+            for r in range(t.world)
         ]
         host, port = ray.get(self.trainers[0].free_address.remote())
-        self._on_trainers("setup", [((host, port), arch, trainer_cfg, step_cfg, model_cfg,
-                                     vocab_size, eos_token_id)] * world, "trainer setup")
+        self._on_trainers("setup", [((host, port), t)] * t.world, "trainer setup")
         self.trainer_endpoint = ray.get(self.trainers[0].endpoint.remote())
-
-        self._engine_args = (rollout_cfg.engine, kernel_backend, attention_backend, threads, arch)
-        self._engine_kwargs = dict(dtype=trainer_cfg.dtype, logprob_source=rollout_cfg.logprob_source,
-                                   contract_name=contract_name)
-        context = dict(sglang_context or {})
-        initial_policy = context.pop("initial_policy", None)
-        self._sglang = dict(sglang=rollout_cfg.sglang, trainer_attention_backend=attention_backend, **context)
-        if self.is_sglang and not self._sglang.get("model_path"):
+        if plan.initial_policy:
             # A server starts from a checkpoint on disk: the run's random initial policy, written by trainer rank 0
             # (the servers get the trainer's weights again by the first push, like every later version).
-            if not initial_policy:
-                raise ValueError("rollout.engine=sglang without model.path needs sglang_context['initial_policy']")
-            self.save_hf(initial_policy)
-            self._sglang["model_path"] = initial_policy
-        self.engines = [self._new_engine(i) for i in range(rollout_cfg.num_engines)]
+            self.save_hf(plan.initial_policy)
+        self.engines = [self._new_engine(i) for i in range(len(self.engine_specs))]
         self.transports = [self._connect(i) for i in range(len(self.engines))]
         self.push_weights()
 
@@ -116,17 +101,18 @@ class Cluster:
 
     def _new_engine(self, i: int):
         return EngineActor.options(scheduling_strategy=self._bundle(self.plan.engine_bundle[i]), num_cpus=0,
-                                   num_gpus=self.plan.engine_gpus).remote(
-            *self._engine_args, **self._engine_kwargs, sglang={**self._sglang, "index": i})
+                                   num_gpus=self.plan.engine_gpus).remote(self.engine_specs[i], self.process,
+                                                                          self.threads)
 
     def _connect(self, i: int) -> str:
         """Engine i's weight transport; a broadcast group is opened by rank 0 and joined by the engine."""
-        if self.is_sglang:
-            if (self._sglang["sglang"] or {}).get("weight_sync", "disk") != "distributed":
+        server = self.engine_specs[i].sglang
+        if server is not None:
+            if server.weight_sync != "distributed":
                 return "object_store"  # the engine actor writes / serialises for its server (disk, tensor)
             host, port = ray.get(self.trainers[0].free_address.remote())
             backend = "nccl" if self.trainer_endpoint.gpu else "gloo"
-            tp = int((self._sglang["sglang"] or {}).get("tp_size", 1))
+            tp = server.tp_size
             name = f"top_rl_sglang_{i}_{port}"
             self._get([self.trainers[0].open_sglang_group.remote(i, host, port, 1 + tp, name, backend),
                        self.engines[i].sglang_join_group.remote(host, port, backend, name)],

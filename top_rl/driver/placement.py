@@ -126,7 +126,7 @@ def check_before_start(num_engines: int, trainer_cfg, cfg: ClusterConfig, hint: 
     cannot hold it. On a running cluster the check runs against its resources once connected."""
     import os
 
-    world = trainer_cfg.dp * trainer_cfg.tp * trainer_cfg.pp * trainer_cfg.cp
+    world = trainer_cfg.world
     p = plan(num_engines, world, cfg)
     if not (cfg.address or os.environ.get("RAY_ADDRESS")):
         check(p, local_resources(cfg.num_cpus), "this machine", hint)

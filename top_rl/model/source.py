@@ -9,20 +9,25 @@ from top_rl.contract import ComputeDtype
 from top_rl.model import family as families
 
 
+# The shape fields' defaults are the default family's: its Config owns them (a run's come from the YAML,
+# top_rl/conf/model/tiny.yaml).
+_FAMILY = families.get(families.DEFAULT).Config()
+
+
 @dataclass
 class ModelConfig:
     family: str = families.DEFAULT  # the architecture of a random model (a checkpoint's config.json names its own)
     path: str | None = None  # HF checkpoint dir; None builds a random model from the fields below
     dtype: ComputeDtype = ComputeDtype.bfloat16  # embedding, norms, residual stay fp32 (contract)
-    hidden_size: int = 64
-    intermediate_size: int = 128
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    head_dim: int = 16
-    max_position_embeddings: int = 128
-    tie_word_embeddings: bool = True
-    rope_theta: float = 10000.0
+    hidden_size: int = _FAMILY.hidden_size
+    intermediate_size: int = _FAMILY.intermediate_size
+    num_hidden_layers: int = _FAMILY.num_hidden_layers
+    num_attention_heads: int = _FAMILY.num_attention_heads
+    num_key_value_heads: int = _FAMILY.num_key_value_heads
+    head_dim: int = _FAMILY.head_dim
+    max_position_embeddings: int = _FAMILY.max_position_embeddings
+    tie_word_embeddings: bool = _FAMILY.tie_word_embeddings
+    rope_theta: float = _FAMILY.rope_theta
     init_seed: int = 0
     init_std: float = 0.02
 

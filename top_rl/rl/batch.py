@@ -10,9 +10,12 @@ engine's (the same numbers for `decode` rollouts; the fp32 prefill log-softmax o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from top_rl.rl.config import GateConfig, PolicyLossConfig
+
+if TYPE_CHECKING:
+    from top_rl.rl.gate import Verdict
 
 
 @dataclass(frozen=True)
@@ -46,16 +49,22 @@ class RLBatch:
 
 @dataclass
 class StepReport:
-    """Rank 0's account of one RL step. `violation` is the gate's report when TOP parity failed; under
-    `top.on_violation=halt` the trainer then applied no update (`updated` is False)."""
+    """Rank 0's account of one RL step. `verdict` is the gate's, whole (the driver acts on it: top_rl.rl.gate.act);
+    when TOP parity failed under `top.on_violation=halt` the trainer applied no update (`updated` is False)."""
 
     parity: dict[str, float]  # train/... parity metrics (the gate's numbers); empty when TOP is off and unmeasured
     losses: dict[str, float]  # loss metrics reduced over ranks (DP mean, last PP stage)
     timings: dict[str, float]  # seconds: forward_backward, gate, optimizer, scoring (later mini-batches)
     updated: bool
-    violation: str | None = None
-    dump_path: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    verdict: Verdict
+    trainer_step: int  # optimizer steps the trainer has taken, this one included
+    micro_batches: int  # forward/backward micro-batches this rank ran
+    tokens: int  # prompt + response tokens of the batch
+
+    @property
+    def violation(self) -> str | None:
+        """The gate's violation report; None when TOP held (or the gate is off)."""
+        return self.verdict.message
 
 
 @dataclass

@@ -6,6 +6,7 @@ import abc
 from dataclasses import dataclass, field
 from typing import Literal
 
+from top_rl import contract
 from top_rl.rollout.config import LogprobSource  # engines type with it
 
 
@@ -27,9 +28,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
-        if self.temperature <= 1e-6:
-            # §6.3: SGLang rewrites T < 1e-6 to greedy with fp32 unscaled log-probs: another contract.
-            raise ValueError(f"temperature={self.temperature}: TOP sampling needs temperature > 1e-6")
+        if contract.temperature_refusal(self.temperature):
+            raise ValueError(f"temperature={self.temperature} {contract.temperature_refusal(self.temperature)}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
 

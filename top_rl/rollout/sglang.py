@@ -233,6 +233,17 @@ class SglangEngine(RolloutEngine):
         return self.client.init_weights_update_group(master_address, master_port, rank_offset, world_size,
                                                      self.cfg.weight_group_name, backend)
 
+    def join_trainer_group(self, host: str, port: int, backend: str, name: str) -> dict:
+        """Join trainer rank 0's broadcast group `name` (unique per engine: rank 0 holds one group per engine) as ranks
+        1..tp_size of it."""
+        self.cfg.weight_group_name = name
+        return self.init_weights_update_group(host, port, 1, 1 + self.cfg.tp_size, backend)
+
+    @property
+    def flattened_buckets(self) -> bool:
+        """Whether the server receives a bucket as one flat uint8 buffer (rollout.sglang.flattened_buckets)."""
+        return bool(self.cfg.flattened_buckets)
+
     def update_weights_from_distributed(self, names, dtypes, shapes, weight_version: str | None = None) -> dict:
         """One bucket's receive (returns after the trainer's broadcast). `weight_version` marks the last bucket."""
         out = self.client.update_weights_from_distributed(

@@ -145,11 +145,8 @@ _ALLOWED_SAMPLING = {"max_new_tokens", "temperature", "stop_token_ids", "samplin
 def check_sampling(params: Mapping, top: contract.TopContract = contract.DEFAULT) -> None:
     """Refuse sampling_params under which the returned log-probs are not the contract's (§6.3-§6.4)."""
     t = params.get("temperature", 1.0)
-    if t is None or not float(t) > 1e-6:
-        raise TopConfigError(
-            f"temperature={t}: SGLang rewrites temperature <= 1e-6 to greedy with fp32 unscaled log-probs (§6.2); "
-            f"use a temperature > 1e-6 (1.0 for the plain policy)"
-        )
+    if contract.temperature_refusal(t):
+        raise TopConfigError(f"sampling temperature={t} {contract.temperature_refusal(t)}")
     for key, want in top.required_sampling:
         if key in params and params[key] is not None and float(params[key]) != float(want):
             raise TopConfigError(
@@ -175,14 +172,13 @@ def check_sampling(params: Mapping, top: contract.TopContract = contract.DEFAULT
 def check_logprob_source(cfg: SglangEngineConfig, top: contract.TopContract = contract.DEFAULT) -> None:
     """`decode` gates the sampler's decode-step log-probs against the trainer's prefill recompute: that holds
     only where the attention backend's decode kernel is proven to equal its extend kernel (the contract's set)."""
-    if cfg.logprob_source == "decode" and cfg.attention_backend not in top.decode_equals_extend:
-        proven = list(top.decode_equals_extend) or "none yet"
+    refusal = top.decode_refusal(cfg.attention_backend) if cfg.logprob_source == "decode" else None
+    if refusal:
+        proven = ", ".join(top.decode_equals_extend) or "none yet"
         raise TopConfigError(
-            f"logprob_source='decode' with attention_backend={cfg.attention_backend!r}: the gate would compare the "
-            f"sampler's decode-step log-probs with the trainer's prefill recompute, and this backend's decode kernel "
-            f"is not proven to give the bits of its extend kernel (triton's split-KV decode differs on a few tokens on "
-            f"an H200), so the run would fail the gate at step 1. Use logprob_source='prefill' (the engine re-scores "
-            f"each sample with a prefill), or a backend in the contract's decode_equals_extend ({proven})"
+            f"logprob_source='decode' with attention_backend={cfg.attention_backend!r}: {refusal}. Use "
+            f"logprob_source='prefill' (the engine re-scores each sample with a prefill), or a backend in the "
+            f"contract's decode_equals_extend ({proven})"
         )
 
 

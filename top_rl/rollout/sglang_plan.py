@@ -73,15 +73,23 @@ def run_defaults(run_cfg) -> dict:
             "attention_backend": run_cfg.top.attention_backend}
 
 
-def launch_plan(run_cfg, index: int = 0) -> dict:
-    """What `dry_run=true` prints for engine `index`: the exact command and the env TOP-RL sets. Runs every
-    config refusal except the installed-version check (the planning machine need not have SGLang), extra_args
-    included (top_rl.rollout.sglang_launch.check_extra_args). Without model.path the servers start from the run's
-    random initial policy, written by trainer rank 0 at start."""
+def engine_config(run_cfg, index: int = 0) -> SglangEngineConfig:
+    """Engine `index`'s server config, built once from the run config (rollout.sglang over run_defaults) and put
+    through every refusal except the installed-version check (the planning machine need not have SGLang), extra_args
+    included (top_rl.rollout.sglang_launch.check_extra_args). The run plan carries it to the engine's actor."""
     cfg = config_from_dict(run_cfg.rollout.sglang, index, **run_defaults(run_cfg))
     top = contract.get(run_cfg.top.contract)
     check_config(cfg, run_cfg.top.attention_backend, top, check_version=False)
     spec = build_launch(cfg, run_cfg.top.attention_backend, top=top, check=False)
     check_extra_args(spec.argv, cfg, top)
+    return cfg
+
+
+def launch_plan(run_cfg, index: int = 0) -> dict:
+    """What `dry_run=true` prints for engine `index`: the exact command and the env TOP-RL sets, after
+    engine_config's refusals. Without model.path the servers start from the run's
+    random initial policy, written by trainer rank 0 at start."""
+    cfg = engine_config(run_cfg, index)
+    spec = build_launch(cfg, run_cfg.top.attention_backend, top=contract.get(run_cfg.top.contract), check=False)
     return {"kind": "sglang", "url": cfg.url, **spec.describe(), "weight_sync": cfg.weight_sync,
             "logprob_source": cfg.logprob_source, "attention_backend": cfg.attention_backend, "top": cfg.top}

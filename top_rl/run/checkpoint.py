@@ -105,9 +105,7 @@ def _fsync_tree(path: Path) -> None:
 
 def save(run_dir: Path, cfg, step: int, position: DataPosition, cluster, run_id: str | None, task) -> Path:
     """Write the step-`step` checkpoint atomically and prune to the newest `checkpoint.keep`."""
-    keep = cfg.checkpoint.keep
-    if keep < 1:
-        raise ValueError(f"checkpoint.keep={keep} must be >= 1")
+    keep = cfg.checkpoint.keep  # >= 1: config.validate
     root = _dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{STEP_PREFIX}{step:06d}"

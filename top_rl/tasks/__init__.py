@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any, Callable
 
 from top_rl.tasks.arith import ArithConfig, ArithTask
-from top_rl.tasks.base import DataPosition, PromptItem, Task
+from top_rl.tasks.base import DataPosition, PromptItem, Task, TaskConfig
 from top_rl.tasks.dapo import DapoConfig, DapoTask
 from top_rl.tasks.gsm8k import Gsm8kConfig, Gsm8kTask
 
@@ -27,7 +27,8 @@ def get_task(name: str, cfg: Any = None, **kwargs: Any) -> Task:
 
 
 def task_config(name: str, cfg: Any = None) -> Any:
-    """Task ``name``'s config dataclass from ``cfg`` (see get_task); reads no data, so dry runs check it too."""
+    """Task ``name``'s config dataclass from ``cfg`` (see get_task), its values checked (TaskConfig.errors); reads no
+    data."""
     if name not in TASKS:
         raise KeyError(f"unknown task {name!r}; known: {sorted(TASKS)}")
     cfg_cls, _ = TASKS[name]
@@ -44,8 +45,11 @@ def task_config(name: str, cfg: Any = None) -> Any:
         if unknown:
             raise ValueError(f"task {name!r}: unknown config keys {sorted(unknown)}; known {sorted(fields)}")
         cfg = cfg_cls(**cfg)
+    errors = cfg.errors()
+    if errors:
+        raise ValueError("; ".join(errors))
     return cfg
 
 
-__all__ = ["get_task", "task_config", "TASKS", "Task", "PromptItem", "DataPosition",
+__all__ = ["get_task", "task_config", "TASKS", "Task", "TaskConfig", "PromptItem", "DataPosition",
            "ArithConfig", "ArithTask", "Gsm8kConfig", "Gsm8kTask"]

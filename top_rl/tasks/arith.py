@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from top_rl.tasks.base import PromptItem, Task
+from top_rl.tasks.base import PromptItem, Task, TaskConfig, choice_errors
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 CHARS = list("0123456789") + ["+", "-", "*", "="]
@@ -23,8 +23,11 @@ VOCAB = SPECIALS + CHARS
 VOCAB_SIZE = len(VOCAB)  # 18: for the model config (tasks/arith.VOCAB_SIZE or task.vocab_size)
 
 
+REWARD_MODES = ("exact", "leading_number")
+
+
 @dataclass
-class ArithConfig:
+class ArithConfig(TaskConfig):
     name: str = "arith"
     ops: str = "+"  # any of "+-*"; "-" draws a >= b so answers stay non-negative
     min_operand: int = 0
@@ -35,6 +38,14 @@ class ArithConfig:
     # response starts with must equal it (trailing tokens ignored) - a denser signal for a model
     # that has not yet learnt to stop.
     reward_mode: str = "exact"
+
+    def errors(self) -> list[str]:
+        errors = [] if self.ops and not set(self.ops) - set("+-*") else \
+            [f"task.ops={self.ops!r} must be a non-empty subset of '+-*'"]
+        if not 0 <= self.min_operand <= self.max_operand:
+            errors.append(f"task.min_operand={self.min_operand}, task.max_operand={self.max_operand}: need 0 <= "
+                          "min_operand <= max_operand")
+        return errors + choice_errors("reward_mode", self.reward_mode, REWARD_MODES)
 
 
 def build_tokenizer() -> Tokenizer:
@@ -60,12 +71,6 @@ class ArithTask(Task):
 
     def __init__(self, cfg: ArithConfig | None = None, tokenizer_dir: str | None = None):
         self.cfg = cfg = cfg or ArithConfig()
-        if not cfg.ops or set(cfg.ops) - set("+-*"):
-            raise ValueError(f"ops must be a non-empty subset of '+-*', got {cfg.ops!r}")
-        if not 0 <= cfg.min_operand <= cfg.max_operand:
-            raise ValueError(f"need 0 <= min_operand <= max_operand, got {cfg.min_operand}, {cfg.max_operand}")
-        if cfg.reward_mode not in ("exact", "leading_number"):
-            raise ValueError(f"reward_mode must be 'exact' or 'leading_number', got {cfg.reward_mode!r}")
         self._tok = (Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json"))
                      if tokenizer_dir else build_tokenizer())
         self._bos, self._eos = self._tok.token_to_id("<bos>"), self._tok.token_to_id("<eos>")

@@ -22,14 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from top_rl.tasks import sources
-from top_rl.tasks.base import MAX_ROW_BYTES, HFTokenizerTask, PromptItem, row_too_long, text_lines
+from top_rl.tasks.base import (MAX_ROW_BYTES, ON_BAD_ROW, HFTokenizerTask, PromptItem, TaskConfig, choice_errors,
+                               row_too_long, text_lines)
 from top_rl.tasks.gsm8k import _last_boxed
 
 HF_DATASET = "BytedTsinghua-SIA/DAPO-Math-17k"
 
 
 @dataclass
-class DapoConfig:
+class DapoConfig(TaskConfig):
     name: str = "dapo"
     path: str | None = None  # .parquet / .jsonl / .json; None -> datasets.load_dataset(hf_dataset)
     hf_dataset: str = HF_DATASET
@@ -42,6 +43,9 @@ class DapoConfig:
     use_chat_template: bool = True
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     use_math_verify: bool = True  # when the `math-verify` package is installed
+
+    def errors(self) -> list[str]:
+        return choice_errors("on_bad_row", self.on_bad_row, ON_BAD_ROW)
 
 
 # ------------------------------------------------------------------------------------ answers
@@ -166,8 +170,6 @@ class DapoTask(HFTokenizerTask):
 
     def __init__(self, cfg: DapoConfig | None = None, tokenizer: Any = None):
         self.cfg = cfg = cfg or DapoConfig()
-        if cfg.on_bad_row not in ("error", "skip"):
-            raise ValueError(f"on_bad_row must be 'error' or 'skip', got {cfg.on_bad_row!r}")
         if tokenizer is None:
             if cfg.tokenizer is None:
                 raise ValueError("dapo needs a tokenizer: pass one or set task.tokenizer=<HF name or dir>")

@@ -24,7 +24,8 @@ from fractions import Fraction
 from typing import Any
 
 from top_rl.tasks import sources
-from top_rl.tasks.base import MAX_ROW_BYTES, HFTokenizerTask, PromptItem, row_too_long, text_lines
+from top_rl.tasks.base import (MAX_ROW_BYTES, ON_BAD_ROW, HFTokenizerTask, PromptItem, TaskConfig, choice_errors,
+                               row_too_long, text_lines)
 
 _NUM = r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+"
 # lm-eval's strict-match (lm_eval/tasks/gsm8k/gsm8k.yaml): its `regex` filter takes the first match of this
@@ -37,7 +38,7 @@ REWARD_MODES = ("strict", "lenient_last_number")
 
 
 @dataclass
-class Gsm8kConfig:
+class Gsm8kConfig(TaskConfig):
     name: str = "gsm8k"
     path: str | None = None  # JSONL file (.gz too); None -> the shipped openai/gsm8k copy (tasks/sources.py)
     split: str = "train"  # only for the shipped copy: train | test
@@ -50,6 +51,10 @@ class Gsm8kConfig:
     instruction: str = "Let's think step by step and output the final answer after \"####\"."
     plain_template: str = "Question: {question}\nAnswer:"
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. enable_thinking
+
+    def errors(self) -> list[str]:
+        return choice_errors("on_bad_row", self.on_bad_row, ON_BAD_ROW) + \
+            choice_errors("reward_mode", self.reward_mode, REWARD_MODES)
 
 
 def to_number(s: str) -> Fraction | None:
@@ -125,10 +130,6 @@ class Gsm8kTask(HFTokenizerTask):
 
     def __init__(self, cfg: Gsm8kConfig | None = None, tokenizer: Any = None):
         self.cfg = cfg = cfg or Gsm8kConfig()
-        if cfg.on_bad_row not in ("error", "skip"):
-            raise ValueError(f"on_bad_row must be 'error' or 'skip', got {cfg.on_bad_row!r}")
-        if cfg.reward_mode not in REWARD_MODES:
-            raise ValueError(f"task.reward_mode={cfg.reward_mode!r}; choose one of: {', '.join(REWARD_MODES)}")
         if tokenizer is None:
             if cfg.tokenizer is None:
                 raise ValueError("gsm8k needs a tokenizer: pass one or set task.tokenizer=<HF name or dir>")

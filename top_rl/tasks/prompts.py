@@ -30,10 +30,10 @@ class TokenizerMismatch(BadInput):
     pass
 
 
-def load_task(task_cfg: dict) -> Task:
+def load_task(task_cfg) -> Task:
     """The run's task; a bad config or data row (`task.on_bad_row=error`) becomes a `BadInput` naming it,
     and rows dropped under `task.on_bad_row=skip` are reported here (their count goes to metrics)."""
-    name = task_cfg["name"]
+    name = task_cfg.name  # a top_rl.tasks.TaskConfig
     try:
         task = get_task(name, task_cfg)
     except (ValueError, KeyError, OSError) as e:

@@ -154,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:
         print(f"top-rl-parity-probe: device={device!r}: {e}\n{cli.usage()}", file=sys.stderr)
         return 2
-    if args.temperature <= 1e-6:
-        print("error: temperature must be > 1e-6 (SGLang turns lower values into greedy decoding)", file=sys.stderr)
+    if contract.temperature_refusal(args.temperature):
+        print(f"error: temperature={args.temperature} {contract.temperature_refusal(args.temperature)}", file=sys.stderr)
         return 2
     client = SglangClient(args.url, args.timeout, max_retries=2)
     try:

@@ -26,3 +26,8 @@ class TrainerConfig:
     # torch_dtype. A run sets it from model.dtype (one dtype for engine and trainer) and refuses trainer.dtype.
     dtype: ComputeDtype | None = None
     megatron_rope: bool = False  # Megatron's unfused RoPE instead of kernels.rope: eager engines only (spec.py)
+
+    @property
+    def world(self) -> int:
+        """Trainer ranks: dp * tp * pp * cp (the one place the product is taken)."""
+        return self.dp * self.tp * self.pp * self.cp

@@ -106,10 +106,9 @@ def run(trainer, batch: RLBatch, cfg: RLStepConfig) -> StepReport | None:
     if not rank0:
         return None
     parity = verdict.metrics.to_dict(prefix="train/") if verdict.metrics is not None else {}
-    return StepReport(parity=parity, losses=losses, timings=clock.times, updated=not halt,
-                      violation=verdict.message, dump_path=verdict.dump_path,
-                      extra={"micro_batches": meter.micro_batches, "tokens": sum(len(s.tokens) for s in samples),
-                             "trainer_step": trainer.step})
+    return StepReport(parity=parity, losses=losses, timings=clock.times, updated=not halt, verdict=verdict,
+                      trainer_step=trainer.step, micro_batches=meter.micro_batches,
+                      tokens=sum(len(s.tokens) for s in samples))
 
 
 def _forward_backward(trainer, seqs, samples, part: list[int], loss_cfg: PolicyLossConfig,

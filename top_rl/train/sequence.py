@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from top_rl import contract
+
 
 @dataclass(frozen=True)
 class TrainSequence:
@@ -20,8 +22,8 @@ class TrainSequence:
         if not 1 <= self.prompt_len < len(self.tokens):
             raise ValueError(f"prompt_len={self.prompt_len} must be in [1, {len(self.tokens)}): at least one "
                              "prompt token and one scored token")
-        if self.temperature is not None and self.temperature <= 1e-6:
-            raise ValueError(f"temperature={self.temperature}: the sampler path needs temperature > 1e-6")
+        if self.temperature is not None and contract.temperature_refusal(self.temperature):
+            raise ValueError(f"temperature={self.temperature} {contract.temperature_refusal(self.temperature)}")
         if self.gate_prefill and self.temperature is None:
             raise ValueError("gate_prefill needs a temperature: a prefill-kind sequence already scores the prefill path")
 

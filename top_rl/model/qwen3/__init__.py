@@ -9,12 +9,26 @@ spec, which is the trainer's (top_rl/train/qwen3_megatron.py).
 from __future__ import annotations
 
 from top_rl.model.qwen3.config import NotDenseQwen3 as NotSupported, Qwen3Config as Config
-from top_rl.model.qwen3.hf_names import full_shape, hf_to_megatron, iter_megatron_to_hf, megatron_names
-from top_rl.model.qwen3.native import Qwen3 as NativeModel
 
 NAME = "qwen3"
 __all__ = ["NAME", "Config", "NotSupported", "NativeModel", "full_shape", "hf_to_megatron", "iter_megatron_to_hf",
            "megatron_names", "serves"]
+
+
+_HF_NAMES = ("full_shape", "hf_to_megatron", "iter_megatron_to_hf", "megatron_names")
+
+
+def __getattr__(name: str):
+    # The model and its tensor names need torch; the config does not (the run config reads its defaults).
+    if name == "NativeModel":
+        from top_rl.model.qwen3.native import Qwen3
+
+        return Qwen3
+    if name in _HF_NAMES:
+        from top_rl.model.qwen3 import hf_names
+
+        return getattr(hf_names, name)
+    raise AttributeError(f"module 'top_rl.model.qwen3' has no attribute {name!r}")
 
 
 def serves(model_type: str | None) -> bool:

@@ -1,0 +1,59 @@
+"""The run plan: everything the driver places and starts, decided once by preflight (top_rl.preflight.run_plan)
+from the run config and what the checks loaded, frozen, and handed whole to `Cluster(plan)`. No actor re-reads the
+run config: an engine gets its EngineSpec, a trainer rank the TrainerSpec."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from top_rl.driver.placement import ClusterConfig, Placement
+from top_rl.rollout.sglang_config import SglangEngineConfig
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """What every actor process computes under (its kernels, set before any kernel runs)."""
+
+    kernel_backend: str  # reference | sglang | plain (the non-TOP baseline's)
+    attention_backend: str  # top.attention_backend (the sglang kernels' attention, the SGLang servers')
+    contract_name: str  # top.contract
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One rollout engine."""
+
+    kind: str  # native | sglang
+    logprob_source: str  # prefill | decode: the engine number the gate compares
+    dtype: str  # the compute dtype (model.dtype)
+    arch: Any  # the model family's architecture config (a native engine builds its model from it)
+    sglang: SglangEngineConfig | None = None  # kind sglang: this engine's server, checked (port = base + index)
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """The trainer group: every rank builds the same model from these."""
+
+    world: int  # dp * tp * pp * cp ranks
+    trainer_cfg: Any  # top_rl.train.TrainerConfig, its dtype the model's (one compute dtype both sides)
+    step_cfg: Any  # top_rl.rl.batch.RLStepConfig: loss, gate, dump dir
+    model_cfg: Any  # top_rl.model.source.ModelConfig: model.path, or the random init's seed and sizes
+    arch: Any  # the model family's architecture config (top_rl.model.family)
+    vocab_size: int  # the task tokenizer's (a random model's vocabulary)
+    eos_token_id: int | None
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    cluster: ClusterConfig
+    placement: Placement  # bundles and which actor sits in which (top_rl.driver.placement)
+    process: ProcessSpec
+    engines: tuple[EngineSpec, ...]
+    trainer: TrainerSpec
+    # rollout=sglang without model.path: where trainer rank 0 writes the random initial policy the servers start
+    # from (their configs' model_path); None otherwise.
+    initial_policy: str | None = None
+    # The run's KernelPlan (issue 25, item 1), for the lead to fill and the actors to install; None: each actor
+    # sets its kernels from `process` (top_rl.driver.actors._setup_process).
+    kernels: Any = None
