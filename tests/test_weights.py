@@ -116,3 +116,15 @@ def test_sglang_distributed_posts_each_bucket_before_its_broadcast_and_reports_a
     assert len(posts) > 1 and [v for *_, v in posts] == [None] * (len(posts) - 1) + ["5"]
     assert [e[0] for e in events] == ["post", "bcast"] * len(posts)
     assert all(e[2] is False for e in events if e[0] == "bcast")
+
+
+def test_an_sglang_engines_link_comes_from_the_engines_own_config():
+    from top_rl.driver.cluster import Cluster
+
+    def link_of(sglang: dict, trainer=CPU):
+        return Cluster._sglang_link(SimpleNamespace(_sglang={"sglang": sglang}, trainer_endpoint=trainer), 1)
+
+    assert link_of({}) == Link(Transport.object_store)  # weight_sync defaults to disk
+    assert link_of({"weight_sync": "distributed"}) == Link(Transport.sglang_distributed, 2, "gloo", True)
+    assert link_of({"weight_sync": "distributed", "tp_size": 2, "flattened_buckets": False}, GPU0) == \
+        Link(Transport.sglang_distributed, 3, "nccl", False)
