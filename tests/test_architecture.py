@@ -16,8 +16,8 @@ LAYERS = [
     {"kernels"},  # the engine's ops
     {"model"},  # Qwen3 over the kernels, HF I/O, packing
     {"rl", "tasks"},  # RL math, tasks and their prompt streams
+    {"weights"},  # trainer -> engine weight transport: buckets, senders, receivers (the engines' requests use them)
     {"train", "rollout"},  # the two sides: Megatron trainer, engines
-    {"weights"},  # trainer -> engine weight transport
     {"run"},  # checkpoint, lock, rng, faults
     {"observe"},  # metrics, wandb
     {"driver"},  # Ray: placement, actors, cluster

@@ -22,7 +22,7 @@ import sglang_cpu  # noqa: E402
 from helpers import tiny_model  # noqa: E402
 
 from top_rl.model import hf_state_dict, save_model  # noqa: E402
-from top_rl.rollout import sglang_weights as W  # noqa: E402
+from top_rl.weights import sglang_distributed  # noqa: E402
 from top_rl.rollout.base import SamplingParams  # noqa: E402
 from top_rl.rollout.native import NativeEngine  # noqa: E402
 from top_rl.rollout.sglang import SglangEngine, SglangEngineRestarted  # noqa: E402
@@ -126,14 +126,16 @@ def test_distributed_sync_over_a_process_group(setup, tmp_path):
         port, joined = rendezvous.reserve("127.0.0.1"), {}  # as trainer rank 0 does: a store on 127.0.0.1 only
         t = threading.Thread(target=lambda: joined.update(r=eng.init_weights_update_group("127.0.0.1", port, 1, 2, "gloo")))
         t.start()
-        group = W.init_trainer_group("127.0.0.1", port, 2, cfg.weight_group_name, backend="gloo",
-                                     store=rendezvous.store("127.0.0.1", port, 2, 0, timedelta(seconds=120)))
+        group = sglang_distributed.init_trainer_group("127.0.0.1", port, 2, cfg.weight_group_name, backend="gloo",
+                                                      store=rendezvous.store("127.0.0.1", port, 2, 0,
+                                                                             timedelta(seconds=120)))
         t.join()
         assert joined["r"]["success"] is True
         other = tiny_model(seed=6)
         for flattened in (True, False):
             eng.cfg.flattened_buckets = flattened
-            eng.set_broadcast_hook(functools.partial(W.broadcast_bucket, group=group, flattened=flattened))
+            eng.set_broadcast_hook(functools.partial(sglang_distributed.broadcast_bucket, group=group,
+                                                     flattened=flattened))
             eng.update_weights(hf_state_dict(other))
             got = eng.generate(PROMPTS, SEEDS, PARAMS)
             assert [s.logprobs for s in got] == [s.logprobs for s in NativeEngine(other).generate(PROMPTS, SEEDS, PARAMS)]

@@ -15,11 +15,12 @@ import sglang_cpu  # noqa: E402
 from helpers import tiny_model  # noqa: E402
 
 from top_rl.model import hf_state_dict, save_model  # noqa: E402
-from top_rl.rollout import sglang_weights as W  # noqa: E402
 from top_rl.rollout.base import SamplingParams  # noqa: E402
 from top_rl.rollout.native import NativeEngine  # noqa: E402
 from top_rl.rollout.sglang import SglangEngine  # noqa: E402
 from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError  # noqa: E402
+from top_rl.weights import buckets as W  # noqa: E402
+from top_rl.weights.sglang_distributed import sync_distributed  # noqa: E402
 from tests.doubles.sglang_standin import StandinServer  # noqa: E402
 
 _ERR = sglang_cpu.import_error()
@@ -69,7 +70,7 @@ def test_sync_distributed_orders_post_broadcast_wait():
         events.append(("post", meta["names"], meta["weight_version"]))
         return lambda: events.append(("wait", meta["names"]))
 
-    n = W.sync_distributed(_named(), 40, post, lambda b: events.append(("bcast", [k for k, _ in b])), weight_version="7")
+    n = sync_distributed(_named(), 40, post, lambda b: events.append(("bcast", [k for k, _ in b])), weight_version="7")
     assert n == 3
     assert events[:3] == [("post", ["a", "b"], None), ("bcast", ["a", "b"]), ("wait", ["a", "b"])]
     assert [e[2] for e in events if e[0] == "post"] == [None, None, "7"]  # the version flips with the last bucket

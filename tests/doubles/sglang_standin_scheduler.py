@@ -294,7 +294,7 @@ class StandinScheduler:
     def _update_from_distributed(self, req):
         import torch.distributed as dist
 
-        from top_rl.rollout.sglang_weights import unflatten
+        from top_rl.weights.buckets import unflatten
 
         out = self.io.UpdateWeightsFromDistributedReqOutput
         if req.group_name not in self.groups:

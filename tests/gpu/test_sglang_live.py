@@ -33,7 +33,7 @@ import torch
 from top_rl import contract
 from top_rl.model import Qwen3, Qwen3Config, hf_state_dict, save_model
 from top_rl.model.packing import sequence_logprobs
-from top_rl.rollout import sglang_weights as W
+from top_rl.weights import sglang_distributed
 from top_rl.rollout.base import SamplingParams
 from top_rl.rollout.sglang import SglangEngine, SglangEngineRestarted
 from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, check_logprob_source
@@ -189,11 +189,12 @@ def _push_distributed(eng, sd) -> None:
     eng.cfg.weight_sync, eng.cfg.weight_group_name = "distributed", f"top_rl_live_{port}"
     t = threading.Thread(target=lambda: joined.update(r=eng.init_weights_update_group("127.0.0.1", port, 1, 2, "gloo")))
     t.start()
-    group = W.init_trainer_group("127.0.0.1", port, 2, eng.cfg.weight_group_name, backend="gloo")
+    group = sglang_distributed.init_trainer_group("127.0.0.1", port, 2, eng.cfg.weight_group_name, backend="gloo")
     t.join()
     assert joined["r"]["success"] is True, joined
     try:
-        eng.set_broadcast_hook(functools.partial(W.broadcast_bucket, group=group, flattened=eng.cfg.flattened_buckets))
+        eng.set_broadcast_hook(functools.partial(sglang_distributed.broadcast_bucket, group=group,
+                                                 flattened=eng.cfg.flattened_buckets))
         eng.update_weights(sd)
     finally:
         eng.destroy_weights_update_group()

@@ -3,8 +3,8 @@
 Devices: an actor computes on the GPU(s) Ray gave it (`ray.get_gpu_ids()`, exposed as CUDA_VISIBLE_DEVICES);
 an actor Ray gave no GPU computes on the CPU, even on a GPU node (Ray leaves CUDA_VISIBLE_DEVICES unset for
 it, so without this it would silently share GPU 0 with everyone).
-Weights: engines start empty and are sent every version by trainer rank 0 (top_rl.weights.sync); the driver
-never holds them.
+Weights: engines start empty and are sent every version by trainer rank 0 (top_rl.weights), by the sender
+it made for each engine when it connected to it; the driver never holds them.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import torch
 
 from top_rl.driver import rendezvous
 from top_rl.driver.plan import EngineSpec, ProcessSpec, TrainerSpec
-from top_rl.weights import sync as weight_sync
-from top_rl.weights.sync import Endpoint
+from top_rl.weights import receivers, senders
+from top_rl.weights.group import GROUP_TIMEOUT, Group
+from top_rl.weights.transport import Endpoint, Link, Transport
 
 
 def _setup_process(process: ProcessSpec, threads: int) -> None:
@@ -72,32 +73,26 @@ class EngineActor:
     def generate(self, prompts, seeds, params):
         return self.engine.generate(prompts, seeds, params)
 
-    # weights, by transport (top_rl.weights.sync)
-    def load_weights(self, hf_weights: dict, version: int) -> int:
-        self.engine.update_weights(hf_weights)
+    # weights (top_rl.weights): joined once per connection, then received by the transport chosen then
+    def join_weights(self, link: Link, index: int, address: tuple[str, int]) -> None:
+        """Join the process group trainer rank 0 hosts at `address` for this engine (rank 0 joins concurrently)."""
+        host, port = address
+        name = link.group_name(index, port)
+        if link.transport == Transport.sglang_distributed:  # the server's own ranks join (SGLang's request)
+            self.engine.join_trainer_group(host, port, link.backend, name)  # unique name: one group per engine
+        else:
+            self.group = Group(rendezvous.store(host, port, link.world, 1, GROUP_TIMEOUT), 1, link.world, name)
+
+    def receive_weights(self, transport: Transport, payload, version: int) -> int:
+        self.engine.update_weights(receivers.receive(transport, payload, self.group))
         self.version = version
         return version
 
-    def join_group(self, host: str, port: int, name: str) -> None:
-        self.group = weight_sync.Group(host, port, 1, 2, name)
-
-    def receive_broadcast(self, metas: list[dict], version: int) -> int:
-        return self.load_weights(weight_sync.receive_broadcast(self.group, metas), version)
-
-    def receive_ipc(self, handles: list, metas: list[dict], version: int) -> int:
-        return self.load_weights(weight_sync.receive_ipc(handles, metas), version)
-
-    # an SGLang server's own broadcast receive (rollout.sglang.weight_sync=distributed)
-    def sglang_join_group(self, host: str, port: int, backend: str, name: str) -> None:
-        self.engine.join_trainer_group(host, port, backend, name)
-
     def sglang_receive_bucket(self, names, dtypes, shapes, weight_version=None):
+        """One bucket of rollout.sglang.weight_sync=distributed (top_rl.weights.senders.SglangDistributedSender)."""
         self.engine.update_weights_from_distributed(names, dtypes, shapes, weight_version=weight_version)
         if weight_version is not None:
             self.version = int(weight_version)
-
-    def sglang_flattened(self) -> bool:
-        return self.engine.flattened_buckets
 
     def health(self):
         return self.engine.health()
@@ -114,7 +109,7 @@ class TrainerActor:
     def __init__(self, rank: int, world: int, process: ProcessSpec, threads: int):
         _setup_process(process, threads)
         self.rank, self.world = rank, world
-        self.groups: dict[int, weight_sync.Group] = {}  # rank 0: engine index -> its broadcast group
+        self.senders: dict[int, senders.Sender] = {}  # rank 0: engine index -> its sender, made at connect
 
     def endpoint(self) -> Endpoint:
         return Endpoint.here()
@@ -155,71 +150,29 @@ class TrainerActor:
         return self.trainer.rl_step(batch, self.step_cfg)
 
     # ------------------------------------------------------------------ weights to engines
-    def open_group(self, index: int, host: str, port: int, name: str) -> None:
-        """Rank 0: host the broadcast group with engine `index` (the engine joins concurrently)."""
-        old = self.groups.pop(index, None)
+    def connect(self, index: int, link: Link, engine, address: tuple[str, int] | None) -> None:
+        """Rank 0: make engine `index`'s sender (replacing a restarted engine's); for a process group, host it at
+        `address` (from free_address) while the engine joins (EngineActor.join_weights)."""
+        old = self.senders.pop(index, None)
         if old is not None:
-            _abort(old)
-        self.groups[index] = weight_sync.Group(host, port, 0, 2, name)
+            old.close()
+        if not link.needs_group:
+            self.senders[index] = senders.connect(link, engine)
+            return
+        host, port = address
 
-    def open_sglang_group(self, index: int, host: str, port: int, world: int, name: str, backend: str) -> None:
-        """Rank 0: the SGLang server's weight group, made by SGLang's own helper as the server makes its end."""
-        from top_rl.rollout.sglang_weights import init_trainer_group
+        def store(world, timeout):  # on the socket free_address reserved: the node's address only
+            return rendezvous.store(host, port, world, 0, timeout)
 
-        from torch.distributed.constants import default_pg_timeout
+        self.senders[index] = senders.connect(link, engine, store, host, port, link.group_name(index, port))
 
-        store = rendezvous.store(host, port, world, 0, default_pg_timeout)  # on the reserved socket: host only
-        self.groups[index] = init_trainer_group(host, port, world, name, backend, store=store)
-
-    def push_weights(self, engines: list, indices: list[int], transports: list[str], version: int,
-                     bucket_bytes: int) -> list[tuple[int, str | None]]:
-        """Every rank gathers; rank 0 sends `version` to each engine by its transport. Returns, on rank 0,
+    def push_weights(self, indices: list[int], version: int, bucket_bytes: int) -> list[tuple[int, str | None]]:
+        """Every rank gathers; rank 0 sends `version` to each engine in `indices` by its sender. Returns, on rank 0,
         (engine index, error or None) per engine: a dead engine is the driver's to restart."""
         named = list(self.trainer.iter_hf_weights())  # collectives on every rank
         if self.rank != 0:
             return []
-        bks, metas = weight_sync.plan_buckets(named, bucket_bytes)
-        shared_ref, keep_alive, pending = None, [], []
-        for engine, i, transport in zip(engines, indices, transports):
-            if transport == "object_store":
-                if shared_ref is None:
-                    shared_ref = ray.put({n: t.cpu() for n, t in named})  # one copy for every such engine
-                pending.append((i, engine.load_weights.remote(shared_ref, version)))
-            elif transport == "broadcast":
-                pending.append((i, engine.receive_broadcast.remote(metas, version)))
-                weight_sync.send_broadcast(self.groups[i], bks)
-            elif transport in ("sglang_distributed", "sglang_distributed_flat"):
-                import functools
-
-                from top_rl.rollout import sglang_weights
-
-                def post(meta, engine=engine):
-                    return functools.partial(ray.get, engine.sglang_receive_bucket.remote(**meta))
-
-                send = functools.partial(sglang_weights.broadcast_bucket, group=self.groups[i],
-                                         flattened=transport.endswith("_flat"))
-                try:
-                    sglang_weights.sync_distributed(named, bucket_bytes, post, send, weight_version=str(version))
-                    pending.append((i, None))
-                except Exception as e:  # noqa: BLE001
-                    pending.append((i, e))
-            elif transport == "ipc":
-                handles, bufs = weight_sync.ipc_handles(bks)
-                keep_alive.append(bufs)
-                pending.append((i, engine.receive_ipc.remote(handles, metas, version)))
-            else:
-                raise ValueError(f"unknown weight transport {transport!r}")
-        out = []
-        for i, ref in pending:
-            if ref is None or isinstance(ref, Exception):
-                out.append((i, None if ref is None else " ".join(str(ref).split())[:600]))
-                continue
-            try:
-                ray.get(ref)
-                out.append((i, None))
-            except Exception as e:  # noqa: BLE001 - reported per engine; the driver restarts it
-                out.append((i, " ".join(str(e).split())[:600]))
-        return out
+        return senders.push([(i, self.senders[i]) for i in indices], named, version, bucket_bytes)
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str) -> None:
@@ -252,9 +205,3 @@ class TrainerActor:
         hf_config = self.arch.replace(torch_dtype=str(self.trainer.cfg.dtype)).to_hf_dict()
         write_hf(named, path, hf_config, max_shard_bytes=5 << 30)
 
-
-def _abort(group: weight_sync.Group) -> None:
-    try:
-        group.pg.abort()
-    except Exception:  # noqa: BLE001 - a group whose peer died may refuse; it is dropped either way
-        pass

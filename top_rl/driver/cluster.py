@@ -28,7 +28,7 @@ from top_rl.run import fault_injection, faults
 from top_rl.driver import local_ray
 from top_rl.driver import placement
 from top_rl.driver import rendezvous
-from top_rl.weights import sync as weight_sync
+from top_rl.weights import transport
 from top_rl.driver.actors import EngineActor, TrainerActor
 from top_rl.driver.plan import RunPlan
 from top_rl.run.stopped import ActorFailed
@@ -93,8 +93,8 @@ class Cluster:
             # (the servers get the trainer's weights again by the first push, like every later version).
             self.save_hf(plan.initial_policy)
         self.engines = [self._new_engine(i) for i in range(len(self.engine_specs))]
-        self.transports = [self._connect(i) for i in range(len(self.engines))]
-        self.push_weights()
+        self.links = self._links(range(len(self.engines)))
+        self.push_weights(connect=True)
 
     def _bundle(self, index: int):
         return PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=index)
@@ -104,30 +104,29 @@ class Cluster:
                                    num_gpus=self.plan.engine_gpus).remote(self.engine_specs[i], self.process,
                                                                           self.threads)
 
-    def _connect(self, i: int) -> str:
-        """Engine i's weight transport; a broadcast group is opened by rank 0 and joined by the engine."""
-        server = self.engine_specs[i].sglang
-        if server is not None:
-            if server.weight_sync != "distributed":
-                return "object_store"  # the engine actor writes / serialises for its server (disk, tensor)
-            host, port = ray.get(self.trainers[0].free_address.remote())
-            backend = "nccl" if self.trainer_endpoint.gpu else "gloo"
-            tp = server.tp_size
-            name = f"top_rl_sglang_{i}_{port}"
-            self._get([self.trainers[0].open_sglang_group.remote(i, host, port, 1 + tp, name, backend),
-                       self.engines[i].sglang_join_group.remote(host, port, backend, name)],
-                      ["trainer rank 0", f"rollout engine {i}"], "weight group setup")
-            flat = ray.get(self.engines[i].sglang_flattened.remote())
-            return "sglang_distributed_flat" if flat else "sglang_distributed"
-        endpoint = self._get([self.engines[i].endpoint.remote()], [f"rollout engine {i}"], "start")[0]
-        transport = weight_sync.choose(self.cfg.weight_transport, self.trainer_endpoint, endpoint)
-        if transport == "broadcast":
-            host, port = ray.get(self.trainers[0].free_address.remote())
-            name = f"top_rl_weights_{i}_{port}"
-            self._get([self.trainers[0].open_group.remote(i, host, port, name),
-                       self.engines[i].join_group.remote(host, port, name)],
-                      ["trainer rank 0", f"rollout engine {i}"], "weight group setup")
-        return transport
+    def _links(self, indices) -> list[transport.Link]:
+        """Each engine's link (top_rl.weights.transport), decided once here: an SGLang engine's from its config, a
+        native engine's from where it computes (one round trip for all of them, which also waits for their start)."""
+        indices = list(indices)
+        if any(self.engine_specs[i].sglang is not None for i in indices):
+            return [self._sglang_link(i) for i in indices]
+        ends = self._get([self.engines[i].endpoint.remote() for i in indices],
+                         [f"rollout engine {i}" for i in indices], "start")
+        return [transport.link(self.cfg.weight_transport, self.trainer_endpoint, end) for end in ends]
+
+    def _sglang_link(self, i: int) -> transport.Link:
+        cfg = self.engine_specs[i].sglang  # the server's config, built and checked once by preflight
+        return transport.sglang_link(cfg.weight_sync, cfg.tp_size, cfg.flattened_buckets, self.trainer_endpoint)
+
+    def _connect(self, i: int) -> tuple[list, list[str]]:
+        """Submit rank 0's connection to engine i (its sender; for a process group, the engine joins as rank 0 hosts
+        it at an address rank 0 reserves: Ray hands the address over, the driver waits for nothing in between)."""
+        link, rank0 = self.links[i], self.trainers[0]
+        if not link.needs_group:
+            return [rank0.connect.remote(i, link, self.engines[i], None)], ["trainer rank 0"]
+        address = rank0.free_address.remote()
+        return ([rank0.connect.remote(i, link, self.engines[i], address),
+                 self.engines[i].join_weights.remote(link, i, address)], ["trainer rank 0", f"rollout engine {i}"])
 
     def _get(self, refs, names: list[str], what: str) -> list:
         """ray.get, fail-fast: the first actor that dies or raises ends the wait (see module doc)."""
@@ -170,8 +169,8 @@ class Cluster:
               f"{self.max_restarts})", flush=True)
         ray.kill(self.engines[i], no_restart=True)  # it may only be unreachable
         self.engines[i] = self._new_engine(i)
-        self.transports[i] = self._connect(i)
-        self.push_weights([i])
+        self.links[i] = self._links([i])[0]
+        self.push_weights([i], connect=True)
 
     def generate(self, prompts, seeds, params):
         """Split samples over engines (in waves of cluster.rollout_chunk per engine); a sample's result
@@ -192,15 +191,21 @@ class Cluster:
                 bar.update(len(p))
         return out
 
-    def push_weights(self, only: list[int] | None = None) -> None:
+    def push_weights(self, only: list[int] | None = None, connect: bool = False) -> None:
         """Trainer rank 0 sends the current policy to the engines (all, or `only`); the driver holds none of it.
-        An engine that died meanwhile is restarted (and sent the weights itself)."""
+        `connect`: rank 0 connects to those engines first (at start, after a restart), in the same submission: rank 0
+        runs its calls in order. An engine that died meanwhile is restarted (and sent the weights itself)."""
         indices = list(range(len(self.engines))) if only is None else only
         if only is None:
             self.weight_version += 1
-        args = ([self.engines[i] for i in indices], indices, [self.transports[i] for i in indices],
-                self.weight_version, WEIGHT_BUCKET_BYTES)
-        results = self._on_trainers("push_weights", [args] * len(self.trainers), "weight push")[0]
+        setup, names = [], []
+        for i in indices if connect else []:
+            refs, who = self._connect(i)
+            setup, names = setup + refs, names + who
+        args = (indices, self.weight_version, WEIGHT_BUCKET_BYTES)
+        pushes = [t.push_weights.remote(*args) for t in self.trainers]
+        self._get(setup, names, "weight group setup")
+        results = self._get(pushes, [f"trainer rank {r}" for r in range(len(pushes))], "weight push")[0]
         for i, error in results:
             if error is not None:
                 self._replace_engine(i, f"rollout engine {i} failed to take weights: {error}", "weight push")

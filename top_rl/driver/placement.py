@@ -8,22 +8,15 @@ Two layouts, chosen by `cluster.colocate`:
   colocated  one bundle per trainer rank holding one whole GPU that the rank shares with engines
              (fractional GPUs: trainer_gpus + engines x engine_gpus <= 1). Engines fill the ranks' GPUs
              from the last rank down, so with fewer engines than ranks no engine shares rank 0's GPU and
-             the trainer can broadcast to every engine over NCCL (top_rl.weights.sync).
+             the trainer can broadcast to every engine over NCCL (top_rl.weights.transport).
 Bundle order: engines first (separate) then ranks; `engine_bundle` / `trainer_bundle` index into it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
-
-class WeightTransport(StrEnum):
-    """How trainer rank 0 sends weights to the engines (top_rl/weights/sync.py)."""
-
-    auto = "auto"  # NCCL broadcast between GPUs, CUDA IPC on a shared GPU, the object store on CPU
-    broadcast = "broadcast"  # a process group always (gloo on CPU)
-    object_store = "object_store"
+from top_rl.weights.transport import TransportSetting
 
 
 @dataclass
@@ -35,7 +28,7 @@ class ClusterConfig:
     engine_gpus: float = 0.0  # per engine; fractional with colocate
     trainer_gpus: float = 0.0  # per trainer rank; fractional with colocate
     colocate: bool = False  # engines share the trainer ranks' GPUs (see module doc)
-    weight_transport: WeightTransport = WeightTransport.auto
+    weight_transport: TransportSetting = TransportSetting.auto  # how rank 0 sends weights (top_rl.weights)
     placement_timeout_s: float = 60.0  # a placement Ray cannot satisfy fails after this, naming what is missing
     torch_threads: int = 0  # per actor; 0 = the machine's cores (rollout and training alternate)
     max_engine_restarts: int = 3  # rollout engines that die are replaced this many times per run

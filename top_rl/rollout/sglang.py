@@ -8,8 +8,8 @@ A plain class, so a caller can place it with Ray: `ray.remote(num_gpus=1)(Sglang
   SGLang's own parser and, once the server is up, checks its /server_info against the contract.
 - generate: one batch /generate with a distinct `sampling_seed` per sample and the contract's sampling; the
   gate's log-probs come from prefill re-scoring (default) or the sampler's output_token_logprobs.
-- Weight sync: disk | distributed | tensor (sglang_weights); each update carries a weight_version and every
-  later answer must report it, so a server that restarted with its initial weights cannot pass silently.
+- Weight sync: disk | distributed | tensor (sglang_weights; top_rl.weights); each update carries a weight_version and
+  every later answer must report it, so a server that restarted with its initial weights cannot pass silently.
 - A failed idempotent call (generation with fixed seeds, re-scoring) on a dead server restarts it and retries
   once; after a restart the last disk version is reloaded, while broadcast/tensor weights cannot be restored
   here and the retry is refused (`SglangEngineRestarted`) until the trainer syncs again.
@@ -37,6 +37,8 @@ from top_rl.rollout.sglang_launch import build_launch, validate_argv
 from top_rl.rollout.sglang_plan import config_from_dict, launch_plan
 from top_rl.rollout.sglang_protocol import generate_payload, items, parse_generation, parse_scores, score_payload
 from top_rl.rollout.sglang_server import ServerProcess
+from top_rl.weights.buckets import Bucket, buckets
+from top_rl.weights.sglang_distributed import sync_distributed
 
 log = logging.getLogger(__name__)
 __all__ = ["SglangEngine", "SglangEngineConfig", "SglangEngineRestarted", "TopConfigError", "launch_plan"]
@@ -61,7 +63,7 @@ class SglangEngine(RolloutEngine):
         self.expected_weight_version: str | None = None  # what every answer must report after an update
         self.last_disk_path: str | None = None
         self.needs_sync = False  # a restart lost weights the engine cannot replay
-        self.broadcast_hook: Callable[[weights.Bucket], None] | None = None
+        self.broadcast_hook: Callable[[Bucket], None] | None = None
 
     @classmethod
     def from_config(cls, sglang: dict | None, logprob_source: str | None = None,
@@ -229,7 +231,7 @@ class SglangEngine(RolloutEngine):
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                   backend: str = "nccl") -> dict:
         """This server's ranks join the trainer's broadcast group (blocks until rank 0 joins: call it
-        concurrently with weights.init_trainer_group)."""
+        concurrently with top_rl.weights.sglang_distributed.init_trainer_group)."""
         return self.client.init_weights_update_group(master_address, master_port, rank_offset, world_size,
                                                      self.cfg.weight_group_name, backend)
 
@@ -256,9 +258,10 @@ class SglangEngine(RolloutEngine):
     def destroy_weights_update_group(self) -> dict:
         return self.client.destroy_weights_update_group(self.cfg.weight_group_name)
 
-    def set_broadcast_hook(self, broadcast: Callable[[weights.Bucket], None]) -> None:
+    def set_broadcast_hook(self, broadcast: Callable[[Bucket], None]) -> None:
         """For an engine object living in the trainer's rank-0 process: `broadcast(bucket)` sends one bucket over
-        the group (e.g. functools.partial(weights.broadcast_bucket, group=g, flattened=cfg.flattened_buckets))."""
+        the group (e.g. functools.partial(broadcast_bucket, group=g, flattened=cfg.flattened_buckets), from
+        top_rl.weights.sglang_distributed)."""
         self.broadcast_hook = broadcast
 
     def update_weights(self, hf_state_dict: dict) -> None:
@@ -283,15 +286,15 @@ class SglangEngine(RolloutEngine):
         if self.broadcast_hook is None:
             raise TopConfigError(
                 "weight_sync=distributed: the trainer's rank 0 must broadcast the tensors. Call set_broadcast_hook(fn) "
-                "on an engine in the trainer process, or drive sglang_weights.sync_distributed from the trainer with "
-                "this engine's update_weights_from_distributed as the per-bucket request")
+                "on an engine in the trainer process, or drive top_rl.weights.sglang_distributed.sync_distributed "
+                "from the trainer with this engine's update_weights_from_distributed as the per-bucket request")
         post = functools.partial(_in_thread, self.update_weights_from_distributed)
-        weights.sync_distributed(sd.items(), self.cfg.bucket_mb << 20, post, self.broadcast_hook,
-                                 weight_version=str(self.version + 1))
+        sync_distributed(sd.items(), self.cfg.bucket_mb << 20, post, self.broadcast_hook,
+                         weight_version=str(self.version + 1))
 
     def _update_tensor(self, sd: dict) -> None:
         version = str(self.version + 1)
-        bks = weights.buckets(sd.items(), self.cfg.bucket_mb << 20)
+        bks = buckets(sd.items(), self.cfg.bucket_mb << 20)
         for k, bucket in enumerate(bks):
             last = k == len(bks) - 1
             payload, fmt = weights.tensor_payload(bucket, self.cfg.tp_size, self.cfg.flattened_buckets)
