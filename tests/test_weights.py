@@ -121,8 +121,11 @@ def test_sglang_distributed_posts_each_bucket_before_its_broadcast_and_reports_a
 def test_an_sglang_engines_link_comes_from_the_engines_own_config():
     from top_rl.driver.cluster import Cluster
 
-    def link_of(sglang: dict, trainer=CPU):
-        return Cluster._sglang_link(SimpleNamespace(_sglang={"sglang": sglang}, trainer_endpoint=trainer), 1)
+    from top_rl.rollout.sglang_plan import config_from_dict
+
+    def link_of(sglang: dict, trainer=CPU):  # the engine's server config as preflight plans it
+        specs = [None, SimpleNamespace(sglang=config_from_dict(sglang, 1))]
+        return Cluster._sglang_link(SimpleNamespace(engine_specs=specs, trainer_endpoint=trainer), 1)
 
     assert link_of({}) == Link(Transport.object_store)  # weight_sync defaults to disk
     assert link_of({"weight_sync": "distributed"}) == Link(Transport.sglang_distributed, 2, "gloo", True)
