@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-import torch
 
 
 class TransportSetting(StrEnum):
@@ -53,6 +52,8 @@ class Endpoint:
         import ray
 
         gpu = None
+        import torch  # here, not at import: the config (placement's TransportSetting) loads no torch
+
         if torch.cuda.is_available():
             gpu = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
         return cls(ray.util.get_node_ip_address(), gpu)
