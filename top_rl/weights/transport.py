@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 
-
 class TransportSetting(StrEnum):
     """cluster.weight_transport: what the user allows (the config refuses anything else, naming these)."""
 
