@@ -14,7 +14,8 @@ _WATCHED = ("SGLANG_", "TOP_RL_", "NCCL_", "GLOO_")
 def _contract_pins() -> set[tuple[str, str]]:
     from top_rl import contract
 
-    return {kv for c in contract.CONTRACTS.values() for kv in c.engine_env}
+    # tests/sglang_cpu.py sets SGLANG_USE_CPU_ENGINE=1 when first imported, before sglang is (process-wide by design)
+    return {kv for c in contract.CONTRACTS.values() for kv in c.engine_env} | {("SGLANG_USE_CPU_ENGINE", "1")}
 
 
 def _watched_env() -> dict[str, str]:

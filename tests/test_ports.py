@@ -62,7 +62,8 @@ def test_the_rendezvous_store_serves_on_the_reserved_socket():
 def test_gloo_binds_the_interface_holding_the_nodes_address(monkeypatch):
     from top_rl.driver import rendezvous
 
-    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "")  # recorded first, so teardown removes what bind_gloo sets
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
     rendezvous.bind_gloo("127.0.0.1")
     assert os.environ["GLOO_SOCKET_IFNAME"] == rendezvous.interface_of("127.0.0.1") is not None
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "mine")
