@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import time
 from pathlib import Path
 
@@ -19,7 +20,9 @@ from top_rl.tasks import prompts
 from top_rl.run import rng
 from top_rl.run import lock as run_lock
 from top_rl.driver.cluster import Cluster
-from top_rl.config import RunConfig, kernel_backend
+from top_rl import kernels
+from top_rl.atomic import write_file
+from top_rl.config import RunConfig, resolve_kernel_plan
 from top_rl.rl import gate, grpo_advantages
 from top_rl.rl.batch import RLBatch, RLSample, RLStepConfig
 from top_rl.rollout.base import SamplingParams, sample_seed
@@ -37,10 +40,18 @@ def rollout_metrics(samples, seconds: float) -> dict:
             "perf/rollout_tokens_per_s": sum(lengths) / seconds if seconds > 0 else float("nan")}
 
 
+def _kernel_metrics(run_dir: Path, reports: list[dict]) -> dict:
+    """Every actor's kernel report (the paths its ops took, its fallbacks) to run_dir/kernels.json; the counts as
+    step metrics."""
+    write_file(run_dir / "kernels.json", lambda tmp: Path(tmp).write_text(json.dumps(reports, indent=1) + "\n"))
+    return kernels.step_metrics(reports)
+
+
 def run(cfg: RunConfig) -> dict:
     run_dir = Path(cfg.run_dir)
     # Every refusal comes before Ray, wandb or any file write (a refused run leaves no run_dir behind).
     ready = preflight.check(cfg)
+    kernel_plan = resolve_kernel_plan(cfg)  # decided once, here; every actor installs it
     task, model_cfg, max_prompt_len = ready.task, ready.model_cfg, ready.max_prompt_len
     rng.seed(cfg.seed)
     step_cfg = RLStepConfig(loss=cfg.algo.loss, gate=cfg.top, dump_dir=str((run_dir / "parity").resolve()))
@@ -49,13 +60,11 @@ def run(cfg: RunConfig) -> dict:
     with faults.RunGuard(run_dir) as guard, run_lock.RunLock(run_dir), contextlib.ExitStack() as cleanup, \
             faults.StopOnFullDisk(run_dir):
         state = preflight.confirm_under_lock(cfg, ready)  # None: a fresh run (which never overwrites checkpoints)
-        cluster = Cluster(cfg.cluster, kernel_backend=kernel_backend(cfg), attention_backend=cfg.top.attention_backend,
-                          rollout_cfg=cfg.rollout, trainer_cfg=dataclasses.replace(cfg.trainer, dtype=cfg.model.dtype),
+        cluster = Cluster(cfg.cluster, kernel_plan=kernel_plan, rollout_cfg=cfg.rollout, trainer_cfg=dataclasses.replace(cfg.trainer, dtype=cfg.model.dtype),
                           step_cfg=step_cfg, model_cfg=cfg.model,
                           arch=model_cfg, vocab_size=task.vocab_size, eos_token_id=task.eos_token_id,
                           sglang_context={"model_path": cfg.model.path or "", "top": cfg.top.enabled,
-                                          "initial_policy": str(initial_policy_dir(run_dir))},
-                          contract_name=cfg.top.contract)
+                                          "initial_policy": str(initial_policy_dir(run_dir))})
         cleanup.callback(cluster.shutdown)
         guard.catch_signals()  # after Ray started (it installs a SIGTERM handler of its own)
         if state is not None:  # engines get the resumed weights before the first rollout
@@ -114,6 +123,7 @@ def run(cfg: RunConfig) -> dict:
                 "perf/train_time": t_train,
                 "perf/weight_push_time": t_push,
                 "perf/step_time": time.perf_counter() - t0,
+                **_kernel_metrics(run_dir, cluster.kernel_reports()),
             }
             # Log before checkpointing: a crash in between replays this step on resume, never loses its row.
             tracker.log(step + 1, last)

@@ -14,13 +14,15 @@ import os
 import ray
 import torch
 
+from top_rl import kernels
 from top_rl.driver import rendezvous
+from top_rl.kernels.plan import KernelPlan
 from top_rl.weights import sync as weight_sync
 from top_rl.weights.sync import Endpoint
 
 
-def _setup_process(kernel_backend: str, attention_backend: str | None, threads: int,
-                   contract_name: str | None = None) -> None:
+def _setup_process(kernel_plan: KernelPlan, threads: int) -> None:
+    """Every actor, before its first kernel: the run's KernelPlan (an argument, so Ray carries it to any node)."""
     from top_rl.observe import quiet
 
     quiet.install()  # third-party start-up notices, once per actor (top_rl/observe/quiet.py)
@@ -28,17 +30,7 @@ def _setup_process(kernel_backend: str, attention_backend: str | None, threads: 
     if not ray.get_gpu_ids():
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before anything initialises CUDA in this process
     torch.set_num_threads(threads)
-    from top_rl import kernels
-
-    kernels.set_backend(kernel_backend)
-    if kernel_backend == "sglang" and contract_name:
-        from top_rl.kernels import sglang
-
-        sglang.set_contract(contract_name)  # the engines' contract (its GEMM path), before any kernel runs
-    if kernel_backend == "sglang" and attention_backend:
-        from top_rl.kernels import sglang_attention
-
-        sglang_attention.set_attention_backend(attention_backend)
+    kernels.install(kernel_plan)  # backend, contract (the engines' GEMM path), attention kernel, fast paths
 
 
 def _device() -> torch.device:
@@ -49,12 +41,12 @@ def _device() -> torch.device:
 class EngineActor:
     """Hosts one rollout engine: native (in-process over the kernel seam) or an SGLang server it launches."""
 
-    def __init__(self, kind: str, kernel_backend: str, attention_backend: str | None, threads: int, arch,
-                 dtype: str, logprob_source: str, sglang: dict | None = None, contract_name: str | None = None):
+    def __init__(self, kind: str, kernel_plan: KernelPlan, threads: int, arch, dtype: str, logprob_source: str,
+                 sglang: dict | None = None):
         """`sglang`: for kind "sglang", the keyword arguments of SglangEngine.from_config (the run's
         rollout.sglang mapping plus the trainer's attention backend, model path, TOP switch, engine index).
-        `contract_name`: the run's top.contract, for the native engine's kernels and the SGLang server alike."""
-        _setup_process(kernel_backend, attention_backend, threads, contract_name)
+        `kernel_plan`: the run's kernels; its contract is the native engine's and the SGLang server's alike."""
+        _setup_process(kernel_plan, threads)
         self.kind, self.version, self.group = kind, -1, None
         if kind == "native":
             from top_rl.model import family
@@ -65,13 +57,16 @@ class EngineActor:
         elif kind == "sglang":
             from top_rl.rollout.sglang import SglangEngine
 
-            self.engine = SglangEngine.from_config(logprob_source=logprob_source, contract_name=contract_name,
+            self.engine = SglangEngine.from_config(logprob_source=logprob_source, contract_name=kernel_plan.contract,
                                                    **(sglang or {}))
         else:
             raise ValueError(f"rollout.engine={kind!r}; choose native or sglang")
 
     def endpoint(self) -> Endpoint:
         return Endpoint.here()
+
+    def kernel_report(self) -> dict:
+        return kernels.report()
 
     def generate(self, prompts, seeds, params):
         return self.engine.generate(prompts, seeds, params)
@@ -116,14 +111,16 @@ class TrainerActor:
     """One trainer rank (Megatron-core over the kernel seam). Calls are SPMD: the driver sends each call to
     every rank; rank 0 answers (reports, weights it sends on)."""
 
-    def __init__(self, rank: int, world: int, kernel_backend: str, attention_backend: str | None, threads: int,
-                 contract_name: str | None = None):
-        _setup_process(kernel_backend, attention_backend, threads, contract_name)
+    def __init__(self, rank: int, world: int, kernel_plan: KernelPlan, threads: int):
+        _setup_process(kernel_plan, threads)
         self.rank, self.world = rank, world
         self.groups: dict[int, weight_sync.Group] = {}  # rank 0: engine index -> its broadcast group
 
     def endpoint(self) -> Endpoint:
         return Endpoint.here()
+
+    def kernel_report(self) -> dict:
+        return kernels.report()
 
     def free_address(self) -> tuple[str, int]:
         """An address on this node's IP for others to meet at (rank 0: the trainer's rendezvous, weight groups),

@@ -32,6 +32,7 @@ from top_rl.weights import sync as weight_sync
 from top_rl.driver.actors import EngineActor, TrainerActor
 from top_rl.run.stopped import ActorFailed
 from top_rl.driver.placement import ClusterConfig, PlacementError
+from top_rl.kernels.plan import KernelPlan
 
 WEIGHT_BUCKET_BYTES = 512 << 20
 
@@ -55,13 +56,14 @@ def start_ray(cfg: ClusterConfig) -> None:
 
 
 class Cluster:
-    def __init__(self, cfg: ClusterConfig, *, kernel_backend: str, attention_backend: str, rollout_cfg, trainer_cfg,
+    def __init__(self, cfg: ClusterConfig, *, kernel_plan: KernelPlan, rollout_cfg, trainer_cfg,
                  step_cfg, model_cfg, arch, vocab_size: int, eos_token_id: int | None,
-                 sglang_context: dict | None = None, contract_name: str | None = None):
+                 sglang_context: dict | None = None):
         """`sglang_context`: run-level settings SGLang engines are checked against (attention backend of the
         trainer, model path, TOP on/off) and `initial_policy`, where a run without a model path writes the servers'
-        starting checkpoint; unused by the native engine. `contract_name`: the run's top.contract, which
-        every actor computes under (trainer ranks, native engines) and SGLang servers launch with."""
+        starting checkpoint; unused by the native engine. `kernel_plan`: the run's kernels, which every actor installs
+        (trainer ranks, native engines); SGLang servers launch with its contract and are checked against its
+        attention kernel."""
         start_ray(cfg)
         world = trainer_cfg.dp * trainer_cfg.tp * trainer_cfg.pp * trainer_cfg.cp
         self.plan = placement.plan(rollout_cfg.num_engines, world, cfg)
@@ -85,8 +87,7 @@ class Cluster:
 
         self.trainers = [
             TrainerActor.options(scheduling_strategy=self._bundle(self.plan.trainer_bundle[r]), num_cpus=0,
-                                 num_gpus=self.plan.trainer_gpus).remote(r, world, kernel_backend, attention_backend,
-                                                                         threads, contract_name)
+                                 num_gpus=self.plan.trainer_gpus).remote(r, world, kernel_plan, threads)
             for r in range(world)
         ]
         host, port = ray.get(self.trainers[0].free_address.remote())
@@ -94,12 +95,11 @@ class Cluster:
                                      vocab_size, eos_token_id)] * world, "trainer setup")
         self.trainer_endpoint = ray.get(self.trainers[0].endpoint.remote())
 
-        self._engine_args = (rollout_cfg.engine, kernel_backend, attention_backend, threads, arch)
-        self._engine_kwargs = dict(dtype=trainer_cfg.dtype, logprob_source=rollout_cfg.logprob_source,
-                                   contract_name=contract_name)
+        self._engine_args = (rollout_cfg.engine, kernel_plan, threads, arch)
+        self._engine_kwargs = dict(dtype=trainer_cfg.dtype, logprob_source=rollout_cfg.logprob_source)
         context = dict(sglang_context or {})
         initial_policy = context.pop("initial_policy", None)
-        self._sglang = dict(sglang=rollout_cfg.sglang, trainer_attention_backend=attention_backend, **context)
+        self._sglang = dict(sglang=rollout_cfg.sglang, trainer_attention_backend=kernel_plan.attention, **context)
         if self.is_sglang and not self._sglang.get("model_path"):
             # A server starts from a checkpoint on disk: the run's random initial policy, written by trainer rank 0
             # (the servers get the trainer's weights again by the first push, like every later version).
@@ -230,6 +230,11 @@ class Cluster:
         """The RL step on every rank (top_rl.train.rl_step); rank 0's StepReport."""
         ref = ray.put(batch)  # one copy for all ranks
         return self._on_trainers("rl_step", [(ref,)] * len(self.trainers), "trainer.rl_step", fault="kill_trainer")[0]
+
+    def kernel_reports(self) -> list[dict]:
+        """Every actor's kernels.report() (trainer ranks, then engines): the paths its ops took, its fallbacks."""
+        return (self._on_trainers("kernel_report", [()] * len(self.trainers), "kernel report")
+                + self._on_engines(lambda i, e: e.kernel_report.remote(), "kernel report"))
 
     def save_trainer_states(self, paths: list[str]) -> None:
         """Each rank writes its shard (Trainer.state_dict() and its RNG) to its path: no state via the driver."""
