@@ -186,12 +186,12 @@ def run_worker(args) -> None:
     if args.impl in ("top", "top_base"):
         os.environ.update(getattr(RUNNERS[args.impl], "ENV", {}))
         from top_rl import kernels
-        from top_rl.kernels import sglang_attention
+        from top_rl.kernels import plan
 
-        kernels.set_backend("sglang" if device.type == "cuda" else "reference")
-        attn = os.environ.get(sglang_attention.ENV_VAR, "triton") if device.type == "cuda" else "reference"
-        if device.type == "cuda":
-            sglang_attention.set_attention_backend(attn)
+        attn = os.environ.get(plan.ATTENTION_ENV, "triton") if device.type == "cuda" else "reference"
+        # the runner's ENV (top_base: fast paths off) reaches the kernels through the plan builder, as in a run
+        kernels.install(plan.build("sglang" if device.type == "cuda" else "reference",
+                                   attention=attn if device.type == "cuda" else None))
         note = f"kernels {kernels.backend_name()}, attention {attn}" + (
             " (fused forwards/backwards off, memory-efficient attention backward)" if args.impl == "top_base" else "")
     else:
@@ -223,11 +223,9 @@ def run_worker(args) -> None:
                 break
             mbt //= 2
     if args.impl in ("top", "top_base") and device.type == "cuda":
-        from top_rl.kernels import sglang_attention, sglang_backward, sglang_fused_forward
+        from top_rl import kernels
 
-        fell_back = [f"{op} backward not compiled ({why})" for op, why in sglang_backward._failed.items()]
-        fell_back += [f"{op} fused forward failed ({why})" for op, why in sglang_fused_forward._failed.items()]
-        fell_back += [f"flash attention backward failed ({why[:200]})" for why in sglang_attention._flash_backward_failed]
+        fell_back = [f"{op} fell back ({why[:200]})" for op, why in kernels.report()["fallbacks"].items()]
         if fell_back:
             emit("NOTE", {"model": args.model, "impl": args.impl, "recompute": args.recompute == "on",
                           "text": "; ".join(fell_back)})

@@ -12,7 +12,6 @@ import torch
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
 from bench._util import table, time_ms  # noqa: E402
 from top_rl import kernels  # noqa: E402
-from top_rl.kernels import sglang_attention  # noqa: E402
 
 HQ, HKV, D = 16, 8, 128
 
@@ -39,9 +38,10 @@ def measure(t: int):
 
 
 def main():
-    sglang_attention.set_attention_backend(os.environ.get(sglang_attention.ENV_VAR, "triton"))
+    from top_rl.kernels import plan
+
     rows = []
-    with kernels.use_backend("sglang"):
+    with kernels.use_plan(plan.build("sglang", attention=os.environ.get(plan.ATTENTION_ENV, "triton"))):
         for t in (1024, 8192, 32768):
             peak, ms = measure(t)
             rows.append([t, peak / 2**20, peak / t, ms])

@@ -11,7 +11,7 @@ import triton
 
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
 from bench._util import table  # noqa: E402
-from top_rl.kernels import sglang as sg  # noqa: E402
+from top_rl.kernels.sglang import backend as sg  # noqa: E402
 
 H, F, HQ, HKV, D, V = 1024, 3072, 16, 8, 128, 151936
 SHAPES = {"qkv": (HQ * D + 2 * HKV * D, H), "o_proj": (H, HQ * D), "gate_up": (2 * F, H), "down": (H, F),

@@ -1,12 +1,12 @@
 """mean_BI (SGLang's mean_kernel, one program per row) vs `_head_mean` (32 rows per program, the same bits:
-top_rl/kernels/sglang_fused_triton.py) on the per-head q/k norm rows of a 16k-token Qwen3 batch. Prints a table."""
+top_rl/kernels/sglang/fused_triton.py) on the per-head q/k norm rows of a 16k-token Qwen3 batch. Prints a table."""
 
 from __future__ import annotations
 
 import torch
 
-from top_rl.kernels import sglang as sg
-from top_rl.kernels import sglang_fused_triton as ft
+from top_rl.kernels.sglang import backend as sg
+from top_rl.kernels.sglang import fused_triton as ft
 
 
 def _ms(fn, reps=50):

@@ -33,11 +33,10 @@ def _setup(impl: str, device) -> None:
     cuda = device.type == "cuda"
     if impl == "top":
         from top_rl import kernels
-        from top_rl.kernels import sglang_attention
+        from top_rl.kernels import plan
 
-        kernels.set_backend("sglang" if cuda else "reference")
-        if cuda:
-            sglang_attention.set_attention_backend(os.environ.get(sglang_attention.ENV_VAR, "triton"))
+        kernels.install(plan.build("sglang" if cuda else "reference",
+                                   attention=os.environ.get(plan.ATTENTION_ENV, "triton") if cuda else None))
     else:
         from bench import _stock_attention, _stock_gpt
 

@@ -167,11 +167,10 @@ def main(argv=None) -> None:
         sys.exit("bench/rollout.py needs a CUDA GPU (or --cpu-smoke)")
     from top_rl import kernels
 
-    kernels.set_backend("sglang" if device == "cuda" else "reference")
-    if device == "cuda":
-        from top_rl.kernels import sglang_attention
+    from top_rl.kernels import plan
 
-        sglang_attention.set_attention_backend(os.environ.get(sglang_attention.ENV_VAR, "triton"))
+    kernels.install(plan.build("sglang" if device == "cuda" else "reference",
+                               attention=os.environ.get(plan.ATTENTION_ENV, "triton") if device == "cuda" else None))
     budget_at = time.monotonic() + args.budget_s
     rows = []
     for name in args.models.split(","):

@@ -15,7 +15,8 @@ sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
 from bench._util import table, time_ms  # noqa: E402
 from tests.gpu._common import device_model  # noqa: E402
 from top_rl import kernels  # noqa: E402
-from top_rl.kernels import plain, sglang_attention  # noqa: E402
+from top_rl.kernels import plain  # noqa: E402
+from top_rl.kernels.sglang import attention as sglang_attention  # noqa: E402
 from top_rl.model import pack  # noqa: E402
 
 SEQ = 4096
@@ -34,7 +35,9 @@ def _flash_attention(q, k, v, cu_seqlens, scale):
 
 
 def main():
-    sglang_attention.set_attention_backend(os.environ.get(sglang_attention.ENV_VAR, "triton"))
+    from top_rl.kernels import plan
+
+    sglang_attention.set_attention_backend(os.environ.get(plan.ATTENTION_ENV, "triton"))
     model = device_model(seed=0, vocab_size=151936)
     g = torch.Generator().manual_seed(0)
     ids, pos, cu = pack([torch.randint(3, 151936, (SEQ,), generator=g).tolist()], "cuda")

@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     pkg = Path(args.site) / "deep_gemm"
     shutil.rmtree(pkg, ignore_errors=True)
     shutil.copytree(src / "deep_gemm", pkg)  # the Python package and include/ (its JIT's headers)
-    shutil.copy(src / "REVISION", pkg / "REVISION")  # the host code's commit, checked by top_rl/kernels/deep_gemm_source.py
+    shutil.copy(src / "REVISION", pkg / "REVISION")  # the host code's commit, checked by top_rl/kernels/sglang/deep_gemm_source.py
     ext = extension_name(src)
     so_name = ext + sysconfig.get_config_var("EXT_SUFFIX")
     stamp = f"deep_gemm {rev} {ext} torch {torch.__version__} cuda {torch.version.cuda} shared-libstdc++ libcuda"

@@ -64,7 +64,7 @@ for m in ("torch", "triton", "sglang", "megatron.core", "deep_gemm"):
         if m == "deep_gemm":  # the engine's package carries no version: name it by the digest the contract pins
             try:
                 from top_rl import contract
-                from top_rl.kernels import deep_gemm_source
+                from top_rl.kernels.sglang import deep_gemm_source
 
                 same = deep_gemm_source.package_digest(mod.__file__.rsplit("/", 1)[0]) == \
                     contract.DEEPGEMM_SOURCE["sources_sha256"]

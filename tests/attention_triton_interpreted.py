@@ -16,7 +16,7 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 from top_rl.kernels import packed_batch  # noqa: E402
 from top_rl.kernels import reference_attention  # noqa: E402
-from top_rl.kernels import sglang_attention as attn  # noqa: E402
+from top_rl.kernels.sglang import attention as attn  # noqa: E402
 
 LENGTHS = (5, 1, 70, 3)  # a single token, and one sequence longer than the kernel's 64-row query block
 DECODE_LENGTHS = (3, 1, 300, 70)  # 300: two KV splits of 256
@@ -36,7 +36,7 @@ def main(path):
     dq, kc, vc = (torch.randn(*shape, generator=g) for shape in ((b, HQ, D), (b, max_len, HKV, D), (b, max_len, HKV, D)))
     decode = attn.decode_attention(dq, kc, vc, lengths, D**-0.5)
     device_built = attn.decode_kv_indices
-    attn.decode_kv_indices = lambda indptr, rows, stride: attn._token_indices((indptr[1:] - indptr[:-1]).long(), stride)
+    attn.decode_kv_indices = lambda indptr, rows, stride: attn.token_indices((indptr[1:] - indptr[:-1]).long(), stride)
     decode_host_indices = attn.decode_attention(dq, kc, vc, lengths.clone(), D**-0.5)  # a new tensor: new metadata
     attn.decode_kv_indices = device_built
     torch.save({

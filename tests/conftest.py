@@ -3,7 +3,7 @@
 SGLang's ServerArgs writes SGLANG_* variables into os.environ when built in-process (sglang/srt/server_args.py
 `_handle_environment_variables`), and `rendezvous.bind_gloo` sets GLOO_SOCKET_IFNAME for the process's life; a leak
 makes a later test (or the run it launches) see an environment no user has. Pinning a contract's own engine value
-(`top_rl.kernels.sglang.pin_engine_env`, process-global by design) is the one change allowed."""
+(`top_rl.kernels.sglang.engine_env.pin_engine_env`, process-global by design) is the one change allowed."""
 import os
 
 import pytest

@@ -52,3 +52,20 @@ def interpreted_module(monkeypatch, path: str, name: str):
         yield mod
     finally:
         sys.modules.pop(name, None)
+
+
+def with_plan(monkeypatch, **changes):
+    """This test computes under the installed KernelPlan with `changes` (backend, contract, attention, or fast-path
+    switches by name: what top.* sets in a run); the plan before is restored after the test."""
+    import dataclasses
+
+    from top_rl import kernels
+    from top_rl.kernels import plan
+
+    cur = plan.current()
+    switches = {k: changes.pop(k) for k in list(changes) if k in {f.name for f in dataclasses.fields(plan.FastPaths)}}
+    new = dataclasses.replace(cur, **changes, fast_paths=dataclasses.replace(cur.fast_paths, **switches))
+    monkeypatch.setattr(plan, "_installed", new)
+    monkeypatch.setattr(kernels, "_active", kernels._active)  # install() below may switch the backend module
+    kernels.install(new)
+    return new

@@ -13,7 +13,7 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 from sglang.srt.batch_invariant_ops import batch_invariant_ops as bio  # noqa: E402
 
-from top_rl.kernels import sglang_logprob_triton as ours  # noqa: E402
+from top_rl.kernels.sglang import logprob_triton as ours  # noqa: E402
 
 VOCABS = (7, 1024, 2500)  # under one block, exactly one, a masked third block
 DTYPES = (torch.float32, torch.bfloat16)

@@ -122,3 +122,30 @@ def test_the_test_doubles_do_not_ship():
     assert not (PACKAGE / "testing").exists()
     shipped = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py") if re.search(r"stand-?in server", p.stem)]
     assert shipped == []
+
+
+# The one reader of TOP_RL_* kernel switches is the KernelPlan builder; the fault hook is test-only (TOP_RL_FAULT, set
+# by the fault tests to kill a process at a named point), never a config switch. Other variables the package reads
+# (SGLANG_* contract checks, CUDA_VISIBLE_DEVICES, GLOO_SOCKET_IFNAME, WANDB_*, RAY_ADDRESS) are not TOP-RL settings.
+TOP_RL_ENV_READERS = {"top_rl/kernels/plan.py", "top_rl/run/fault_injection.py"}
+
+
+def top_rl_env_readers(package: Path) -> list[str]:
+    """Files under `package` that touch the process environment and name a TOP_RL_* variable in code."""
+    found = []
+    for p in sorted(package.rglob("*.py")):
+        tree = ast.parse(p.read_text())
+        env = any(isinstance(n, ast.Attribute) and n.attr in ("environ", "getenv") and isinstance(n.value, ast.Name)
+                  and n.value.id == "os" for n in ast.walk(tree)) or any(
+            isinstance(n, ast.ImportFrom) and n.module == "os" and {a.name for a in n.names} & {"environ", "getenv"}
+            for n in ast.walk(tree))
+        named = any(isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.startswith("TOP_RL_")
+                    for n in ast.walk(tree))
+        if env and named:
+            found.append(str(p.relative_to(package.parent)))
+    return found
+
+
+def test_top_rl_variables_are_read_only_by_the_kernel_plan_builder():
+    assert sorted(set(top_rl_env_readers(PACKAGE)) - TOP_RL_ENV_READERS) == []
+

@@ -14,41 +14,42 @@ import types
 import pytest
 import torch
 
+from tests.helpers import with_plan
 from top_rl.kernels import packed_batch as pb
-from top_rl.kernels import sglang_attention as attn
+from top_rl.kernels import plan as kplan
+from top_rl.kernels.sglang import attention as attn
+from top_rl.kernels.sglang import attention_backward as bw
+from top_rl.kernels.sglang import attention_flashinfer as fi
 
 
 @pytest.fixture(autouse=True)
 def clean(monkeypatch):
-    monkeypatch.delenv(attn.ENV_VAR, raising=False)
-    attn.set_attention_backend(None)
+    monkeypatch.setattr(kplan, "_installed", kplan.build(environ={}))  # no attention kernel chosen, all fast paths on
     attn.FlashinferState.reset()
     yield
-    attn.set_attention_backend(None)
     attn.FlashinferState.reset()
 
 
 def test_backend_must_be_chosen(monkeypatch):
     with pytest.raises(RuntimeError, match="--attention-backend"):
         attn.attention_backend()
-    monkeypatch.setenv(attn.ENV_VAR, "triton")
+    kplan.set_current(kplan.build(environ={kplan.ATTENTION_ENV: "triton"}))  # a bench's env, read by the builder
     assert attn.attention_backend() == "triton"
-    attn.set_attention_backend("flashinfer")  # explicit setting wins over the env var
+    kplan.set_current(kplan.build(attention="flashinfer", environ={kplan.ATTENTION_ENV: "triton"}))  # the run's wins
     assert attn.attention_backend() == "flashinfer"
 
 
 def test_backend_outside_contract_refused(monkeypatch):
     with pytest.raises(ValueError, match="contract"):
         attn.set_attention_backend("torch_native")
-    monkeypatch.setenv(attn.ENV_VAR, "trtllm_mha")
     with pytest.raises(ValueError, match="contract"):
-        attn.attention_backend()
+        kplan.build(environ={kplan.ATTENTION_ENV: "trtllm_mha"})
     assert set(attn.BACKENDS) == {"fa3", "flashinfer", "triton"}
 
 
 def test_token_indices():
     lengths = torch.tensor([3, 0, 2])
-    assert attn._token_indices(lengths, 5).tolist() == [0, 1, 2, 10, 11]
+    assert fi.token_indices(lengths, 5).tolist() == [0, 1, 2, 10, 11]
 
 
 def test_decode_kv_indices_built_on_the_device_begin_with_the_host_ones():
@@ -63,7 +64,7 @@ def test_decode_kv_indices_built_on_the_device_begin_with_the_host_ones():
         indptr[1:] = torch.cumsum(lengths, 0)
         got = attn.decode_kv_indices(indptr, len(lengths), max_len)
         assert got.shape == (len(lengths) * max_len,) and got.dtype == torch.int64
-        assert torch.equal(got[: int(lengths.sum())], attn._token_indices(lengths, max_len))
+        assert torch.equal(got[: int(lengths.sum())], fi.token_indices(lengths, max_len))
 
 
 class _Wrapper:
@@ -108,7 +109,7 @@ def _fake_flashinfer():
 @pytest.fixture
 def fake_fi(monkeypatch):
     monkeypatch.setitem(sys.modules, "flashinfer", _fake_flashinfer())
-    monkeypatch.setattr(attn, "FLASHINFER_WORKSPACE_BYTES", 4096)  # keep the CPU test small
+    monkeypatch.setattr(fi, "FLASHINFER_WORKSPACE_BYTES", 4096)  # keep the CPU test small
     attn.set_attention_backend("flashinfer")
 
 
@@ -137,7 +138,7 @@ def test_flashinfer_one_shared_fa2_workspace(fake_fi):
 
 
 def test_workspace_default_is_one_gib():
-    assert attn.FLASHINFER_WORKSPACE_BYTES == 1 << 30
+    assert fi.FLASHINFER_WORKSPACE_BYTES == 1 << 30
 
 
 def test_flashinfer_prefill_plans_once_per_batch(fake_fi):
@@ -164,7 +165,7 @@ def test_flashinfer_prefill_plans_once_per_batch(fake_fi):
 
 
 def test_flashinfer_ragged_prefill_is_fa2(fake_fi, monkeypatch):
-    monkeypatch.setattr(attn, "FLASHINFER_PREFILL", "ragged")
+    monkeypatch.setattr(fi, "FLASHINFER_PREFILL", "ragged")
     q, k, v, cu = _qkv([0, 2, 7])
     attn.attention(q, k, v, cu, 0.5)
     attn.attention(q, k, v, cu, 0.5)
@@ -232,25 +233,27 @@ def test_flashinfer_kv_from_fused_qkv_has_equal_strides(fake_fi):
 def test_attention_backward_kernel_choice(monkeypatch):
     """Backward: FlashAttention-2 for bf16/fp16 (GQA native), memory-efficient otherwise, forced by the env var,
     and a flash call that raises falls back to memory-efficient for the rest of the process."""
-    monkeypatch.delenv(attn.BACKWARD_ENV, raising=False)
-    monkeypatch.setattr(attn, "_flash_backward_failed", [])
-    assert attn.backward_kernel(torch.bfloat16) == "flash" and attn.backward_kernel(torch.float32) == "efficient"
-    monkeypatch.setenv(attn.BACKWARD_ENV, "efficient")
-    assert attn.backward_kernel(torch.bfloat16) == "efficient"
-    monkeypatch.setenv(attn.BACKWARD_ENV, "fast")
+    monkeypatch.setattr(bw, "_flash_backward_failed", [])
+    assert bw.backward_kernel(torch.bfloat16) == "flash" and bw.backward_kernel(torch.float32) == "efficient"
+    with_plan(monkeypatch, attention_backward="efficient")
+    assert bw.backward_kernel(torch.bfloat16) == "efficient"
     with pytest.raises(ValueError, match="TOP_RL_ATTENTION_BACKWARD='fast'"):
-        attn.backward_kernel(torch.bfloat16)
-    monkeypatch.delenv(attn.BACKWARD_ENV)
+        kplan.build(environ={"TOP_RL_ATTENTION_BACKWARD": "fast"})
+    assert kplan.build(environ={"TOP_RL_ATTENTION_BACKWARD": "efficient"}).fast_paths.attention_backward == "efficient"
+    with_plan(monkeypatch, attention_backward="flash")
 
     def no_flash(*a):
         raise RuntimeError("_flash_attention_forward: not available")
 
-    monkeypatch.setattr(attn, "flash_attention_backward", no_flash)
-    monkeypatch.setattr(attn, "efficient_attention_backward", lambda *a: "efficient")
+    monkeypatch.setattr(bw, "flash_attention_backward", no_flash)
+    monkeypatch.setattr(bw, "efficient_attention_backward", lambda *a: "efficient")
     args = (None, torch.zeros(1, dtype=torch.bfloat16), None, None, None, 1, 1.0)
     with pytest.warns(RuntimeWarning, match="not available"):
-        assert attn.attention_backward(*args) == "efficient"
-    assert attn.backward_kernel(torch.bfloat16) == "efficient"  # no second attempt
+        assert bw.attention_backward(*args) == "efficient"
+    assert bw.backward_kernel(torch.bfloat16) == "efficient"  # no second attempt
+    from top_rl import kernels
+
+    assert "attention_backward" in kernels.report()["fallbacks"]  # counted in the run's kernels/fallbacks
 
 
 
@@ -292,8 +295,6 @@ def test_packed_batch_views():
 def test_forward_lse_kept_only_for_a_flash_backward_of_flashinfer(fake_fi, monkeypatch):
     """flashinfer's forward returns the LSE the flash backward needs (so backward need not re-run a forward):
     asked for only when a gradient will be taken, in bf16/fp16 (flash backward), and not when switched off."""
-    monkeypatch.delenv(attn.LSE_ENV, raising=False)
-    monkeypatch.delenv(attn.BACKWARD_ENV, raising=False)
     q, k, v, cu = _qkv([0, 3, 5])
     q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
     s = attn.FlashinferState.get("cpu")
@@ -301,17 +302,17 @@ def test_forward_lse_kept_only_for_a_flash_backward_of_flashinfer(fake_fi, monke
     assert getattr(s.prefill, "lse_runs", 0) == 0
     attn.attention(q.requires_grad_(), k, v, cu, 0.5)
     assert s.prefill.lse_runs == 1
-    monkeypatch.setenv(attn.LSE_ENV, "0")
+    with_plan(monkeypatch, flashinfer_lse=False)
     attn.attention(q, k, v, cu, 0.5)
     assert s.prefill.lse_runs == 1
-    monkeypatch.delenv(attn.LSE_ENV)
+    with_plan(monkeypatch, flashinfer_lse=True)
     attn.attention(q.float().detach().requires_grad_(), k.float(), v.float(), cu, 0.5)  # efficient backward
     assert s.prefill.lse_runs == 1
 
 
 def test_lse_for_flash_is_natural_log_heads_first():
     lse2 = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])  # [T=2, Hq=3], base 2
-    out = attn.lse_for_flash(lse2)
+    out = bw.lse_for_flash(lse2)
     assert out.shape == (3, 2) and out.is_contiguous() and out.dtype == torch.float32
     assert torch.allclose(out, lse2.t() * torch.log(torch.tensor(2.0)))
 
@@ -345,9 +346,7 @@ def test_flash_backward_falling_back_mid_step_keeps_recompute_consistent(monkeyp
     recompute of the layers before it: whether the forward keeps flashinfer's LSE must not depend on that."""
     import torch.utils.checkpoint as checkpoint
 
-    monkeypatch.delenv(attn.LSE_ENV, raising=False)
-    monkeypatch.delenv(attn.BACKWARD_ENV, raising=False)
-    monkeypatch.setattr(attn, "_flash_backward_failed", [])
+    monkeypatch.setattr(bw, "_flash_backward_failed", [])
     kept = []
 
     def fake_prefill(q, k, v, batch, scale, want_lse):  # a differentiable stand-in for flashinfer's forward
@@ -358,8 +357,8 @@ def test_flash_backward_falling_back_mid_step_keeps_recompute_consistent(monkeyp
         raise RuntimeError("flash op missing in this build")
 
     monkeypatch.setitem(attn._PREFILL, "flashinfer", fake_prefill)
-    monkeypatch.setattr(attn, "flash_attention_backward", no_flash)
-    monkeypatch.setattr(attn, "efficient_attention_backward",
+    monkeypatch.setattr(bw, "flash_attention_backward", no_flash)
+    monkeypatch.setattr(bw, "efficient_attention_backward",
                         lambda g, q, k, v, *a: (g * 1.0, torch.zeros_like(k), torch.zeros_like(v)))
     attn.set_attention_backend("flashinfer")
     cu = torch.tensor([0, 3, 5], dtype=torch.int32)

@@ -10,7 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from top_rl import contract
-from top_rl.kernels import sglang as sg
+from top_rl.kernels import plan as kplan
+from top_rl.kernels.sglang import backend as sg
+from top_rl.kernels.sglang import engine_env
 from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, check_config
 from top_rl.rollout.sglang_launch import build_launch
 
@@ -24,8 +26,14 @@ def clean(monkeypatch):
                 "SGLANG_ENABLE_DETERMINISTIC_INFERENCE"):
         monkeypatch.setenv(key, "")  # recorded, so whatever pin_engine_env sets is undone after the test
         monkeypatch.delenv(key)
-    monkeypatch.setattr(sg, "_contract_name", None)
-    monkeypatch.setattr(sg, "_ops_contract", None)
+    monkeypatch.setattr(kplan, "_installed", kplan.build(environ={}))
+    monkeypatch.setattr(engine_env, "loaded_under", None)
+
+
+def _contract(name):
+    """The process's plan computes under contract `name` (as kernels.install(plan) sets it)."""
+    sg.check_plan(kplan.build(contract=name))  # refused once SGLang's kernels were loaded under another
+    kplan.set_current(kplan.build(contract=name))
 
 
 def _cfg(**kw):
@@ -73,7 +81,9 @@ def test_trainer_pins_the_gemm_path_of_its_contract(monkeypatch):
     sg.pin_engine_env()
     assert os.environ[contract.GEMM_ENV] == "0"
     monkeypatch.delenv(contract.GEMM_ENV)
-    monkeypatch.setenv("TOP_RL_CONTRACT", DG.name)
+    monkeypatch.setenv("TOP_RL_CONTRACT", DG.name)  # a bench's choice: read by the plan builder only
+    assert sg.active_contract() is V1
+    kplan.set_current(kplan.build())
     assert sg.active_contract() is DG
     sg.pin_engine_env()
     assert os.environ[contract.GEMM_ENV] == "1" and os.environ["SGLANG_ENABLE_JIT_DEEPGEMM"] == "1"
@@ -81,20 +91,20 @@ def test_trainer_pins_the_gemm_path_of_its_contract(monkeypatch):
 
 def test_trainer_env_contradicting_its_contract_refused(monkeypatch):
     monkeypatch.setenv(contract.GEMM_ENV, "0")
-    sg.set_contract(DG.name)
+    _contract(DG.name)
     with pytest.raises(RuntimeError, match=r"ENABLE_MM_DEEPGEMM='0'.*qwen3_dense_top_v1_deepgemm.*pins '1'"):
         sg.pin_engine_env()
     with pytest.raises(ValueError, match="unknown TOP contract"):
-        sg.set_contract("qwen3_dense_top_v2")
+        kplan.build(contract="qwen3_dense_top_v2")
 
 
 def test_gemm_sglang_would_run_must_be_the_contracts():
-    sg.check_gemm_path(V1, deepgemm_active=False)
-    sg.check_gemm_path(DG, deepgemm_active=True)
+    engine_env.check_gemm_path(V1, deepgemm_active=False)
+    engine_env.check_gemm_path(DG, deepgemm_active=True)
     with pytest.raises(RuntimeError, match="names gemm='deepgemm'.*Triton.*deep_gemm"):
-        sg.check_gemm_path(DG, deepgemm_active=False)
+        engine_env.check_gemm_path(DG, deepgemm_active=False)
     with pytest.raises(RuntimeError, match="DeepGEMM on.*gemm='triton_persistent'"):
-        sg.check_gemm_path(V1, deepgemm_active=True)
+        engine_env.check_gemm_path(V1, deepgemm_active=True)
 
 
 def test_ops_refuses_a_deepgemm_contract_where_sglang_runs_triton(monkeypatch):
@@ -106,15 +116,15 @@ def test_ops_refuses_a_deepgemm_contract_where_sglang_runs_triton(monkeypatch):
                         SimpleNamespace(batch_invariant_ops=fake))
     monkeypatch.setattr(sg, "_wheel_apply_rotary_emb", lambda: (lambda *a: None))
     sg.ops.cache_clear()
-    sg.set_contract(DG.name)
+    _contract(DG.name)
     try:
         with pytest.raises(RuntimeError, match="names gemm='deepgemm'"):
             sg.ops()
-        sg.set_contract(None)
+        _contract(V1.name)
         monkeypatch.delenv(contract.GEMM_ENV)  # the refused attempt had pinned the deepgemm contract's value
-        assert sg.ops().mm is None and sg._ops_contract == V1.name  # the default contract: Triton, as SGLang runs
+        assert sg.ops().mm is None and engine_env.loaded_under == V1.name  # the default: Triton, as SGLang runs
         with pytest.raises(RuntimeError, match="already loaded under contract 'qwen3_dense_top_v1'"):
-            sg.set_contract(DG.name)
+            _contract(DG.name)
     finally:
         sg.ops.cache_clear()
 
@@ -129,7 +139,7 @@ def _dg_package(root, files):
 
 
 def test_deep_gemm_digest_covers_every_header_and_python_file(tmp_path):
-    from top_rl.kernels import deep_gemm_source as dgs
+    from top_rl.kernels.sglang import deep_gemm_source as dgs
 
     _, pkg = _dg_package(tmp_path, {"deep_gemm/impls/sm90_bf16_gemm.cuh": "a", "cute/tensor.hpp": "b"})
     d0 = dgs.package_digest(pkg)
@@ -172,12 +182,12 @@ def _fake_bio(monkeypatch, module):
 def test_ops_refuses_a_deep_gemm_with_other_sources_than_the_engines(monkeypatch, tmp_path):
     """DeepGEMM on and importable, but its sources are not sglang-kernel's, or its build records another host
     code commit: refused before any GEMM; the engine's sources and commit: accepted."""
-    from top_rl.kernels import deep_gemm_source as dgs
+    from top_rl.kernels.sglang import deep_gemm_source as dgs
 
     module, pkg = _dg_package(tmp_path, {"deep_gemm/impls/sm90_bf16_gemm.cuh": "another release"})
     _fake_bio(monkeypatch, module)
     sg.ops.cache_clear()
-    sg.set_contract(DG.name)
+    _contract(DG.name)
     try:
         with pytest.raises(RuntimeError, match=r"other sources than the engine's \(sglang-kernel==0.4.2.*gpu_bundle"):
             sg.ops()
@@ -186,7 +196,7 @@ def test_ops_refuses_a_deep_gemm_with_other_sources_than_the_engines(monkeypatch
         with pytest.raises(RuntimeError, match=r"built from DeepGEMM a348cd95a8dd, the engine's .* from ffe2b6b97420"):
             sg.ops()
         (pkg / "REVISION").write_text(contract.DEEPGEMM_SOURCE["rev"] + " sglang-kernel==0.4.2\n")
-        assert sg.ops().mm == "mm" and sg._ops_contract == DG.name
+        assert sg.ops().mm == "mm" and engine_env.loaded_under == DG.name
     finally:
         sg.ops.cache_clear()
 
@@ -224,10 +234,12 @@ def test_actors_compute_under_the_runs_contract(monkeypatch):
 
     monkeypatch.setattr(actors.ray, "get_gpu_ids", lambda: [0])
     monkeypatch.setattr(actors.torch, "set_num_threads", lambda n: None)
-    monkeypatch.setattr("top_rl.kernels.set_backend", lambda name: None)
     monkeypatch.setattr("top_rl.observe.quiet.install", lambda: None)
     monkeypatch.setattr(actors.rendezvous, "bind_gloo", lambda host: None)  # it sets GLOO_SOCKET_IFNAME for good
-    actors._setup_process("sglang", None, 1, DG.name)
-    assert sg.active_contract() is DG
-    actors._setup_process("reference", None, 1, V1.name)  # other kernels: the contract's GEMM is not theirs to pin
-    assert sg.active_contract() is DG
+    from top_rl import kernels
+
+    monkeypatch.setattr(kernels, "_active", kernels._active)
+    actors._setup_process(kplan.build("sglang", DG.name, "triton"), 1)  # a plan Ray carried from the driver
+    assert sg.active_contract() is DG and kernels.current_plan().attention == "triton"
+    actors._setup_process(kplan.build("reference", V1.name), 1)
+    assert kernels.backend_name() == "reference" and sg.active_contract() is V1

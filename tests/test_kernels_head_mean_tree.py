@@ -1,4 +1,4 @@
-"""`_head_mean` (top_rl/kernels/sglang_fused_triton.py) must add each row of 128 exactly as SGLang's mean_BI
+"""`_head_mean` (top_rl/kernels/sglang/fused_triton.py) must add each row of 128 exactly as SGLang's mean_BI
 (`mean_kernel`, one program per row, one 1024-wide block) does. Both kernels are compiled here for sm_90 (no GPU
 needed: Triton's NVIDIA backend lowers to LLVM IR on CPU), with the specialisation each launch gets, and the
 structure that decides the bits is compared: the register layout of the loaded block, the within-thread additions
@@ -47,7 +47,7 @@ def mean_bi():
 
 @pytest.fixture(scope="module")
 def head_mean():
-    from top_rl.kernels import sglang_fused_triton as ft
+    from top_rl.kernels.sglang import fused_triton as ft
 
     sig = {"x_ptr": "*fp32", "out_ptr": "*fp32", "n_rows": "i32", "N": "i32", "ROWS": "constexpr", "D": "constexpr"}
     return _compile(ft._head_mean, sig, {"ROWS": ft.HEAD_ROWS, "D": ft.HEAD_DIM}, {(0,): D16, (1,): D16, (3,): D16})
@@ -73,7 +73,7 @@ def test_the_loaded_block_has_mean_bis_per_row_layout(mean_bi, head_mean):
 
 
 def test_each_row_is_added_in_mean_bis_order(mean_bi, head_mean):
-    from top_rl.kernels import sglang_fused_triton as ft
+    from top_rl.kernels.sglang import fused_triton as ft
 
     # mean_BI: 8 registers per thread (the row's 4, then 4 masked zeros) in one chain, the 32-lane butterfly, then
     # the 4 warps (the zeros of warps 1-3); `_head_mean`: per row the same 4-register chain and the same butterfly.

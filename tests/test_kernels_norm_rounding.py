@@ -8,8 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers import with_plan
+
 from top_rl import kernels
-from top_rl.kernels import sglang_fused_forward as ff
+from top_rl.kernels.sglang import fused_forward as ff
 
 EPS = 1e-6
 
@@ -66,7 +68,7 @@ def test_dispatch_passes_the_result_dtype(monkeypatch):
     seen = []
     monkeypatch.setattr(ff, "_rms_norm_fusable", lambda *a: True)
     monkeypatch.setattr(ff, "_failed", {})
-    monkeypatch.delenv(ff.ENV, raising=False)
+    with_plan(monkeypatch, fused_forward=True, fused_sampler=True)
 
     class Kernels:
         def rms_norm(self, *args):

@@ -1,4 +1,4 @@
-"""The `sglang` backend's fused backwards (top_rl/kernels/sglang_backward.py) on CPU: their formulas against
+"""The `sglang` backend's fused backwards (top_rl/kernels/sglang/backward.py) on CPU: their formulas against
 autograd in fp64, and the fall back to the eager formula when torch.compile fails. The compiled kernels
 themselves run in tests/gpu/test_grads.py (every sglang-backend backward against an fp64 reference)."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import interpreted_module
+from tests.helpers import interpreted_module, with_plan
 from top_rl.kernels import reference as R
-from top_rl.kernels import sglang_backward as sb
+from top_rl.kernels.sglang import backward as sb
 
 
 @pytest.mark.parametrize("temperature", [None, 0.7])
@@ -77,7 +77,7 @@ def test_out_of_memory_is_not_swallowed(monkeypatch):
 
 
 def test_env_switch_runs_the_eager_formula(monkeypatch):
-    monkeypatch.setenv(sb.ENV, "0")
+    with_plan(monkeypatch, fused_backward=False)
     monkeypatch.setattr(sb.torch, "compile", lambda fn, dynamic: pytest.fail("compiled despite the switch"))
     g, go = torch.randn(3, 8), torch.randn(3, 4)
     from top_rl.kernels.reference import silu_and_mul_grad
@@ -87,7 +87,7 @@ def test_env_switch_runs_the_eager_formula(monkeypatch):
 
 @pytest.fixture
 def interpreted_swiglu_grad(monkeypatch):
-    path = sb.__file__.replace("sglang_backward.py", "swiglu_grad_triton.py")
+    path = sb.__file__.replace("backward.py", "swiglu_grad_triton.py")
     with interpreted_module(monkeypatch, path, "_top_rl_swiglu_grad_interpreted") as mod:
         yield mod
 

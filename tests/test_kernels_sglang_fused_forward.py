@@ -1,4 +1,4 @@
-"""The `sglang` backend's fused forwards (top_rl/kernels/sglang_fused_forward.py) on CPU: the dispatch runs the eager
+"""The `sglang` backend's fused forwards (top_rl/kernels/sglang/fused_forward.py) on CPU: the dispatch runs the eager
 chains off CUDA, with the switch off, and after a failed launch (one warning, not retried); the Triton kernels'
 indexing under Triton's CPU interpreter. The bitwise proof on the GPU: tests/gpu/test_fused_forward.py; the eager
 chains against SGLang's own forward_native: tests/test_sglang_native_ops.py."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import interpreted_module
-from top_rl.kernels import sglang_fused_forward as ff
+from tests.helpers import interpreted_module, with_plan
+from top_rl.kernels.sglang import fused_forward as ff
 
 EPS = 1e-6
 
@@ -52,7 +52,7 @@ def kernels(monkeypatch):
     k = _Kernels()
     monkeypatch.setattr(ff, "_kernels", lambda: k)
     monkeypatch.setattr(ff, "_failed", {})
-    monkeypatch.delenv(ff.ENV, raising=False)
+    with_plan(monkeypatch, fused_forward=True, fused_sampler=True)
     return k
 
 
@@ -83,6 +83,10 @@ def test_launch_failure_falls_back_to_eager_once(monkeypatch, kernels):
     with pytest.warns(RuntimeWarning, match="fused silu_and_mul forward failed"):  # each op falls back on its own
         assert torch.equal(ff.silu_and_mul(g), ff.silu_and_mul_eager(g))
     assert set(ff._failed) == {"rms_norm", "silu_and_mul"}
+    from top_rl import kernels as seam
+
+    report = seam.report()  # what the run's metrics count (kernels/fallbacks) and kernels.json names
+    assert {"rms_norm", "silu_and_mul"} <= set(report["fallbacks"]) and report["paths"]["rms_norm"] == "fallback"
 
 
 def test_out_of_memory_is_not_swallowed(monkeypatch, kernels):
@@ -99,7 +103,7 @@ def test_fused_path_taken_on_cuda_and_env_switch_turns_it_off(monkeypatch, kerne
     ff.rms_norm(x, w, None, EPS, torch.bfloat16, torch.mean)
     ff.silu_and_mul(torch.randn(3, 16))
     assert kernels.calls == ["rms_norm", "silu_and_mul"]
-    monkeypatch.setenv(ff.ENV, "0")
+    with_plan(monkeypatch, fused_forward=False)
     ff.rms_norm(x, w, None, EPS, torch.bfloat16, torch.mean)
     ff.silu_and_mul(torch.randn(3, 16))
     assert kernels.calls == ["rms_norm", "silu_and_mul"]
@@ -118,7 +122,7 @@ def test_shapes_the_kernels_do_not_take_run_eager(monkeypatch, kernels):
 # ----------------------------------------------------------------------------- Triton's CPU interpreter
 @pytest.fixture
 def interpreted(monkeypatch):
-    path = ff.__file__.replace("sglang_fused_forward.py", "sglang_fused_triton.py")
+    path = ff.__file__.replace("fused_forward.py", "fused_triton.py")
     with interpreted_module(monkeypatch, path, "_top_rl_fused_triton_interpreted") as mod:
         yield mod
 

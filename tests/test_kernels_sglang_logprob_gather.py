@@ -1,5 +1,5 @@
 """The `sglang` backend's token log-probs on CPU: the dispatch between the gather kernel
-(top_rl/kernels/sglang_logprob_triton.py) and lsm_BI + gather (CUDA only, the switch, one warning after a failed
+(top_rl/kernels/sglang/logprob_triton.py) and lsm_BI + gather (CUDA only, the switch, one warning after a failed
 launch), and the kernel under Triton's CPU interpreter against SGLang's own lsm_BI run in the interpreter too, so
 both are the same kind of program: bit patterns equal for odd widths, ids at 0 and V-1, -inf entries. (The
 interpreter rounds fp32 -> bf16 by truncation on both sides; the GPU's rounding: tests/gpu/test_logprob_gather.py.)"""
@@ -14,8 +14,10 @@ import sys
 import pytest
 import torch
 
-from top_rl.kernels import sglang as sg
-from top_rl.kernels import sglang_fused_forward as ff
+from tests.helpers import with_plan
+
+from top_rl.kernels.sglang import backend as sg
+from top_rl.kernels.sglang import fused_forward as ff
 
 _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16}
 
@@ -55,8 +57,7 @@ def calls(monkeypatch):
     monkeypatch.setattr(ff, "_gather_kernel", lambda: c)
     monkeypatch.setattr(ff, "token_logprobs_eager", c.eager)
     monkeypatch.setattr(ff, "_failed", {})
-    monkeypatch.delenv(ff.ENV, raising=False)
-    monkeypatch.delenv(ff.SAMPLER_ENV, raising=False)
+    with_plan(monkeypatch, fused_forward=True, fused_sampler=True)
     return c
 
 
@@ -82,10 +83,10 @@ def test_cuda_takes_the_kernel_on_both_paths_with_lsm_bis_input_dtype(monkeypatc
     lt = sg.sample_logprobs(logits, ids, 0.7)
     assert calls.calls == [("kernel", torch.float32), ("sampler_kernel", torch.bfloat16)]
     assert (lp.dtype, lt.dtype) == (torch.float32, torch.bfloat16)
-    monkeypatch.setenv(ff.SAMPLER_ENV, "0")  # the sampler path's eager rounding, then the gather kernel
+    with_plan(monkeypatch, fused_sampler=False)  # the sampler path's eager rounding, then the gather kernel
     sg.sample_logprobs(logits, ids, 0.7)
     assert calls.calls[-1] == ("kernel", torch.bfloat16)
-    monkeypatch.setenv(ff.ENV, "0")
+    with_plan(monkeypatch, fused_forward=False)
     sg.prefill_logprobs(logits, ids)
     sg.sample_logprobs(logits, ids, 0.7)
     assert calls.calls[-2:] == [("eager", torch.float32), ("eager", torch.bfloat16)]

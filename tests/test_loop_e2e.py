@@ -53,6 +53,9 @@ def test_top_job_gates_every_step(tmp_path):
         # the rollout metrics every engine reports (issue 23): 4 prompts x 4 samples, max_new_tokens 4
         assert 1 <= r["rollout/response_len_min"] <= r["rollout/response_len_mean"] <= r["rollout/response_len_max"] <= 4
         assert r["rollout/truncated_frac"] in {k / 16 for k in range(17)} and r["perf/rollout_tokens_per_s"] > 0
+    assert all(r["kernels/fallbacks"] == 0 for r in rows)  # every op ran the path its KernelPlan names
+    reports = json.loads((tmp_path / "kernels.json").read_text())  # one per actor: trainer rank, engine
+    assert len(reports) == 2 and all(rep["backend"] == "reference" and rep["fallbacks"] == {} for rep in reports)
     assert "step 3 | reward" in out.stdout and " | len " in out.stdout and " tok/s" in out.stdout  # the console line
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert runs, "wandb offline run missing"

@@ -77,7 +77,8 @@ from top_rl.driver.actors import TrainerActor
 from top_rl.driver.cluster import start_ray
 from top_rl.driver.placement import ClusterConfig
 start_ray(ClusterConfig(num_cpus=2))  # as the loop starts a local run
-rank0 = TrainerActor.options(num_cpus=0).remote(0, 2, "reference", None, 1)
+from top_rl.kernels.plan import KernelPlan
+rank0 = TrainerActor.options(num_cpus=0).remote(0, 2, KernelPlan(), 1)
 host, port = ray.get(rank0.free_address.remote())
 time.sleep(2)
 me = psutil.Process()

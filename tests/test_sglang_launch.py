@@ -163,8 +163,10 @@ def test_run_config_mapping(monkeypatch):
     with pytest.raises(TopConfigError, match="differs from the trainer's 'fa3'"):
         SglangEngine.from_config({"model_path": "/m", "attention_backend": "triton"}, trainer_attention_backend="fa3",
                                  start=False)
-    monkeypatch.delenv("TOP_RL_ATTENTION_BACKEND", raising=False)
-    with pytest.raises(TopConfigError, match="trainer_attention_backend"):
-        SglangEngine.from_config({"model_path": "/m"}, start=False)
+    from top_rl import kernels
+    from top_rl.kernels import plan
+
+    with kernels.use_plan(plan.build(environ={})), pytest.raises(TopConfigError, match="trainer_attention_backend"):
+        SglangEngine.from_config({"model_path": "/m"}, start=False)  # no attention kernel in the process's plan
     eng = SglangEngine.from_config({"model_path": "/m"}, trainer_attention_backend="flashinfer", index=1, start=False)
     assert eng.cfg.attention_backend == "flashinfer" and eng.cfg.port == 30001

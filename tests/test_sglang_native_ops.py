@@ -116,7 +116,7 @@ def test_sglang_backend_eager_rmsnorm_chain(case, x_dtype):
     """The eager chain the `sglang` backend's fused RMSNorm forward is proven bitwise against on the GPU
     (sglang_fused_forward.rms_norm_eager, tests/gpu/test_fused_forward.py) is SGLang's forward_native, with
     torch.mean standing for mean_BI here."""
-    from top_rl.kernels.sglang_fused_forward import rms_norm_eager
+    from top_rl.kernels.sglang.fused_forward import rms_norm_eager
 
     hidden = 128 if case == "qk" else 256
     w = _randn(hidden, seed=40)
@@ -231,6 +231,6 @@ def test_silu_and_mul(shape, dtype):
     assert op._forward_method == op.forward_native
     g = _randn(*shape, dtype=dtype, seed=30) * 3
     _assert_equal(K.silu_and_mul(g), op.forward_native(g), f"silu_and_mul {dtype}")
-    from top_rl.kernels.sglang_fused_forward import silu_and_mul_eager  # the sglang backend's eager chain
+    from top_rl.kernels.sglang.fused_forward import silu_and_mul_eager  # the sglang backend's eager chain
 
     _assert_equal(silu_and_mul_eager(g), op.forward_native(g), f"sglang backend's eager silu_and_mul {dtype}")

@@ -13,6 +13,8 @@ from omegaconf import OmegaConf
 from top_rl import contract
 from top_rl.contract import AttentionBackend, ComputeDtype
 from top_rl.kernels import KernelBackend
+from top_rl.kernels import plan as kernel_plans
+from top_rl.kernels.plan import FastPathsConfig, KernelPlan
 from top_rl.run.checkpoint import CheckpointConfig
 from top_rl.driver.placement import ClusterConfig
 from top_rl.model.source import ModelConfig
@@ -32,6 +34,7 @@ class TopConfig(GateConfig):
     contract: str = contract.DEFAULT.name  # a name in top_rl.contract.CONTRACTS
     kernels: KernelBackend = KernelBackend.reference  # reference (CPU/any device) | sglang (GPU); plain is the baseline's
     attention_backend: AttentionBackend = AttentionBackend.triton  # = the SGLang engines' --attention-backend
+    fast_paths: FastPathsConfig = field(default_factory=FastPathsConfig)  # speed switches, same numbers (plan.py)
 
 
 # RunConfig() is the run `top-rl` makes without overrides: its defaults are top_rl/conf/config.yaml's, composed
@@ -64,6 +67,19 @@ class RunConfig:
 def kernel_backend(cfg: RunConfig) -> str:
     """The kernel backend every actor runs: the contract's kernels under TOP, stock torch for the baseline."""
     return (cfg.top.kernels if cfg.top.enabled else KernelBackend.plain).value
+
+
+def resolve_kernel_plan(cfg: RunConfig) -> KernelPlan:
+    """The run's KernelPlan, built once on the driver from top.* (a $TOP_RL_<SWITCH> of a bench overrides its fast
+    path), and written back into cfg.top.fast_paths, so the resolved config (state.json, wandb) records what every
+    actor runs."""
+    try:
+        plan = kernel_plans.build(kernel_backend(cfg), cfg.top.contract, cfg.top.attention_backend.value,
+                                  cfg.top.fast_paths)
+    except ValueError as e:  # a bad $TOP_RL_<SWITCH>
+        raise ConfigError(f"invalid config: {e}") from None
+    cfg.top.fast_paths = FastPathsConfig(**dataclasses.asdict(plan.fast_paths))
+    return plan
 
 
 def _plain(v):

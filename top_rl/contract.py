@@ -62,7 +62,7 @@ GEMM_PATHS: dict[str, tuple[tuple[str, str], ...]] = {
 # builds from sgl-project/DeepGEMM at this commit (its package files equal the wheel's, and equal 0.4.1's file for file:
 # the digest below is unchanged since sglang 0.5.10.post1 / sglang-kernel 0.4.1). The JIT compiles
 # every kernel from the package's include/ headers, driven by its Python files: both sides must hold these, and a
-# trainer build records the commit of its host code (top_rl/kernels/deep_gemm_source.py).
+# trainer build records the commit of its host code (top_rl/kernels/sglang/deep_gemm_source.py).
 DEEPGEMM_SOURCE = {
     "package": "sglang-kernel==0.4.2 (deep_gemm)",
     "rev": "ffe2b6b97420a9f8c58268ca55755168e6e2f360",

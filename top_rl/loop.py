@@ -6,6 +6,7 @@ The driver holds no weights and computes no log-probs."""
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from top_rl.tasks import prompts
 from top_rl.run import rng
 from top_rl.run import lock as run_lock
 from top_rl.driver.cluster import Cluster
+from top_rl import kernels
+from top_rl.atomic import write_file
 from top_rl.config import RunConfig
 from top_rl.rl import gate, grpo_advantages
 from top_rl.rl.batch import RLBatch, RLSample
@@ -33,6 +36,13 @@ def rollout_metrics(samples, seconds: float) -> dict:
             "rollout/response_len_min": min(lengths),
             "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
             "perf/rollout_tokens_per_s": sum(lengths) / seconds if seconds > 0 else float("nan")}
+
+
+def _kernel_metrics(run_dir: Path, reports: list[dict]) -> dict:
+    """Every actor's kernel report (the paths its ops took, its fallbacks) to run_dir/kernels.json; the counts as
+    step metrics."""
+    write_file(run_dir / "kernels.json", lambda tmp: Path(tmp).write_text(json.dumps(reports, indent=1) + "\n"))
+    return kernels.step_metrics(reports)
 
 
 def run(cfg: RunConfig) -> dict:
@@ -106,6 +116,7 @@ def run(cfg: RunConfig) -> dict:
                 "perf/train_time": t_train,
                 "perf/weight_push_time": t_push,
                 "perf/step_time": time.perf_counter() - t0,
+                **_kernel_metrics(run_dir, cluster.kernel_reports()),
             }
             # Log before checkpointing: a crash in between replays this step on resume, never loses its row.
             tracker.log(step + 1, last)

@@ -21,11 +21,11 @@ from typing import Any
 from top_rl import config, contract, tasks
 from top_rl.run import checkpoint
 from top_rl.driver import placement
-from top_rl.driver.plan import EngineSpec, ProcessSpec, RunPlan, TrainerSpec
+from top_rl.driver.plan import EngineSpec, RunPlan, TrainerSpec
 from top_rl.tasks import prompts
 from top_rl.run import lock as run_lock
 from top_rl.run.checkpoint import ResumeRefused
-from top_rl.config import ConfigError, kernel_backend
+from top_rl.config import ConfigError, kernel_backend, resolve_kernel_plan
 from top_rl.model import family
 from top_rl.driver.placement import PlacementError
 from top_rl.model.family import UnsupportedModel
@@ -223,7 +223,7 @@ def run_plan(cfg, ready: Ready) -> RunPlan:
                           eos_token_id=ready.task.eos_token_id)
     return RunPlan(
         cluster=cfg.cluster, placement=ready.placement,
-        process=ProcessSpec(kernel_backend(cfg), cfg.top.attention_backend, cfg.top.contract),
+        kernels=resolve_kernel_plan(cfg),  # decided once, here; written back into cfg.top.fast_paths
         engines=tuple(EngineSpec(cfg.rollout.engine, cfg.rollout.logprob_source, cfg.model.dtype, ready.model_cfg, sglang=s)
                       for s in sglang),
         trainer=trainer,

@@ -38,7 +38,7 @@ def _free_port() -> int:
 def prepare_process(top: contract.TopContract | None = None) -> None:
     """The contract's engine env (default: the contract this process computes under, $TOP_RL_CONTRACT, so SGLang's
     model runs the trainer's GEMM path) and the sgl_kernel stand-in, before anything imports sglang's layers."""
-    from top_rl.kernels.sglang import active_contract, pin_engine_env
+    from top_rl.kernels.sglang.backend import active_contract, pin_engine_env
 
     pin_engine_env(top or active_contract())
     sgl_kernel_standin.install()

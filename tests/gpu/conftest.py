@@ -19,8 +19,7 @@ def sglang_backend():
     if not torch.cuda.is_available():
         yield
         return
-    from top_rl.kernels import sglang_attention
+    from top_rl.kernels import plan
 
-    sglang_attention.set_attention_backend(os.environ.get(sglang_attention.ENV_VAR, "triton"))
-    with kernels.use_backend("sglang"):
+    with kernels.use_plan(plan.build("sglang", attention=os.environ.get(plan.ATTENTION_ENV, "triton"))):
         yield

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from top_rl import kernels
-from top_rl.kernels import sglang_attention
+from tests.helpers import with_plan
+from top_rl.kernels.sglang import attention_backward
 from tests.gpu._common import needs_cuda
 from tests.gpu.test_grads import _attn_ref, _check
 
@@ -17,7 +18,7 @@ pytestmark = [needs_cuda, pytest.mark.gpu]
 
 @pytest.mark.parametrize("kernel", ["flash", "efficient"])
 def test_backward_kernel(kernel, monkeypatch):
-    monkeypatch.setenv(sglang_attention.BACKWARD_ENV, kernel)
+    with_plan(monkeypatch, attention_backward=kernel)
     lengths = [700, 1, 1300, 64]
     t = sum(lengths)
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), device="cuda")
@@ -27,4 +28,4 @@ def test_backward_kernel(kernel, monkeypatch):
     scale = 128**-0.5
     _check(lambda a, b, c: kernels.attention(a, b, c, cu, scale), lambda a, b, c: _attn_ref(a, b, c, cu, scale),
            [q, k, v], go, 2e-2)
-    assert not sglang_attention._flash_backward_failed, sglang_attention._flash_backward_failed
+    assert not attention_backward._flash_backward_failed, attention_backward._flash_backward_failed

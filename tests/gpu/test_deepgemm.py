@@ -58,7 +58,7 @@ def _deepgemm_runs():
 
 def _deepgemm_mm(x, w):
     """x[M, K] @ w[N, K].T exactly as SGLang's matmul_persistent hands it to DeepGEMM (a contiguous, b = W.t())."""
-    from top_rl.kernels.sglang import pin_engine_env
+    from top_rl.kernels.sglang.backend import pin_engine_env
 
     pin_engine_env()
     from sglang.srt.batch_invariant_ops import batch_invariant_ops as bio

@@ -23,7 +23,7 @@ HQ, HKV, D = QWEN3_06B["num_attention_heads"], QWEN3_06B["num_key_value_heads"],
 @pytest.fixture(autouse=True)
 def flashinfer_backend():
     pytest.importorskip("flashinfer", reason="flashinfer not importable (carry .gpu_bundle/flashinfer)")
-    from top_rl.kernels import sglang_attention
+    from top_rl.kernels.sglang import attention as sglang_attention
 
     before = sglang_attention.attention_backend()
     sglang_attention.set_attention_backend("flashinfer")
@@ -51,7 +51,7 @@ def test_prefill_with_v_sliced_from_fused_qkv():
     out = kernels.attention(q, k, v, cu, D**-0.5)
     same = kernels.attention(q, k, v.contiguous(), cu, D**-0.5)
     assert torch.equal(out, same), "the V layout changed flashinfer's bits"
-    from top_rl.kernels import sglang_attention
+    from top_rl.kernels.sglang import attention as sglang_attention
 
     sglang_attention.set_attention_backend("triton")
     other = kernels.attention(q, k, v, cu, D**-0.5)
@@ -97,7 +97,8 @@ def _cu(lengths):
 def test_forward_return_lse_gives_the_engine_forwards_output():
     """The trainer's forward asks flashinfer for its LSE too (forward_return_lse) when a gradient follows; the
     engine calls forward. The output must be the same bits, or the gate would compare different forwards."""
-    from top_rl.kernels import packed_batch, sglang_attention
+    from top_rl.kernels import packed_batch
+    from top_rl.kernels.sglang import attention as sglang_attention
 
     lengths = [5, 300, 1100, 4500]  # the last one spans two 4096 splits: the merged LSE path
     q, k, v = _fused_qkv(sum(lengths), seed=3)
@@ -114,7 +115,9 @@ def test_flashinfer_lse_is_what_the_flash_backward_reads():
     """lse_for_flash(flashinfer's LSE) against FlashAttention-2's own forward LSE for the same inputs: same layout
     and units. Not the same bits: the two kernels' scores differ at bf16 level (max 1.7e-3 of LSEs near 7 on the
     H200), which moves the backward's softmax by as much; test_gradients_... bounds the effect on gradients."""
-    from top_rl.kernels import packed_batch, sglang_attention
+    from top_rl.kernels import packed_batch
+    from top_rl.kernels.sglang import attention as sglang_attention
+    from top_rl.kernels.sglang import attention_backward
 
     lengths = [1, 700, 1300, 64]
     q, k, v = _fused_qkv(sum(lengths), seed=4)
@@ -122,7 +125,7 @@ def test_flashinfer_lse_is_what_the_flash_backward_reads():
     cu = _cu(lengths)
     batch = packed_batch.packed_batch(cu)
     _, lse = sglang_attention.FlashinferState.get(q.device).run_prefill(q, k, v, batch, D**-0.5, want_lse=True)
-    ours = sglang_attention.lse_for_flash(lse)
+    ours = attention_backward.lse_for_flash(lse)
     cu32 = cu.to(torch.int32)
     _, fa_lse, *_ = torch.ops.aten._flash_attention_forward(q, k, v, cu32, cu32, 1300, 1300, 0.0, True, False,
                                                             scale=D**-0.5)
@@ -132,11 +135,12 @@ def test_flashinfer_lse_is_what_the_flash_backward_reads():
 
 def test_gradients_with_the_forward_lse_equal_the_rerun_ones(monkeypatch):
     """The flash backward fed flashinfer's output and LSE against the same backward after a re-run FA2 forward
-    (TOP_RL_FLASHINFER_LSE=0), and both against the fp64 formula."""
-    from top_rl.kernels import sglang_attention
+    (top.fast_paths.flashinfer_lse=false), and both against the fp64 formula."""
     from tests.gpu.test_grads import _attn_ref, _check
+    from tests.helpers import with_plan
+    from top_rl.kernels.sglang import attention_backward
 
-    monkeypatch.delenv(sglang_attention.BACKWARD_ENV, raising=False)
+    with_plan(monkeypatch, attention_backward="flash")
     lengths = [700, 1, 1300, 64]
     cu = _cu(lengths)
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -144,19 +148,19 @@ def test_gradients_with_the_forward_lse_equal_the_rerun_ones(monkeypatch):
     go = torch.randn(sum(lengths), HQ, D, generator=g, device="cuda")
     scale = D**-0.5
     converted = []  # the forward-LSE path really ran for "1" (else both runs re-run and agree trivially)
-    convert = sglang_attention.lse_for_flash
-    monkeypatch.setattr(sglang_attention, "lse_for_flash", lambda lse: converted.append(1) or convert(lse))
+    convert = attention_backward.lse_for_flash
+    monkeypatch.setattr(attention_backward, "lse_for_flash", lambda lse: converted.append(1) or convert(lse))
     grads = {}
     for flag in ("1", "0"):
-        monkeypatch.setenv(sglang_attention.LSE_ENV, flag)
+        with_plan(monkeypatch, flashinfer_lse=flag == "1")
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         before = len(converted)
         kernels.attention(*leaves, cu, scale).float().backward(go)
-        assert (len(converted) > before) == (flag == "1"), f"TOP_RL_FLASHINFER_LSE={flag}: forward LSE used?"
+        assert (len(converted) > before) == (flag == "1"), f"flashinfer_lse={flag}: forward LSE used?"
         grads[flag] = [t.grad for t in leaves]
         _check(lambda a, b, c: kernels.attention(a, b, c, cu, scale), lambda a, b, c: _attn_ref(a, b, c, cu, scale),
                [q, k, v], go, 2e-2)
     for name, a, b in zip("qkv", grads["1"], grads["0"]):
         print(f"d{name}: relative error {rel_err(a, b):.2e} between the forward-LSE and the re-run backward")
         assert rel_err(a, b) < 1e-2, f"d{name}: relative error {rel_err(a, b)} between the two backwards"
-    assert not sglang_attention._flash_backward_failed, sglang_attention._flash_backward_failed
+    assert not attention_backward._flash_backward_failed, attention_backward._flash_backward_failed

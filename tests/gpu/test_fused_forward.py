@@ -1,4 +1,4 @@
-"""The `sglang` backend's fused Triton forwards (top_rl/kernels/sglang_fused_triton.py) against the eager chains the
+"""The `sglang` backend's fused Triton forwards (top_rl/kernels/sglang/fused_triton.py) against the eager chains the
 engine runs (sglang_fused_forward.rms_norm_eager / silu_and_mul_eager), bit pattern for bit pattern: SiLU-and-mul
 over every finite bf16 gate value, RMSNorm over the model's shapes with magnitudes from subnormal squares to 1e18,
 and the gradients through the backend with the fused forwards on and off. The kernels are called directly (a
@@ -12,9 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers import with_plan
 from tests.gpu._common import needs_cuda
 from top_rl import kernels
-from top_rl.kernels import sglang_fused_forward as ff
+from top_rl.kernels.sglang import fused_forward as ff
 
 pytestmark = [needs_cuda, pytest.mark.gpu]
 
@@ -34,13 +35,13 @@ def _assert_bits(got, want, what):
 
 
 def _triton():
-    from top_rl.kernels import sglang_fused_triton
+    from top_rl.kernels.sglang import fused_triton as sglang_fused_triton
 
     return sglang_fused_triton
 
 
 def _mean():
-    from top_rl.kernels.sglang import ops
+    from top_rl.kernels.sglang.backend import ops
 
     return ops().mean
 
@@ -125,11 +126,8 @@ def test_rms_norm_bits_rounded_result(t, tail, residual, result):
 @pytest.mark.parametrize("head_mean", [None, "0"], ids=["default", "mean_bi"])
 def test_rms_norm_bits_with_head_mean(monkeypatch, t, tail, x_dtype, out_dtype, head_mean):
     """The q/k norms: by default `_head_mean`'s [..., 1] means through rsqrt and the scale pass; with
-    TOP_RL_FUSED_HEAD_MEAN=0, mean_BI's."""
-    if head_mean is None:
-        monkeypatch.delenv(_triton().HEAD_MEAN_ENV, raising=False)
-    else:
-        monkeypatch.setenv(_triton().HEAD_MEAN_ENV, head_mean)
+    top.fast_paths.fused_head_mean=false, mean_BI's."""
+    with_plan(monkeypatch, fused_head_mean=head_mean is None)
     calls = []
     real = _triton().head_mean
     monkeypatch.setattr(_triton(), "head_mean", lambda sq: calls.append(sq.shape) or real(sq))
@@ -197,9 +195,9 @@ def _grads(fn, inputs, grad_out):
 
 def _fused_and_eager(monkeypatch, fn, inputs, grad_out):
     fused = _grads(fn, inputs, grad_out)
-    monkeypatch.setenv(ff.ENV, "0")
+    with_plan(monkeypatch, fused_forward=False)
     eager = _grads(fn, inputs, grad_out)
-    monkeypatch.delenv(ff.ENV)
+    with_plan(monkeypatch, fused_forward=True)
     return fused, eager
 
 
@@ -234,7 +232,8 @@ def test_rms_norm_backend_outputs_and_grads_equal_eager(monkeypatch, fused_calls
 
 
 def test_silu_and_mul_backend_output_and_grad_equal_eager(monkeypatch, fused_calls):
-    from top_rl.kernels import sglang_backward, swiglu_grad_triton
+    from top_rl.kernels.sglang import backward as sglang_backward
+    from top_rl.kernels.sglang import swiglu_grad_triton
 
     backward_calls = []
     real = swiglu_grad_triton.silu_and_mul_grad

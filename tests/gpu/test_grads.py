@@ -93,7 +93,9 @@ def test_silu_and_mul():
 def test_silu_and_mul_triton_backward(dtype, shape):
     """The Triton backward (swiglu_grad_triton.py) against the fp64 formula, no further from it than the compiled
     formula it replaces is; gates out to +-20, where the sigmoid saturates."""
-    from top_rl.kernels import reference, sglang_backward, swiglu_grad_triton
+    from top_rl.kernels import reference
+    from top_rl.kernels.sglang import backward as sglang_backward
+    from top_rl.kernels.sglang import swiglu_grad_triton
 
     gen = torch.Generator(device="cuda").manual_seed(11)
     g = (torch.randn(shape, generator=gen, device="cuda") * 5).clamp(-20, 20).to(dtype)

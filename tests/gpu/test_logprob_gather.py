@@ -1,4 +1,4 @@
-"""The `sglang` backend's token log-prob gather kernel (top_rl/kernels/sglang_logprob_triton.py) against what the
+"""The `sglang` backend's token log-prob gather kernel (top_rl/kernels/sglang/logprob_triton.py) against what the
 engine computes, SGLang's lsm_BI over the whole vocab then gather, bit pattern for bit pattern: fp32 (prefill path)
 and bf16 (sampler path) rows, vocab 151936 and odd widths, scales from 1 to near fp32's max, -inf entries, ids at
 0 and V-1; batch invariance (a row alone equals the row in a batch); and prefill_logprobs / sample_logprobs through
@@ -11,11 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers import with_plan
 from tests.gpu._common import needs_cuda
 from tests.gpu.test_fused_forward import _assert_bits
 from top_rl import kernels
-from top_rl.kernels import sglang as sg
-from top_rl.kernels import sglang_fused_forward as ff
+from top_rl.kernels.sglang import backend as sg
+from top_rl.kernels.sglang import fused_forward as ff
 
 pytestmark = [needs_cuda, pytest.mark.gpu]
 
@@ -24,7 +25,7 @@ SCALES = [1.0, 30.0, 1e4, 1e37]  # 1e37 * randn clamps to +-3e38: x - max overfl
 
 
 def _gather_module():
-    from top_rl.kernels import sglang_logprob_triton
+    from top_rl.kernels.sglang import logprob_triton as sglang_logprob_triton
 
     return sglang_logprob_triton
 
@@ -104,8 +105,7 @@ def kernel_calls(monkeypatch):
                         lambda *a: calls.append(("sampler", a[0].dtype)) or real_sampler(*a))
     monkeypatch.setattr(ff, "_failed", {})
     monkeypatch.setattr(sg._fused, "_failed", {})
-    monkeypatch.delenv(ff.ENV, raising=False)
-    monkeypatch.delenv(ff.SAMPLER_ENV, raising=False)
+    with_plan(monkeypatch, fused_forward=True, fused_sampler=True)
     return calls
 
 
@@ -126,7 +126,7 @@ def test_backend_takes_the_kernel_with_the_eager_bits(monkeypatch, kernel_calls,
     fast, fast_grad = _out_and_grad(fn, logits, ids, g_out)
     assert kernel_calls == [torch.float32 if path == "prefill" else ("sampler", torch.bfloat16)], "no kernel ran"
     assert not ff._failed and not sg._fused._failed
-    monkeypatch.setenv(ff.ENV, "0")
+    with_plan(monkeypatch, fused_forward=False)
     eager, eager_grad = _out_and_grad(fn, logits, ids, g_out)
     assert len(kernel_calls) == 1
     _assert_bits(fast, eager, f"{path} log-probs through the backend")

@@ -279,7 +279,7 @@ def test_decode_source_stays_refused_where_decode_differs_from_extend_triton(tri
 
 
 def test_flashinfer_server_prefill_bitwise_and_decode_rate(tmp_path):
-    from top_rl.kernels import sglang_attention
+    from top_rl.kernels.sglang import attention as sglang_attention
 
     try:
         import flashinfer  # noqa: F401

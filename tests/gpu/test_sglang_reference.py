@@ -67,7 +67,7 @@ def triton_attention_on_both_sides():
     too, whatever TOP_RL_ATTENTION_BACKEND chose: conftest's per-test fixture (which runs before this one) had set
     our side to it, so under TOP_RL_ATTENTION_BACKEND=flashinfer these tests compared our flashinfer attention with
     SGLang's triton attention (and failed at layer 0)."""
-    from top_rl.kernels import sglang_attention
+    from top_rl.kernels.sglang import attention as sglang_attention
 
     before = sglang_attention.attention_backend()
     sglang_attention.set_attention_backend("triton")
@@ -77,7 +77,7 @@ def triton_attention_on_both_sides():
 
 @pytest.fixture(scope="module", params=["tied", "untied"])
 def setup(request, tmp_path_factory):
-    from top_rl.kernels import sglang_attention
+    from top_rl.kernels.sglang import attention as sglang_attention
     from tests.doubles.sglang_reference import SglangReference
 
     tied = request.param == "tied"

@@ -24,7 +24,7 @@ def test_megatron_trainer_parity_with_eager_rope_diagnostic(monkeypatch):
     """Diagnostic, not a contract check: swap the backend's compiled RoPE for the eager formula (what
     Megatron's own unfused RoPE computes). If this passes while the test above fails, the trainer's only
     difference from the engine is its RoPE: it must route RoPE through kernels.rope."""
-    from top_rl.kernels import sglang as sg
+    from top_rl.kernels.sglang import backend as sg
 
     monkeypatch.setattr(sg.ops(), "rope", sg._wheel_apply_rotary_emb())
     _run(steps=1)

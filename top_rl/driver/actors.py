@@ -14,14 +14,17 @@ import os
 import ray
 import torch
 
+from top_rl import kernels
 from top_rl.driver import rendezvous
-from top_rl.driver.plan import EngineSpec, ProcessSpec, TrainerSpec
+from top_rl.driver.plan import EngineSpec, TrainerSpec
+from top_rl.kernels.plan import KernelPlan
 from top_rl.weights import receivers, senders
 from top_rl.weights.group import GROUP_TIMEOUT, Group
 from top_rl.weights.transport import Endpoint, Link, Transport
 
 
-def _setup_process(process: ProcessSpec, threads: int) -> None:
+def _setup_process(kernel_plan: KernelPlan, threads: int) -> None:
+    """Every actor, before its first kernel: the run's KernelPlan (an argument, so Ray carries it to any node)."""
     from top_rl.observe import quiet
 
     quiet.install()  # third-party start-up notices, once per actor (top_rl/observe/quiet.py)
@@ -29,14 +32,7 @@ def _setup_process(process: ProcessSpec, threads: int) -> None:
     if not ray.get_gpu_ids():
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before anything initialises CUDA in this process
     torch.set_num_threads(threads)
-    from top_rl import kernels
-
-    kernels.set_backend(process.kernel_backend)
-    if process.kernel_backend == "sglang":
-        from top_rl.kernels import sglang, sglang_attention
-
-        sglang.set_contract(process.contract_name)  # the engines' contract (its GEMM path), before any kernel runs
-        sglang_attention.set_attention_backend(process.attention_backend)
+    kernels.install(kernel_plan)  # backend, contract (the engines' GEMM path), attention kernel, fast paths
 
 
 def _device() -> torch.device:
@@ -47,10 +43,11 @@ def _device() -> torch.device:
 class EngineActor:
     """Hosts one rollout engine: native (in-process over the kernel seam) or an SGLang server it launches."""
 
-    def __init__(self, spec: EngineSpec, process: ProcessSpec, threads: int):
+    def __init__(self, spec: EngineSpec, kernel_plan: KernelPlan, threads: int):
         """`spec`: this engine's part of the run plan (top_rl.driver.plan); an SGLang engine's server config in it
-        is built and checked once, by preflight."""
-        _setup_process(process, threads)
+        is built and checked once, by preflight. `kernel_plan`: the run's kernels; its contract is the native
+        engine's and the SGLang server's alike."""
+        _setup_process(kernel_plan, threads)
         self.kind, self.version, self.group = spec.kind, -1, None
         if spec.kind == "native":
             from top_rl.model import family
@@ -62,13 +59,16 @@ class EngineActor:
             from top_rl import contract
             from top_rl.rollout.sglang import SglangEngine
 
-            self.engine = SglangEngine(spec.sglang, process.attention_backend, contract.get(process.contract_name))
+            self.engine = SglangEngine(spec.sglang, kernel_plan.attention, contract.get(kernel_plan.contract))
             self.engine.start()
         else:
             raise ValueError(f"rollout.engine={spec.kind!r}; choose native or sglang")
 
     def endpoint(self) -> Endpoint:
         return Endpoint.here()
+
+    def kernel_report(self) -> dict:
+        return kernels.report()
 
     def generate(self, prompts, seeds, params):
         return self.engine.generate(prompts, seeds, params)
@@ -106,13 +106,16 @@ class TrainerActor:
     """One trainer rank (Megatron-core over the kernel seam). Calls are SPMD: the driver sends each call to
     every rank; rank 0 answers (reports, weights it sends on)."""
 
-    def __init__(self, rank: int, world: int, process: ProcessSpec, threads: int):
-        _setup_process(process, threads)
+    def __init__(self, rank: int, world: int, kernel_plan: KernelPlan, threads: int):
+        _setup_process(kernel_plan, threads)
         self.rank, self.world = rank, world
         self.senders: dict[int, senders.Sender] = {}  # rank 0: engine index -> its sender, made at connect
 
     def endpoint(self) -> Endpoint:
         return Endpoint.here()
+
+    def kernel_report(self) -> dict:
+        return kernels.report()
 
     def free_address(self) -> tuple[str, int]:
         """An address on this node's IP for others to meet at (rank 0: the trainer's rendezvous, weight groups),

@@ -33,6 +33,7 @@ from top_rl.driver.actors import EngineActor, TrainerActor
 from top_rl.driver.plan import RunPlan
 from top_rl.run.stopped import ActorFailed
 from top_rl.driver.placement import ClusterConfig, PlacementError
+from top_rl.kernels.plan import KernelPlan
 
 WEIGHT_BUCKET_BYTES = 512 << 20
 
@@ -74,7 +75,7 @@ class Cluster:
                 f"placement_timeout_s); available now: {', '.join(f'{v:g} {k}' for k, v in sorted(free.items()) if k in ('CPU', 'GPU'))}"
                 "; a bundle must fit on one node") from None
         self.threads = _threads(cfg)
-        self.cfg, self.process, self.engine_specs = cfg, plan.process, plan.engines
+        self.cfg, self.kernels, self.engine_specs = cfg, plan.kernels, plan.engines
         self.restarts_left, self.max_restarts = cfg.max_engine_restarts, cfg.max_engine_restarts
         self.rollout_chunk = cfg.rollout_chunk
         self.weight_version = 0
@@ -82,7 +83,7 @@ class Cluster:
         t = plan.trainer
         self.trainers = [
             TrainerActor.options(scheduling_strategy=self._bundle(self.plan.trainer_bundle[r]), num_cpus=0,
-                                 num_gpus=self.plan.trainer_gpus).remote(r, t.world, self.process, self.threads)
+                                 num_gpus=self.plan.trainer_gpus).remote(r, t.world, self.kernels, self.threads)
             for r in range(t.world)
         ]
         host, port = ray.get(self.trainers[0].free_address.remote())
@@ -101,7 +102,7 @@ class Cluster:
 
     def _new_engine(self, i: int):
         return EngineActor.options(scheduling_strategy=self._bundle(self.plan.engine_bundle[i]), num_cpus=0,
-                                   num_gpus=self.plan.engine_gpus).remote(self.engine_specs[i], self.process,
+                                   num_gpus=self.plan.engine_gpus).remote(self.engine_specs[i], self.kernels,
                                                                           self.threads)
 
     def _links(self, indices) -> list[transport.Link]:
@@ -221,6 +222,11 @@ class Cluster:
         """The RL step on every rank (top_rl.train.rl_step); rank 0's StepReport."""
         ref = ray.put(batch)  # one copy for all ranks
         return self._on_trainers("rl_step", [(ref,)] * len(self.trainers), "trainer.rl_step", fault="kill_trainer")[0]
+
+    def kernel_reports(self) -> list[dict]:
+        """Every actor's kernels.report() (trainer ranks, then engines): the paths its ops took, its fallbacks."""
+        return (self._on_trainers("kernel_report", [()] * len(self.trainers), "kernel report")
+                + self._on_engines(lambda i, e: e.kernel_report.remote(), "kernel report"))
 
     def save_trainer_states(self, paths: list[str]) -> None:
         """Each rank writes its shard (Trainer.state_dict() and its RNG) to its path: no state via the driver."""

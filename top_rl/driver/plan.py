@@ -8,16 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from top_rl.driver.placement import ClusterConfig, Placement
+from top_rl.kernels.plan import KernelPlan
 from top_rl.rollout.sglang_config import SglangEngineConfig
-
-
-@dataclass(frozen=True)
-class ProcessSpec:
-    """What every actor process computes under (its kernels, set before any kernel runs)."""
-
-    kernel_backend: str  # reference | sglang | plain (the non-TOP baseline's)
-    attention_backend: str  # top.attention_backend (the sglang kernels' attention, the SGLang servers')
-    contract_name: str  # top.contract
 
 
 @dataclass(frozen=True)
@@ -48,12 +40,9 @@ class TrainerSpec:
 class RunPlan:
     cluster: ClusterConfig
     placement: Placement  # bundles and which actor sits in which (top_rl.driver.placement)
-    process: ProcessSpec
+    kernels: KernelPlan  # what every actor process computes under (installed before its first kernel)
     engines: tuple[EngineSpec, ...]
     trainer: TrainerSpec
     # rollout=sglang without model.path: where trainer rank 0 writes the random initial policy the servers start
     # from (their configs' model_path); None otherwise.
     initial_policy: str | None = None
-    # The run's KernelPlan (issue 25, item 1), for the lead to fill and the actors to install; None: each actor
-    # sets its kernels from `process` (top_rl.driver.actors._setup_process).
-    kernels: Any = None

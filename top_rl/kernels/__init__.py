@@ -1,9 +1,10 @@
 """The kernel seam: every op that touches a log-prob goes through these functions.
 
-A backend implements the ops; one is active per process (`set_backend`, chosen once at start by the
-config). `reference` is torch made batch-invariant by fixed-shape tiling (CPU, any device), `plain` is
-stock torch (the non-TOP baseline), `sglang` (GPU) wraps SGLang's own Triton kernels. Callers never
-import a backend directly, so a new backend plugs in without touching the model or the trainer.
+A backend implements the ops; one is active per process, named by the process's `KernelPlan` (plan.py), which
+`install(plan)` sets once at start from the run config; `report()` says which path each op took. `reference` is
+torch made batch-invariant by fixed-shape tiling (CPU, any device), `plain` is stock torch (the non-TOP baseline),
+`sglang` (GPU, the sglang/ package) wraps SGLang's own Triton kernels. Callers never import a backend directly, so
+a new backend plugs in without touching the model or the trainer.
 
 Op semantics (shapes use T tokens, H hidden, heads Hq / Hkv of size d):
   linear(x[..., K], w[N, K]) -> [..., N] in x.dtype      column-parallel or replicated GEMM
@@ -24,9 +25,13 @@ Op semantics (shapes use T tokens, H hidden, heads Hq / Hkv of size d):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 from enum import StrEnum
 from typing import Any
+
+from top_rl.kernels import fallback as _fallback
+from top_rl.kernels import plan as _plan
 
 
 class KernelBackend(StrEnum):
@@ -35,47 +40,79 @@ class KernelBackend(StrEnum):
     sglang = "sglang"  # SGLang's own Triton kernels (GPU)
 
 
-_BACKEND_MODULES = {b: f"top_rl.kernels.{b.value}" for b in KernelBackend}
+_BACKEND_MODULES = {KernelBackend.reference: "top_rl.kernels.reference", KernelBackend.plain: "top_rl.kernels.plain",
+                    KernelBackend.sglang: "top_rl.kernels.sglang.backend"}
 _active: Any = None
-_active_name: str | None = None
 
 
 def available_backends() -> list[str]:
     return sorted(_BACKEND_MODULES)
 
 
-def set_backend(name: str) -> None:
-    global _active, _active_name
-    if name not in _BACKEND_MODULES:
-        raise ValueError(f"unknown kernel backend {name!r}; choose one of {available_backends()}")
-    _active = importlib.import_module(_BACKEND_MODULES[name])  # a backend module defines every op below
-    _active_name = name
+def install(plan: _plan.KernelPlan) -> None:
+    """The one call a process makes before its first kernel: `plan` decides every op from now on (its backend,
+    contract, attention kernel, fast paths; top_rl/kernels/plan.py)."""
+    global _active
+    if plan.backend not in _BACKEND_MODULES:
+        raise ValueError(f"unknown kernel backend {plan.backend!r}; choose one of {available_backends()}")
+    module = importlib.import_module(_BACKEND_MODULES[plan.backend])  # a backend module defines every op below
+    check = getattr(module, "check_plan", None)
+    if check is not None:
+        check(plan)  # e.g. sglang: its GEMM path is fixed once its kernels are loaded
+    _plan.set_current(plan)
+    _active = module
 
 
-def backend_name() -> str:
-    if _active is None:
-        set_backend("reference")
-    return _active_name  # type: ignore[return-value]
+def current_plan() -> _plan.KernelPlan:
+    """The plan this process computes under."""
+    _b()
+    return _plan.current()
 
 
-def _b():
-    if _active is None:
-        set_backend("reference")
-    return _active
+def report() -> dict:
+    """This process's kernel record: the plan, the path each op last took, and every fallback (op -> first error)."""
+    return {**current_plan().as_dict(), "paths": dict(_fallback.paths), "fallbacks": dict(_fallback.fallbacks)}
+
+
+def step_metrics(reports: list[dict]) -> dict:
+    """Step metrics from every process's report: `kernels/fallbacks`, the fast paths that fell back to their slower
+    equal, summed over processes (0 when every op ran the path its plan names)."""
+    return {"kernels/fallbacks": sum(len(r["fallbacks"]) for r in reports)}
 
 
 @contextlib.contextmanager
-def use_backend(name: str):
-    """Temporarily switch backend (tests, the baseline comparison)."""
-    prev = _active_name
-    set_backend(name)
+def use_plan(new: _plan.KernelPlan):
+    """Temporarily compute under another plan (tests, benches, the baseline comparison)."""
+    prev = _plan.current() if _active is not None else None
+    install(new)
     try:
         yield
     finally:
         if prev is None:
-            globals().update(_active=None, _active_name=None)
+            globals().update(_active=None)
+            _plan.set_current(None)
         else:
-            set_backend(prev)
+            install(prev)
+
+
+def set_backend(name: str) -> None:
+    """Compatibility: install the current plan with another backend."""
+    install(dataclasses.replace(_plan.current(), backend=name))
+
+
+def backend_name() -> str:
+    return current_plan().backend
+
+
+def _b():
+    if _active is None:
+        install(_plan.current())
+    return _active
+
+
+def use_backend(name: str):
+    """Temporarily switch backend (tests, the baseline comparison)."""
+    return use_plan(dataclasses.replace(_plan.current(), backend=name))
 
 
 def linear(x, w):

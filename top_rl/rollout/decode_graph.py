@@ -8,7 +8,7 @@ Only where the decode step was audited to make no host read and to allocate no h
 kernel backend with triton attention (mm_BI, mean_BI, the Triton RMSNorm / SiLU passes, the compiled RoPE, lsm_BI,
 SGLang's decode kernel with device-built kv indices, SGLang's murmur hash and the float64 Gumbel step). flashinfer
 plans each batch from the lengths on the host, and the reference kernels loop over key blocks on the host: their
-steps run eagerly. $TOP_RL_DECODE_GRAPHS=0 turns graphs off (A/B measurements).
+steps run eagerly. top.fast_paths.decode_graphs=false turns graphs off (A/B measurements).
 
 One graph per generate call, captured at its second decode step (the first runs eagerly: every kernel is compiled
 and every lazy import done before capture) and dropped at the end of the call: nothing outlives the call's KV
@@ -17,33 +17,32 @@ cache and weights. Should a capture fail, the step runs eagerly from then on in 
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import torch
 
-ENV = "TOP_RL_DECODE_GRAPHS"
+from top_rl.kernels import fallback
+
 _failed: list[str] = []  # the first capture error in this process
 
 
 def audited_path() -> bool:
     from top_rl import kernels
 
-    if kernels.backend_name() != "sglang":
-        return False
-    from top_rl.kernels import sglang_attention
-
-    return sglang_attention.attention_backend() == "triton"
+    plan = kernels.current_plan()
+    return plan.backend == "sglang" and plan.attention == "triton"
 
 
 def wanted(device, requested: bool | None = None) -> bool:
     """Whether a generate call on `device` captures its decode step: `requested` (the engine's cuda_graphs) if
-    given, else CUDA, the audited kernels and $TOP_RL_DECODE_GRAPHS != "0"; never after a failed capture."""
+    given, else CUDA, the audited kernels and the plan's decode_graphs switch; never after a failed capture."""
     if torch.device(device).type != "cuda" or _failed:
         return False
     if requested is not None:
         return requested
-    return os.environ.get(ENV, "1") != "0" and audited_path()
+    from top_rl import kernels
+
+    return kernels.current_plan().fast_paths.decode_graphs and audited_path()
 
 
 class StepRunner:
@@ -77,7 +76,8 @@ class StepRunner:
         except torch.OutOfMemoryError:
             raise
         except Exception as e:  # noqa: BLE001 - any capture failure: the eager step computes the same
-            _failed.append(f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+            _failed.append(fallback.error_line(e))
+            fallback.fell_back("decode_graph", _failed[0])
             warnings.warn(f"CUDA graph capture of the native engine's decode step failed ({_failed[0]}); decode steps "
                           "run eagerly from now on", RuntimeWarning, stacklevel=3)
             torch.cuda.synchronize()

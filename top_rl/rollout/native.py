@@ -51,7 +51,7 @@ class DecodeState:
 class NativeEngine(RolloutEngine):
     def __init__(self, model, logprob_source: LogprobSource = "prefill", eos_token_id: int | None = None,
                  cuda_graphs: bool | None = None):
-        """`cuda_graphs`: None lets decode_graph.wanted() decide (CUDA, the audited kernels, $TOP_RL_DECODE_GRAPHS)."""
+        """`cuda_graphs`: None lets decode_graph.wanted() decide (CUDA, the audited kernels, the plan's decode_graphs)."""
         if logprob_source not in ("prefill", "decode"):
             raise ValueError(f"logprob_source={logprob_source!r}; choose 'prefill' or 'decode'")
         self.model = model.eval()

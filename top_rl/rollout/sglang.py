@@ -20,14 +20,13 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import shutil
 import tempfile
 import threading
 from pathlib import Path
 from typing import Callable
 
-from top_rl import contract
+from top_rl import contract, kernels
 from top_rl.rollout import sglang_weights as weights
 from top_rl.rollout.base import RolloutEngine, RolloutSample, SamplingParams
 from top_rl.rollout.sglang_client import SglangClient, SglangError, SglangProtocolError, SglangUnavailable
@@ -72,15 +71,15 @@ class SglangEngine(RolloutEngine):
                     contract_name: str | None = None) -> "SglangEngine":
         """Build (and start) engine `index` from the run config's `rollout.sglang` mapping; the other arguments
         are run-level defaults the mapping may not contradict. The trainer's attention backend comes from the
-        argument or, as the trainer's kernels read it, from $TOP_RL_ATTENTION_BACKEND; the contract from
+        argument or from the installed KernelPlan (what the trainer's kernels compute with); the contract from
         `contract_name` (the run's top.contract; default: contract.DEFAULT)."""
-        trainer = trainer_attention_backend or os.environ.get("TOP_RL_ATTENTION_BACKEND")
+        trainer = trainer_attention_backend or kernels.current_plan().attention
         cfg = config_from_dict(sglang, index, model_path=model_path, logprob_source=logprob_source, top=top,
                                attention_backend=trainer)
         if trainer is None:
             if cfg.top:
                 raise TopConfigError("the SGLang engine needs the trainer's attention backend to refuse a mismatch: pass "
-                                     "trainer_attention_backend=<top.attention_backend> or set TOP_RL_ATTENTION_BACKEND")
+                                     "trainer_attention_backend=<top.attention_backend> or install a KernelPlan with attention=...")
             trainer = cfg.attention_backend
         engine = cls(cfg, trainer, contract.get(contract_name) if contract_name else contract.DEFAULT)
         if start:

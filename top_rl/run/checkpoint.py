@@ -38,7 +38,7 @@ _STEP_DIR = re.compile(r"step_(\d+)")
 FORMAT = 2  # 2: manifest.json (format-1 checkpoints have none and load unverified, with a note)
 # Keys a resume may change freely: they do not enter any computed number.
 RESUME_FREE_KEYS = {"steps", "run_dir", "resume", "resume_allow_changes", "dry_run", "checkpoint", "tracking",
-                    "cluster"}
+                    "cluster", "top.fast_paths"}  # fast paths: the same numbers, faster
 # Keys whose value a resume takes from the checkpoint, so a change could not take effect: refused even under
 # resume_allow_changes=true (every other change it allows is applied: rollout, algo, task, top, seed, and the
 # trainer's optimizer settings, which top_rl.train.optim puts into the loaded optimizer).
@@ -258,7 +258,7 @@ def check_compatible(saved: dict, current: dict, allow_changes: bool) -> list[st
     def walk(a, b, prefix):
         for k in sorted(set(a) | set(b)):
             key = f"{prefix}{k}"
-            if not prefix and k in RESUME_FREE_KEYS:
+            if key in RESUME_FREE_KEYS:
                 continue
             va, vb = a.get(k, "<absent>"), b.get(k, "<absent>")
             if isinstance(va, dict) and isinstance(vb, dict):

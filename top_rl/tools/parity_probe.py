@@ -167,11 +167,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from top_rl.model import UnsupportedModel, load_model
 
-    kernels.set_backend(args.backend)
-    if args.backend == "sglang":
-        from top_rl.kernels import sglang_attention
+    from top_rl.kernels import plan
 
-        sglang_attention.set_attention_backend(args.attention_backend or info.get("attention_backend"))
+    attention = (args.attention_backend or info.get("attention_backend")) if args.backend == "sglang" else None
+    kernels.install(plan.build(args.backend, attention=attention))  # the server's kernel: compared like for like
     try:
         model = load_model(args.model, args.dtype).eval()
     except (UnsupportedModel, OSError) as e:

@@ -34,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", default="reference", choices=kernels.available_backends())
     args = ap.parse_args(argv)
     ids = parse_ids(args.input_ids)
-    kernels.set_backend(args.backend)
+    from top_rl.kernels import plan
+
+    kernels.install(plan.build(args.backend))
     try:
         model = load_model(args.model, args.dtype)
     except UnsupportedModel as e:

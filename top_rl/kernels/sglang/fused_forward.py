@@ -1,37 +1,37 @@
 """The `sglang` backend's RMSNorm, SiLU-and-mul and token log-prob forwards: the engine's eager chains, or one
-Triton pass each (log-probs: sglang_logprob_triton.py, lsm_BI's row reductions storing only the gathered column).
+Triton pass each (log-probs: logprob_triton.py, lsm_BI's row reductions storing only the gathered column).
 
 The engine runs the eager chains below (SGLang rl mode, forward_native); on CUDA the trainer runs the kernels of
-top_rl/kernels/sglang_fused_triton.py instead, which give the same bits (that file says why; the GPU tests
+top_rl/kernels/sglang/fused_triton.py instead, which give the same bits (that file says why; the GPU tests
 compare bit patterns). Fewer passes over [tokens, hidden] fp32 tensors is all they change. Elsewhere (CPU, odd
-dtypes or shapes), with TOP_RL_FUSED_FORWARD=0 (A/B measurements), or once a Triton launch failed in this
-process (after one warning), the eager chain runs: same bits, slower. Triton is imported on first CUDA use.
+dtypes or shapes), with top.fast_paths.fused_forward=false (A/B measurements), or once a Triton launch failed in
+this process (after one warning, counted in kernels.report()), the eager chain runs: same bits, slower. Triton is
+imported on first CUDA use.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.nn.functional as F
 
 from top_rl.kernels import fallback as _fallback
+from top_rl.kernels import plan as _plan
 
-ENV = "TOP_RL_FUSED_FORWARD"  # "0": the eager chains (bench/trainer_step.py's "TOP before" row)
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _failed: dict[str, str] = {}  # op -> the first launch error, once it fell back to eager
 
 
 def _run(name: str, fused, eager, *args):
-    if os.environ.get(ENV, "1") == "0":
+    if not _plan.current().fast_paths.fused_forward:  # off: the eager chains (bench/trainer_step.py's "TOP before")
+        _fallback.took(name, "off")
         return eager(*args)
     return _fallback.run(_failed, name, f"the fused {name} forward", "its eager chain", fused, eager, *args)
 
 
 def _kernels():
-    from top_rl.kernels import sglang_fused_triton
+    from top_rl.kernels.sglang import fused_triton
 
-    return sglang_fused_triton
+    return fused_triton
 
 
 # ------------------------------------------------------------------------------------------------- RMSNorm
@@ -86,9 +86,9 @@ def token_logprobs_eager(z, ids, log_softmax):
 
 
 def _gather_kernel():
-    from top_rl.kernels import sglang_logprob_triton
+    from top_rl.kernels.sglang import logprob_triton
 
-    return sglang_logprob_triton
+    return logprob_triton
 
 
 def token_logprobs(z, ids, log_softmax):
@@ -101,14 +101,11 @@ def token_logprobs(z, ids, log_softmax):
                 token_logprobs_eager, z, ids, log_softmax)
 
 
-SAMPLER_ENV = "TOP_RL_FUSED_SAMPLER"  # "0": the sampler path's eager division and rounding (A/B measurements)
-
-
 def _sampler_fusable(logits, ids, temperature) -> bool:
     """The kernel's loads must be lsm_BI's loads of _sampler_input's output (a fresh contiguous bf16 tensor): so 2-D
     contiguous bf16 logits whose data pointer is 16-byte aligned, as Triton specialises pointers."""
     t = temperature.reshape(-1)
-    return (os.environ.get(SAMPLER_ENV, "1") != "0" and logits.is_cuda and logits.dtype == torch.bfloat16
+    return (_plan.current().fast_paths.fused_sampler and logits.is_cuda and logits.dtype == torch.bfloat16
             and logits.dim() == 2 and logits.is_contiguous() and logits.data_ptr() % 16 == 0 and logits.numel() > 0
             and ids.is_cuda and ids.dtype == torch.int64 and ids.shape == logits.shape[:1] and t.is_cuda
             and t.dtype == torch.float32 and t.numel() == logits.shape[0])
@@ -117,7 +114,7 @@ def _sampler_fusable(logits, ids, temperature) -> bool:
 def sampler_logprobs(logits, ids, temperature, eager):
     """(log-probs, shift or None) on the sampler path. `eager(logits, ids, temperature)`: lsm_BI over the rounded
     bf(f32(L) / T), gathered (what the engine computes). Where the fused kernel applies it gives the same bits in one
-    pass over L, plus each row's max + log-sum-exp for the backward (sglang_backward.sampler_logprobs_grad)."""
+    pass over L, plus each row's max + log-sum-exp for the backward (backward.sampler_logprobs_grad)."""
     if not _sampler_fusable(logits, ids, temperature):
         return eager(logits, ids, temperature), None
     return _run("sampler_logprobs", lambda l, i, t: _gather_kernel().gathered_sampler_log_softmax(l, t, i),

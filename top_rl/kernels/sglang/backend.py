@@ -2,19 +2,19 @@
 
 Forward = what the engine runs in rl mode (docs/numerics.md §2, §4), by calling the pinned wheel's code:
   linear        `matmul_persistent(x, W.t())` (mm_BI), as F.linear -> aten::mm under the engine's override; the
-                GEMM inside it is the one the process's TOP contract names (`gemm`: SGLang's Triton persistent
+                GEMM inside it is the one the installed KernelPlan's contract names (`gemm`: SGLang's Triton persistent
                 kernel, or DeepGEMM's bf16_gemm_nn), pinned through SGLang's env switch as on the engine
   rms_norm      RMSNorm.forward_native with `mean` = `mean_dim` (mean_BI); pow/rsqrt/mul are native ops (on CUDA
-                the elementwise ops around mean_BI run as two Triton passes, bitwise the same: sglang_fused_forward.py)
+                the elementwise ops around mean_BI run as two Triton passes, bitwise the same: fused_forward.py)
   rope          torch.compile(dynamic=True)(sglang...rotary_embedding.utils.apply_rotary_emb), NeoX
   silu_and_mul  SiluAndMul.forward_native: F.silu(g[..., :I]) * g[..., I:] (native, as rl mode forces; on CUDA
                 one Triton pass, bitwise the same)
   log-probs     `log_softmax` (lsm_BI): fp32 for the prefill path, bf16 in/out for the sampler path (on CUDA the
                 trainer's token log-probs come from one Triton kernel that repeats lsm_BI's row reductions and
-                writes only the gathered column, bitwise the same: sglang_logprob_triton.py)
-  attention     top_rl.kernels.attention (the engine's --attention-backend kernel)
+                writes only the gathered column, bitwise the same: logprob_triton.py)
+  attention     attention.py (the engine's --attention-backend kernel)
 Backwards use native torch ops (cuBLAS GEMMs; RMSNorm, RoPE and SiLU-and-mul each one kernel compiled from the
-reference backend's formula, top_rl/kernels/sglang_backward.py): gradients need to be right, not batch-invariant;
+reference backend's formula, backward.py): gradients need to be right, not batch-invariant;
 only the forward log-probs are compared bitwise.
 
 Row-parallel linear (TP-invariant): every rank all-gathers the K shards of the input and of the weight and
@@ -27,7 +27,6 @@ shard per call (a row-parallel weight is at most hidden x ffn; cheap next to the
 from __future__ import annotations
 
 import functools
-import os
 from types import SimpleNamespace
 
 import torch
@@ -35,78 +34,27 @@ import torch.distributed as dist
 
 from top_rl import contract as _contract
 from top_rl.kernels import reference as _ref
-from top_rl.kernels import sglang_attention as _attention
-from top_rl.kernels import sglang_backward as _fused
-from top_rl.kernels import sglang_fused_forward as _fused_forward
-
-CONTRACT_ENV = "TOP_RL_CONTRACT"  # the contract name this process computes under (default: contract.DEFAULT)
-_contract_name: str | None = None
-_ops_contract: str | None = None  # the contract ops() was built under (SGLang reads its env once, at import)
-
-
-def set_contract(name: str | None) -> None:
-    """Compute under the TOP contract `name` (the engines' contract; None: back to $TOP_RL_CONTRACT or the
-    default). Must precede the first kernel call: SGLang fixes its GEMM path when it is imported."""
-    global _contract_name
-    want = _contract.get(name).name if name is not None else None
-    if _ops_contract is not None and (want or _env_contract_name()) != _ops_contract:
-        raise RuntimeError(f"SGLang's kernels were already loaded under contract {_ops_contract!r} (its GEMM path is "
-                           f"fixed at import); set the contract before the first kernel call")
-    _contract_name = want
-
-
-def _env_contract_name() -> str:
-    return os.environ.get(CONTRACT_ENV) or _contract.DEFAULT.name
-
-
-def active_contract() -> _contract.TopContract:
-    return _contract.get(_contract_name or _env_contract_name())
-
-
-def pin_engine_env(top: _contract.TopContract | None = None) -> None:
-    """Set the contract's engine env (its GEMM path, determinism) before SGLang reads it at import; refuse a clash."""
-    top = top or active_contract()
-    for key, want in top.engine_env:
-        have = os.environ.get(key)
-        if have is not None and not _contract.same_env_value(have, want):
-            raise RuntimeError(f"{key}={have!r} in the trainer's environment, but the TOP contract {top.name!r} "
-                               f"(gemm={top.gemm!r}) pins {want!r} on both sides: unset it")
-        os.environ[key] = want
-    for key in top.forbidden_env:
-        if os.environ.get(key):
-            raise RuntimeError(f"{key} is set; the TOP contract forbids it on both sides")
-
-
-def check_gemm_path(top: _contract.TopContract, deepgemm_active: bool) -> None:
-    """Refuse a process whose SGLang mm_BI would run another GEMM than the contract names (the engine runs the
-    contract's: its launch env comes from the same contract)."""
-    if top.gemm == "deepgemm" and not deepgemm_active:
-        raise RuntimeError(
-            f"contract {top.name!r} names gemm='deepgemm', but SGLang's batch-invariant mm runs its Triton kernel in "
-            "this process (deep_gemm not importable, a GPU below sm90, or DeepGEMM switched off in the env): install a "
-            f"deep_gemm built for this torch, or use contract {_contract.DEFAULT.name!r}")
-    if top.gemm != "deepgemm" and deepgemm_active:
-        raise RuntimeError(
-            f"sglang.srt.batch_invariant_ops was imported with DeepGEMM on, but contract {top.name!r} names "
-            f"gemm={top.gemm!r}: import top_rl.kernels.sglang (or call pin_engine_env()) before importing sglang")
-
+from top_rl.kernels.sglang import attention as _attention
+from top_rl.kernels.sglang import backward as _fused
+from top_rl.kernels.sglang import engine_env
+from top_rl.kernels.sglang import fused_forward as _fused_forward
+from top_rl.kernels.sglang.engine_env import active_contract, check_plan, pin_engine_env  # noqa: F401 (its API)
 
 @functools.cache
 def ops() -> SimpleNamespace:
     """SGLang's kernels, imported on first use (a CPU process that never calls them never imports Triton)."""
-    global _ops_contract
     top = active_contract()
     pin_engine_env(top)
     from sglang.srt.batch_invariant_ops import batch_invariant_ops as bio
 
     apply_rotary_emb = _wheel_apply_rotary_emb()
-    check_gemm_path(top, bool(bio._ENABLE_MM_DEEPGEMM and bio.ENABLE_JIT_DEEPGEMM))
+    engine_env.check_gemm_path(top, bool(bio._ENABLE_MM_DEEPGEMM and bio.ENABLE_JIT_DEEPGEMM))
     if top.gemm == "deepgemm":
-        from top_rl.kernels import deep_gemm_source
+        from top_rl.kernels.sglang import deep_gemm_source
 
         src = _contract.DEEPGEMM_SOURCE
         deep_gemm_source.check(bio.deep_gemm, src["sources_sha256"], src["rev"], src["package"])
-    _ops_contract = top.name
+    engine_env.loaded_under = top.name
     return SimpleNamespace(
         mm=bio.matmul_persistent,
         mean=bio.mean_dim,
@@ -197,7 +145,7 @@ def row_linear(x, w, group=None):
 
 class _RMSNorm(_ref._RMSNorm):
     """forward_native (weight fp32, cast_x_before_out_mul, fp32 residual) with mean = mean_BI, on CUDA as two
-    Triton passes around mean_BI with the same bits (sglang_fused_forward.py); the reference's analytic backward,
+    Triton passes around mean_BI with the same bits (fused_forward.py); the reference's analytic backward,
     fused."""
 
     @staticmethod
@@ -253,7 +201,7 @@ class _TokenLogprobs(torch.autograd.Function):
     """lsm_BI gathered at ids. temperature None: prefill path (§6.1, fp32 of f32(L)); else the sampler path
     (§6.2; on CUDA one fused pass that rounds bf(L / T) itself and keeps each row's max + log-sum-exp).
     Backward: (onehot - softmax(z)) * g / T, softmax recomputed from the saved logits (no [T, V] fp32 log-probs
-    kept alive): one Triton pass from the kept shift, else one compiled kernel (sglang_backward.py)."""
+    kept alive): one Triton pass from the kept shift, else one compiled kernel (backward.py)."""
 
     @staticmethod
     def forward(ctx, logits, ids, temperature):

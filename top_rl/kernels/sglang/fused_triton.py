@@ -13,7 +13,8 @@ RMSNorm (RMSNorm.forward_native, fp32 weight, cast_x_before_out_mul, fp32 residu
   here:  `_rms_square` writes xf (only with a residual: it is new_residual) and sq = xf * xf (torch's pow(2) is
          base * base); mean_BI and rsqrt stay the caller's eager calls on the same sq (mean_BI's reduction order
          is the contract); rows of 128 (the q/k norms) take `_head_mean`, which repeats mean_BI's reduction
-         (below; TOP_RL_FUSED_HEAD_MEAN=0: mean_BI itself); `_rms_scale` recomputes nothing but reloads xf, then n = xf * rstd, n_cast, out = w * n_cast.
+         (below; top.fast_paths.fused_head_mean=false: mean_BI itself); `_rms_scale` recomputes nothing but
+         reloads xf, then n = xf * rstd, n_cast, out = w * n_cast.
 SiLU-and-mul (SiluAndMul.forward_native: F.silu(g[..., :d]) * g[..., d:]):
   torch's CUDA silu is x / (1 + exp(-x)) in fp32 opmath with the accurate expf (libdevice __nv_expf) and IEEE
   division (div.rn), rounded to the input dtype; the mul converts both operands to fp32, multiplies, rounds.
@@ -32,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+
+from top_rl.kernels import plan as _plan
 
 BLOCK = 1024
 
@@ -99,7 +102,7 @@ def _rms_scale(src_ptr, rstd_ptr, w_ptr, n_ptr, cast_ptr, out_ptr, numel, N: tl.
 #   - mean = sum / N with N a runtime int, as mean_kernel divides (Triton's default options, as its launch).
 # tests/test_kernels_head_mean_tree.py checks that structure in the sm_90 LLVM IR of both kernels (on CPU);
 # tests/gpu/test_fused_forward.py compares bit patterns with mean_BI on the H200 (bench/head_mean.py: 4.5x faster on
-# the 0.6B q norm). TOP_RL_FUSED_HEAD_MEAN=0 runs mean_BI instead (A/B measurements).
+# the 0.6B q norm). top.fast_paths.fused_head_mean=false runs mean_BI instead (A/B).
 HEAD_DIM = 128
 HEAD_ROWS = 32
 
@@ -123,11 +126,8 @@ def head_mean(sq: torch.Tensor) -> torch.Tensor:
     return out
 
 
-HEAD_MEAN_ENV = "TOP_RL_FUSED_HEAD_MEAN"  # "0": mean_BI for rows of 128 too
-
-
 def _mean(sq, mean):
-    if sq.shape[-1] == HEAD_DIM and os.environ.get(HEAD_MEAN_ENV, "1") != "0":
+    if sq.shape[-1] == HEAD_DIM and _plan.current().fast_paths.fused_head_mean:  # off: mean_BI for rows of 128 too
         return head_mean(sq)
     return mean(sq, -1, keepdim=True)
 
@@ -149,7 +149,7 @@ def _silu_mul(g_ptr, out_ptr, row_stride, D: tl.constexpr, BLOCK: tl.constexpr, 
 
 
 def rms_norm(x, w, residual, eps, orig, mean, result=None):
-    """(out, new_residual or None, n, rstd, n_cast) of the eager chain (sglang_fused_forward.rms_norm_eager); with
+    """(out, new_residual or None, n, rstd, n_cast) of the eager chain (fused_forward.rms_norm_eager); with
     `result`, out is stored in that dtype (cvt.rn, the bits of the eager chain's `.to(result)`)."""
     x = x.contiguous()
     res = residual.contiguous() if residual is not None else None

@@ -1,7 +1,7 @@
 """SiLU-and-mul's backward as one Triton pass: read the gate/up row halves and the output gradient once, write both
 halves of the input gradient.
 
-Gradients need to be right, not bitwise anything (sglang_backward.py); this computes reference.silu_and_mul_grad's
+Gradients need to be right, not bitwise anything (backward.py); this computes reference.silu_and_mul_grad's
 formula in fp32: with s = sigmoid(a), d a = go * b * s * (1 + a * (1 - s)), d b = go * a * s. Inductor compiled that
 formula (with its torch.cat) to a kernel that took 0.5 ms per layer at 16k tokens of Qwen3-0.6B on the H200, over
 three times what its bytes need (bench/RESULTS.md). tests/gpu/test_grads.py checks it against the fp64 formula and

@@ -1,26 +1,24 @@
 """The `sglang` backend's elementwise backwards (RMSNorm, RoPE, SiLU-and-mul, log-softmax), each one compiled kernel.
 
 The forwards give the engine's own eager ops' bits: they are the contract (RMSNorm and SiLU-and-mul run bitwise
-equal Triton passes, sglang_fused_forward.py). Gradients need to be right, not bitwise anything, so the reference
+equal Triton passes, fused_forward.py). Gradients need to be right, not bitwise anything, so the reference
 backend's analytic formulas (top_rl/kernels/reference.py) run through `torch.compile` here: one pass over the
 activations instead of ~10 eager kernels, each reading and writing a [tokens, hidden] fp32 tensor. Should compiling
 fail in this process, that op's eager formula runs from then on, after one warning: same gradients, slower.
 On CUDA two backwards are hand-written Triton passes instead, where Inductor's kernel was far from what its bytes
-need: SiLU-and-mul's (swiglu_grad_triton.py) and the sampler log-softmax's (sglang_logprob_triton.py).
+need: SiLU-and-mul's (swiglu_grad_triton.py) and the sampler log-softmax's (logprob_triton.py).
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from top_rl.kernels import fallback as _fallback
+from top_rl.kernels import plan as _plan
 from top_rl.kernels import reference as _ref
-from top_rl.kernels import sglang_fused_forward as _fused_forward
+from top_rl.kernels.sglang import fused_forward as _fused_forward
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
-ENV = "TOP_RL_FUSED_BACKWARD"  # "0": the eager formulas (A/B measurements, bench/trainer_step.py)
 _compiled: dict = {}
 _failed: dict[str, str] = {}  # op -> the first compile/run error, once it fell back to eager
 
@@ -35,7 +33,8 @@ def _compiled_fn(name: str, eager):
 def _run(name: str, eager, *args, fallback=None):
     """`eager` compiled (once per op), or `fallback` (default: `eager` itself) once compiling has failed."""
     slow = fallback or eager
-    if os.environ.get(ENV, "1") == "0":
+    if not _plan.current().fast_paths.fused_backward:  # off: the eager formulas (A/B, bench/trainer_step.py)
+        _fallback.took(name, "off")
         return slow(*args)
     return _fallback.run(_failed, name, f"torch.compile of the {name} backward", "its eager formula",
                          lambda *a: _compiled_fn(name, eager)(*a), slow, *args)
@@ -50,7 +49,7 @@ def rope_grad(g, cos, sin):
 
 
 def _silu_and_mul_grad_triton(g, go):
-    from top_rl.kernels import swiglu_grad_triton
+    from top_rl.kernels.sglang import swiglu_grad_triton
 
     return swiglu_grad_triton.silu_and_mul_grad(g, go)
 
@@ -61,7 +60,7 @@ def silu_and_mul_grad(g, go):
     compiled = lambda g, go: _run("silu_and_mul", _ref.silu_and_mul_grad, g, go)  # noqa: E731
     if not (g.is_cuda and go.is_cuda and g.dtype in _FLOATS and go.dtype == g.dtype and g.numel() > 0
             and g.shape[-1] % 2 == 0 and go.shape == (*g.shape[:-1], g.shape[-1] // 2)) \
-            or os.environ.get(ENV, "1") == "0":
+            or not _plan.current().fast_paths.fused_backward:
         return compiled(g, go)
     return _fallback.run(_failed, "silu_and_mul_triton", "the Triton SiLU-and-mul backward", "its compiled formula",
                          _silu_and_mul_grad_triton, compiled, g, go)
@@ -101,12 +100,12 @@ def token_logprobs_grad(logits, ids, temperature, g):
 
 def sampler_logprobs_grad(logits, ids, temperature, shift, g):
     """token_logprobs_grad on the sampler path, given the fused forward's per-row shift: one Triton pass over the
-    logits (sglang_logprob_triton._sampler_log_softmax_grad) instead of the eager division, rounding and the
+    logits (logprob_triton._sampler_log_softmax_grad) instead of the eager division, rounding and the
     compiled softmax's passes; the compiled formula once that launch has failed in this process."""
     def fused(logits, ids, temperature, shift, g):
-        from top_rl.kernels import sglang_logprob_triton
+        from top_rl.kernels.sglang import logprob_triton
 
-        return sglang_logprob_triton.sampler_log_softmax_grad(logits, temperature, ids, shift, g)
+        return logprob_triton.sampler_log_softmax_grad(logits, temperature, ids, shift, g)
 
     return _fallback.run(_failed, "sampler_logprobs_fused", "the fused sampler log-prob backward", "its compiled formula",
                          fused, lambda l, i, t, _s, g: token_logprobs_grad(l, i, t, g), logits, ids, temperature, shift, g)
@@ -114,7 +113,7 @@ def sampler_logprobs_grad(logits, ids, temperature, shift, g):
 
 class SiluAndMul(_ref._SiluAndMul):
     """SGLang's native forward (the reference's, bitwise: tests/test_sglang_native_ops.py; on CUDA one Triton pass
-    with the same bits, sglang_fused_forward.py), fused backward."""
+    with the same bits, fused_forward.py), fused backward."""
 
     @staticmethod
     def forward(ctx, g):

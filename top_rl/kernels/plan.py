@@ -1,0 +1,119 @@
+"""Which kernel every op runs, decided once per process: the `KernelPlan`.
+
+One frozen object names the backend, the TOP contract (its GEMM path), the attention kernel (the engines'
+--attention-backend) and every fast-path switch. The driver builds it from the run config (`top.kernels`,
+`top.contract`, `top.attention_backend`, `top.fast_paths`), records it in the resolved config (so state.json and
+wandb carry it) and hands it to every actor as an argument (Ray pickles it to any node: no environment to forward);
+each process installs it with one call, `top_rl.kernels.install(plan)`, before its first kernel runs. Ops read the
+installed plan, never the environment.
+
+`build` is the one place in the package that reads a `TOP_RL_*` kernel variable: a test or bench that runs kernels
+without a run config (or a run started under such a variable, as scripts/gpu_run.sh does) gets the same switches as
+before. A fast path switched off runs its slower equal: the same forward bits, the same gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from top_rl import contract as _contract
+
+
+class AttentionBackward(StrEnum):
+    flash = "flash"  # aten's FlashAttention-2 varlen backward (bf16/fp16; other dtypes run efficient)
+    efficient = "efficient"  # aten's memory-efficient kernels (K/V heads repeated)
+
+
+@dataclass(frozen=True)
+class FastPaths:
+    """The speed switches of the `sglang` backend and the native engine (bench/RESULTS.md measures each); off runs
+    the slower path with the same forward bits and the same gradients (A/B measurements)."""
+
+    fused_forward: bool = True  # RMSNorm / SiLU-and-mul / token log-prob forwards as one Triton pass each
+    fused_sampler: bool = True  # the sampler path's rounding inside the gather kernel (off: eager division, rounding)
+    fused_head_mean: bool = True  # per-head RMSNorm mean of rows of 128 in one Triton pass (off: mean_BI)
+    fused_backward: bool = True  # compiled / Triton elementwise backwards (off: eager formulas)
+    flashinfer_lse: bool = True  # the flash backward reuses flashinfer's forward LSE (off: re-runs the forward)
+    attention_backward: AttentionBackward = AttentionBackward.flash
+    decode_graphs: bool = True  # the native engine's decode step as a CUDA graph where audited (off: eager)
+
+
+# `top.fast_paths` in the run config: FastPaths' fields and defaults, mutable (Hydra merges overrides into it).
+FastPathsConfig = dataclasses.make_dataclass(
+    "FastPathsConfig", [(f.name, f.type, field(default=f.default)) for f in dataclasses.fields(FastPaths)],
+    module=__name__)
+FastPathsConfig.__doc__ = "top.fast_paths: " + (FastPaths.__doc__ or "")
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    backend: str = "reference"  # top_rl.kernels.KernelBackend: reference | plain | sglang
+    contract: str = _contract.DEFAULT.name  # the TOP contract the sglang kernels compute under (its GEMM path)
+    attention: str | None = None  # the engines' --attention-backend (sglang backend); None: not chosen
+    fast_paths: FastPaths = FastPaths()
+
+    def __post_init__(self):
+        _contract.get(self.contract)  # an unknown name fails here, not at the first GEMM
+        if self.attention is not None and self.attention not in _contract.DEFAULT.attention_backends:
+            raise ValueError(f"attention backend {self.attention!r} is not in the TOP contract's "
+                             f"{_contract.DEFAULT.attention_backends}")
+
+    def as_dict(self) -> dict:
+        return {"backend": self.backend, "contract": self.contract, "attention": self.attention,
+                "fast_paths": {k: str(v) if isinstance(v, StrEnum) else v
+                               for k, v in dataclasses.asdict(self.fast_paths).items()}}
+
+
+CONTRACT_ENV = "TOP_RL_CONTRACT"
+ATTENTION_ENV = "TOP_RL_ATTENTION_BACKEND"
+FAST_PATH_ENV = {f.name: f"TOP_RL_{f.name.upper()}" for f in dataclasses.fields(FastPaths)}
+
+
+def _switch(name: str, value: str, default):
+    var = FAST_PATH_ENV[name]
+    if isinstance(default, bool):
+        if value not in ("0", "1"):
+            raise ValueError(f"{var}={value!r}; use 0 (off) or 1 (on), or top.fast_paths.{name}=false|true")
+        return value == "1"
+    try:
+        return type(default)(value)
+    except ValueError:
+        raise ValueError(f"{var}={value!r}; choose one of {[m.value for m in type(default)]}") from None
+
+
+def build(backend: str = "reference", contract: str | None = None, attention: str | None = None,
+          fast_paths=None, environ=None) -> KernelPlan:
+    """The plan for these settings (a run passes its config's). `contract` / `attention` None: $TOP_RL_CONTRACT /
+    $TOP_RL_ATTENTION_BACKEND, else the default contract / none chosen. `fast_paths` (FastPaths or the config's
+    group; None: all on), each overridden by its $TOP_RL_<NAME> where set ("0" off, "1" on; attention_backward:
+    flash | efficient), so a bench's A/B switch reaches a run's actors through the plan."""
+    env = os.environ if environ is None else environ
+    given = dataclasses.asdict(fast_paths) if fast_paths is not None else {}
+    switches = {}
+    for f in dataclasses.fields(FastPaths):
+        value = given.get(f.name, f.default)
+        if env.get(FAST_PATH_ENV[f.name]):
+            value = _switch(f.name, env[FAST_PATH_ENV[f.name]], f.default)
+        switches[f.name] = type(f.default)(value) if isinstance(f.default, StrEnum) else bool(value)
+    return KernelPlan(backend=str(backend), contract=contract or env.get(CONTRACT_ENV) or _contract.DEFAULT.name,
+                      attention=attention or env.get(ATTENTION_ENV) or None, fast_paths=FastPaths(**switches))
+
+
+_installed: KernelPlan | None = None
+
+
+def current() -> KernelPlan:
+    """The plan installed in this process; none installed: `build()` (the defaults and the environment), installed."""
+    global _installed
+    if _installed is None:
+        _installed = build()
+    return _installed
+
+
+def set_current(plan: KernelPlan | None) -> None:
+    """Low level (top_rl.kernels.install is the one call a process makes)."""
+    global _installed
+    _installed = plan
