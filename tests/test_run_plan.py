@@ -22,8 +22,8 @@ def test_preflight_plans_the_default_run(tmp_path):
     assert plan.trainer.trainer_cfg.dtype == cfg.model.dtype  # one compute dtype both sides
     assert plan.trainer.vocab_size == ready.task.vocab_size and plan.trainer.arch is ready.model_cfg
     assert [(e.kind, e.logprob_source, e.sglang) for e in plan.engines] == [("native", "decode", None)]
-    assert (plan.process.kernel_backend, plan.process.contract_name) == ("reference", cfg.top.contract)
-    assert plan.initial_policy is None and plan.kernels is None
+    assert (plan.kernels.backend, plan.kernels.contract) == ("reference", cfg.top.contract)
+    assert plan.initial_policy is None
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.engines = ()
     assert not (tmp_path / "run").exists()  # planning writes nothing
