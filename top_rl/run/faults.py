@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from top_rl.run import checkpoint, disk_full
+from top_rl.run.fault_injection import inject
 from top_rl.run.checkpoint import resume_hint  # noqa: F401 - the stop messages' hint
 from top_rl.run.stopped import ActorFailed, RunStopped  # noqa: F401 - raised and caught as faults.*
 
