@@ -22,7 +22,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
