@@ -62,8 +62,9 @@ def test_the_rendezvous_store_serves_on_the_reserved_socket():
 def test_gloo_binds_the_interface_holding_the_nodes_address(monkeypatch):
     from top_rl.driver import rendezvous
 
-    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
-    rendezvous.bind_gloo("127.0.0.1")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "unset below")  # so monkeypatch restores the value found, also None
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    rendezvous.bind_gloo("127.0.0.1")  # sets it behind monkeypatch's back
     assert os.environ["GLOO_SOCKET_IFNAME"] == rendezvous.interface_of("127.0.0.1") is not None
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "mine")
     rendezvous.bind_gloo("127.0.0.1")
