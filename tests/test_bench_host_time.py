@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # over 30 s (--durations, issue 25)
 @pytest.mark.parametrize("impl", ["top", "stock"])
 def test_cpu_smoke_prints_the_step_and_the_profile(impl):
     proc = subprocess.run([sys.executable, "bench/host_time.py", "--cpu-smoke", "--impl", impl, "--top", "4"],

@@ -101,6 +101,21 @@ def test_decode_logprobs_on_gpu_kernels_are_refused_before_start():
     compose(["rollout.logprob_source=decode"])  # reference kernels: decode == prefill, proven on CPU
 
 
+@pytest.mark.parametrize("backend", ["triton", "flashinfer", "fa3"])
+def test_the_gpu_tests_decode_claim_is_asserted_or_refused(backend, monkeypatch):
+    """tests/gpu asserts decode == prefill bits only where a contract claims it (decode_equals_extend); every other
+    contract must refuse logprob_source=decode with that backend. Checked here, without a GPU, for each backend."""
+    import dataclasses
+
+    from top_rl import contract
+    from tests.gpu._common import decode_equals_extend_claimed
+
+    assert decode_equals_extend_claimed(backend) is False  # no contract claims one today: all refuse
+    claims = {n: dataclasses.replace(c, decode_equals_extend=(backend,)) for n, c in contract.CONTRACTS.items()}
+    monkeypatch.setattr(contract, "CONTRACTS", claims)
+    assert decode_equals_extend_claimed(backend) is True  # claimed: the GPU tests then assert equal bits
+
+
 def test_dry_run_plan_shows_the_placement():
     cfg = compose(["+experiment=one_node_qwen3_0.6b_arith", "trainer.dp=2", "cluster.colocate=true",
                    "cluster.engine_gpus=0.5", "cluster.trainer_gpus=0.5"])

@@ -119,6 +119,7 @@ def _norm(name: str) -> str:
 
 
 @pytest.mark.skipif(_ERR is not None, reason=_ERR or "")
+@pytest.mark.slow  # over 30 s (--durations, issue 25)
 def test_every_distribution_a_live_server_imports_is_on_the_gpu_machine_or_carried():
     """Import the server's modules here, map every module they load to its distribution, and require each to be in
     the lent machine's image (scripts/gpu_image_packages.txt) or in a bundle group. A missing one is a server that

@@ -13,6 +13,7 @@ def f64(*shape, seed=0):
     return torch.randn(*shape, generator=g, dtype=torch.float64).requires_grad_()
 
 
+@pytest.mark.slow  # over 30 s (--durations, issue 25)
 def test_linear_and_row_linear():
     x, w = f64(5, 70), f64(130, 70, seed=1)  # pads rows, columns and the K chunk
     assert gradcheck(R.linear, (x, w))

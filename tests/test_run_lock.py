@@ -74,23 +74,63 @@ def test_lock_of_a_killed_process_is_taken_over_with_a_message(tmp_path, capsys)
 
 
 
-@pytest.mark.slow
-def test_a_second_top_rl_on_a_running_run_dir_is_refused_and_the_first_goes_on(tmp_path):
+def test_top_rl_on_a_run_dir_the_test_holds_is_refused_and_leaves_the_lock(tmp_path):
+    """The CLI end to end, with no race: the lock is held here for the whole test, so the run must be refused
+    whatever the machine's speed; the refusal writes nothing and leaves the holder's lock as it was."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import rl_runs
     from rl_runs import BASE
 
-    first = rl_runs.start(tmp_path, *BASE, "steps=50", "checkpoint.every=0")
+    with RunLock(tmp_path):
+        held = (tmp_path / NAME).read_text()
+        out = rl_runs.run(tmp_path, *BASE, "steps=2", "checkpoint.every=0", timeout=300)
+        assert out.returncode == 1, out.stderr[-3000:]
+        assert f"top-rl: {tmp_path} is in use by another top-rl run: pid {os.getpid()} on host " \
+               f"{socket.gethostname()}" in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [NAME] and (tmp_path / NAME).read_text() == held
+        with pytest.raises(RunDirLocked):  # the refused run took nothing away: the lock still holds
+            RunLock(tmp_path).acquire()
+
+
+def _holder_pid(run_dir: Path) -> int | None:
+    try:
+        return json.loads((run_dir / NAME).read_text())["pid"]
+    except (FileNotFoundError, ValueError, KeyError):
+        return None
+
+
+@pytest.mark.slow
+def test_a_second_top_rl_on_a_running_run_dir_is_refused_and_the_first_goes_on(tmp_path):
+    """Two real runs. The first's driver is frozen (SIGSTOP) once it has logged step 1, so it holds the lock, and
+    cannot finish, for as long as the second takes to start and be refused, whatever the machine's speed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import rl_runs
+    from rl_runs import BASE
+
+    first = rl_runs.start(tmp_path, *BASE, "steps=1000", "checkpoint.every=0")
+    held, stopped = False, False
     try:
         rl_runs.wait_for_row(tmp_path, 1, first)
-        second = rl_runs.run(tmp_path, *BASE, "steps=50", "checkpoint.every=0", "resume=true", timeout=120)
-        assert second.returncode == 1, second.stderr[-3000:]
-        assert f"top-rl: {tmp_path} is in use by another top-rl run: pid {first.pid} on host " \
-               f"{socket.gethostname()}" in second.stderr and "Traceback" not in second.stderr
-        rl_runs.wait_for_row(tmp_path, rl_runs.rows(tmp_path)[-1]["step"] + 1, first)  # the first goes on
-        first.send_signal(signal.SIGINT)
+        first.send_signal(signal.SIGSTOP)  # the driver alone: its Ray workers go on idling
+        held = first.poll() is None and _holder_pid(tmp_path) == first.pid
+        if held:
+            try:
+                second = rl_runs.run(tmp_path, *BASE, "steps=1000", "checkpoint.every=0", "resume=true", timeout=300)
+            finally:
+                first.send_signal(signal.SIGCONT)
+            assert second.returncode == 1, second.stderr[-3000:]
+            assert f"top-rl: {tmp_path} is in use by another top-rl run: pid {first.pid} on host " \
+                   f"{socket.gethostname()}" in second.stderr and "Traceback" not in second.stderr
+            rl_runs.wait_for_row(tmp_path, rl_runs.rows(tmp_path)[-1]["step"] + 1, first)  # the first goes on
+            first.send_signal(signal.SIGINT)
+            stopped = True
     finally:
+        if first.poll() is None:
+            first.send_signal(signal.SIGCONT)
+            if not stopped:
+                first.send_signal(signal.SIGINT)
         out = rl_runs.finish(first)
+    assert held, f"the first run lost its lock before step 2 (exit {out.returncode}): {out.stderr[-3000:]}"
     assert out.returncode == 130, out.stderr[-3000:]
     steps = [r["step"] for r in rl_runs.rows(tmp_path)]
     assert steps == list(range(1, len(steps) + 1))  # one writer: every step once, in order

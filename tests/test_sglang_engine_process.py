@@ -66,6 +66,7 @@ def _kill(eng: SglangEngine) -> None:
     eng.server.proc.wait()
 
 
+@pytest.mark.slow  # over 30 s (--durations, issue 25)
 def test_launch_restart_and_retry_with_disk_weights(setup, tmp_path):
     eng = SglangEngine(_cfg(setup, tmp_path), "fa3")
     try:
@@ -110,6 +111,7 @@ def test_startup_timeout(setup, tmp_path):
     assert eng.server.proc is None  # the silent server was stopped
 
 
+@pytest.mark.slow  # over 30 s (--durations, issue 25)
 def test_distributed_sync_over_a_process_group(setup, tmp_path):
     """Trainer = this process (rank 0), server = the stand-in process (rank 1); gloo stands in for NCCL."""
     import torch.distributed as dist

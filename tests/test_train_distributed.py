@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -82,5 +83,6 @@ def _check_layout(rank, p):
     assert_parity(trainer.logprobs(both_kinds(box[0])), expected(box[0]), c)
 
 
+@pytest.mark.slow  # over 30 s (--durations, issue 25)
 def test_tp2_pp2_cp2_dp2_parity():
     spawn(_run, 2, [_prepare(s) for s in SCENARIOS])

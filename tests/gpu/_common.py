@@ -33,3 +33,23 @@ def device_model(seed: int = 0, std: float = 0.02, **overrides) -> Qwen3:
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def decode_equals_extend_claimed(attention_backend: str) -> bool:
+    """Whether any TOP contract claims `attention_backend`'s decode kernel gives its extend kernel's bits
+    (contract.decode_equals_extend): then the caller asserts equal bits. Every contract that does not claim it
+    must refuse `logprob_source=decode` with that backend, which this checks (a bitwise claim is asserted or
+    refused, never only reported; bench/probes.py prints the measured bits)."""
+    from top_rl import contract
+    from top_rl.cli import compose
+    from top_rl.config import ConfigError
+
+    claimed = False
+    for name, c in contract.CONTRACTS.items():
+        if attention_backend in c.decode_equals_extend:
+            claimed = True
+            continue
+        with pytest.raises(ConfigError, match=r"rollout\.logprob_source=decode with top\.kernels=sglang"):
+            compose([f"top.contract={name}", "top.kernels=sglang", f"top.attention_backend={attention_backend}",
+                     "rollout.logprob_source=decode"])
+    return claimed

@@ -19,7 +19,7 @@ from top_rl import kernels
 from top_rl.model import KVCache, Qwen3, Qwen3Config, load_model, pack, save_model
 from top_rl.rollout.base import SamplingParams
 from top_rl.rollout.native import NativeEngine
-from tests.gpu._common import needs_cuda
+from tests.gpu._common import decode_equals_extend_claimed, needs_cuda
 
 pytestmark = [needs_cuda, pytest.mark.gpu]
 
@@ -230,7 +230,8 @@ def test_sampler_and_decode_steps_equal_sglang(setup, temperature):
         with ref.mode():
             out, _ = ref.decode(handles, tokens)
     ref.release(handles)
-    # Information, not a check (why logprob_source=decode is refused with triton): decode-step vs prefill bits
+    # Decode-step vs prefill bits: asserted where a contract claims triton's decode equals its extend; otherwise
+    # the contract must refuse logprob_source=decode with triton (decode_equals_extend_claimed checks that).
     trainer = next(iter(setup["trainers"].values()))
     recompute = trainer.logprobs([setup["train"].TrainSequence(tuple(s.prompt_ids + s.response_ids),
                                                                len(s.prompt_ids), temperature) for s in samples])
@@ -238,6 +239,8 @@ def test_sampler_and_decode_steps_equal_sglang(setup, temperature):
                 for i, r in enumerate(recompute))
     print(f"T={temperature}: SGLang decode-step sampler log-probs equal to the trainer's sampler-path prefill "
           f"recompute on {equal}/{n * NEW_TOKENS} tokens")
+    if decode_equals_extend_claimed("triton"):
+        assert equal == n * NEW_TOKENS, f"T={temperature}: decode != prefill on {n * NEW_TOKENS - equal} tokens"
 
 
 def test_plain_backend_differs_from_sglang(setup):
