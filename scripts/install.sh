@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Inductor's CPU backend (rl-mode RoPE is torch.compile'd in tests/test_sglang_native_ops.py) needs g++.
+# Inductor's CPU backend (rl-mode RoPE is torch.compile'd in tests/kernels/test_sglang_native_ops.py) needs g++.
 if ! command -v g++ >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq g++ >/dev/null
   else echo "install.sh: g++ is missing (sudo apt-get install g++)" >&2; exit 1; fi

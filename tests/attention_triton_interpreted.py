@@ -1,4 +1,4 @@
-"""Run by tests/test_attention_selector.py in a fresh process with TRITON_INTERPRET=1 (Triton builds its interpreter
+"""Run by tests/kernels/test_attention_selector.py in a fresh process with TRITON_INTERPRET=1 (Triton builds its interpreter
 only if the variable is set when it is first imported): SGLang's own triton extend kernel, called through the seam
 (`kernels.attention` on the `sglang` backend, attention backend triton) on packed GQA sequences, several "layers"
 with the same cu_seqlens, and its decode kernel (`kernels.decode_attention`) over a [rows, max_len] cache, with the

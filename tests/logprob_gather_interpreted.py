@@ -1,4 +1,4 @@
-"""Run by tests/test_kernels_sglang_logprob_gather.py in a fresh process with TRITON_INTERPRET=1 (Triton wraps its
+"""Run by tests/kernels/test_kernels_sglang_logprob_gather.py in a fresh process with TRITON_INTERPRET=1 (Triton wraps its
 own tl.max / tl.sum for the interpreter only if the variable is set when it is first imported): the gather kernel
 and SGLang's lsm_BI + gather on the same rows, results saved with torch.save to the path in argv[1]."""
 

@@ -38,7 +38,7 @@ class TopConfig(GateConfig):
 
 
 # RunConfig() is the run `top-rl` makes without overrides: its defaults are top_rl/conf/config.yaml's, composed
-# (tests/test_config.py checks they agree). A component's own dataclass keeps its library defaults.
+# (tests/entry/test_config.py checks they agree). A component's own dataclass keeps its library defaults.
 @dataclass
 class RunConfig:
     run_dir: str = "runs/default"

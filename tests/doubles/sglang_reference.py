@@ -13,7 +13,7 @@ What it builds, each from SGLang's own code:
   attention backend (TritonAttnBackend for "triton");
 - ForwardBatch for EXTEND (with input_token_logprobs from `logprob_start_len`) and DECODE, and SGLang's Sampler.
 sglang-kernel is absent: `sgl_kernel_standin` stands in and records any call (none is expected).
-The builder runs on CPU up to the first kernel launch (tests/test_sglang_reference_build.py checks that far).
+The builder runs on CPU up to the first kernel launch (tests/rollout/test_sglang_reference_build.py checks that far).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ engine runs (sglang_fused_forward.rms_norm_eager / silu_and_mul_eager), bit patt
 over every finite bf16 gate value, RMSNorm over the model's shapes with magnitudes from subnormal squares to 1e18,
 and the gradients through the backend with the fused forwards on and off. The kernels are called directly (a
 silent fall back to eager could not pass), and the backend tests check that the fused path ran.
-CPU half: tests/test_kernels_sglang_fused_forward.py (dispatch, fall back) and tests/test_sglang_native_ops.py (the
+CPU half: tests/kernels/test_kernels_sglang_fused_forward.py (dispatch, fall back) and tests/kernels/test_sglang_native_ops.py (the
 eager chains against SGLang's forward_native).
 """
 

@@ -3,7 +3,7 @@ engine computes, SGLang's lsm_BI over the whole vocab then gather, bit pattern f
 and bf16 (sampler path) rows, vocab 151936 and odd widths, scales from 1 to near fp32's max, -inf entries, ids at
 0 and V-1; batch invariance (a row alone equals the row in a batch); and prefill_logprobs / sample_logprobs through
 the backend take the kernel (no silent fall back) with the eager path's bits and gradients.
-CPU half: tests/test_kernels_sglang_logprob_gather.py (dispatch, fall back, the kernel in Triton's interpreter).
+CPU half: tests/kernels/test_kernels_sglang_logprob_gather.py (dispatch, fall back, the kernel in Triton's interpreter).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 inside). Ours on CUDA is SGLang's Triton hash (loaded from the wheel's file) and seeded_sampler.gumbel_argmax run
 eagerly; where SGLang or Triton is missing, our torch hash. Both must pick the compiled function's tokens, torch.equal,
 at Qwen3's vocabulary (151936) over many rows, seeds (edges of int64 included) and positions. CPU half, against
-SGLang's eager body and its kernel in Triton's interpreter: tests/test_seeded_sampler.py."""
+SGLang's eager body and its kernel in Triton's interpreter: tests/rollout/test_seeded_sampler.py."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ its bits (torch.equal) for every layer's output, the logits, the prompt log-prob
 non-TOP baseline) must differ. sglang-kernel is absent: any call into the stand-in fails naming the function.
 The checkpoint is written to a temp dir: fp32 embedding and norms with values bf16 cannot represent, tied and
 untied, 4 layers, Qwen3's head_dim 128 and a 32000-token vocabulary (not a multiple of lsm_BI's 1024 block).
-CPU half: tests/test_sglang_reference_build.py.
+CPU half: tests/rollout/test_sglang_reference_build.py.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from top_rl.atomic import write_file
 
 log = logging.getLogger(__name__)
 
-# The keys docs/architecture.md promises in every row (tests/test_loop_e2e.py checks the loop writes them).
+# The keys docs/architecture.md promises in every row (tests/entry/test_loop_e2e.py checks the loop writes them).
 REQUIRED_KEYS = ("step", "train/train_rollout_logprob_abs_diff", "train/ess_ratio",
                  "train/train_rollout_kl", "rollout/reward_mean", "perf/step_time")
 

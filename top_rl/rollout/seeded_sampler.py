@@ -16,7 +16,7 @@ length P is drawn at position P + k - 1. A row's token depends only on its own l
 Which code runs:
 - the hash: on CUDA, SGLang's own Triton `murmur_hash32` from the installed wheel (its file loaded alone: it needs
   only torch and triton; the package import would pull in the server's GPU dependencies); elsewhere (CPU, or no
-  sglang/triton) `murmur_hash32_torch`, the same uint32 arithmetic in int64 with masks (tests/test_seeded_sampler.py
+  sglang/triton) `murmur_hash32_torch`, the same uint32 arithmetic in int64 with masks (tests/rollout/test_seeded_sampler.py
   runs SGLang's kernel in Triton's CPU interpreter against it);
 - the Gumbel step: `gumbel_argmax`, SGLang's eager ops in its order. SGLang wraps its function in
   torch.compile(dynamic=True), whose CUDA code divides by the constant as a multiply by its reciprocal, as eager CUDA

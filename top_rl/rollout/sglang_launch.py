@@ -173,7 +173,7 @@ def check_extra_args(argv: list[str], cfg: SglangEngineConfig, top: contract.Top
     """Before Ray starts: refuse extra_args that contradict the contract or the engine config, with SGLang's own
     parser (`validate_argv`, as the engine runs it at launch) where this interpreter holds the pinned release,
     else by name (argparse takes an unambiguous prefix of a flag too, so a prefix of a refused flag is refused)."""
-    if not cfg.extra_args:  # the builder's own commands: tests/test_sglang_launch.py parses every shape
+    if not cfg.extra_args:  # the builder's own commands: tests/rollout/test_sglang_launch.py parses every shape
         return
     why_not = pinned_parser_missing(top)
     if why_not is None:

@@ -5,7 +5,7 @@ with every op that touches a log-prob substituted by a seam module (top_rl.train
 docs/megatron.md §3.2 for the substitution points.
 
 RoPE. Megatron's own unfused, non-interleaved RoPE (`apply_rope_fusion=False`) is bitwise our eager
-`kernels.rope` (= SGLang's NeoX forward_native) on fp32 and bf16 (tests/test_train_rope.py), and Megatron
+`kernels.rope` (= SGLang's NeoX forward_native) on fp32 and bf16 (tests/train/test_train_rope.py), and Megatron
 applies it right after the q/k norms, i.e. on their fp32 outputs, before the core attention rounds q/k:
 the contract's order. But SGLang in rl mode runs RoPE through torch.compile, which the GPU `sglang`
 backend reproduces, and a compiled RoPE is not bitwise the eager one. So by default the spec's

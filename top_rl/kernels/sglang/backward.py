@@ -112,7 +112,7 @@ def sampler_logprobs_grad(logits, ids, temperature, shift, g):
 
 
 class SiluAndMul(_ref._SiluAndMul):
-    """SGLang's native forward (the reference's, bitwise: tests/test_sglang_native_ops.py; on CUDA one Triton pass
+    """SGLang's native forward (the reference's, bitwise: tests/kernels/test_sglang_native_ops.py; on CUDA one Triton pass
     with the same bits, fused_forward.py), fused backward."""
 
     @staticmethod

@@ -100,7 +100,7 @@ def _rms_scale(src_ptr, rstd_ptr, w_ptr, n_ptr, cast_ptr, out_ptr, numel, N: tl.
 #   - here a [HEAD_ROWS, 128] fp32 block: 4 contiguous elements per thread, 32 lanes across a row, warps across rows,
 #     so each row's sum is the same within-thread additions and the same cross-lane reduction;
 #   - mean = sum / N with N a runtime int, as mean_kernel divides (Triton's default options, as its launch).
-# tests/test_kernels_head_mean_tree.py checks that structure in the sm_90 LLVM IR of both kernels (on CPU);
+# tests/kernels/test_kernels_head_mean_tree.py checks that structure in the sm_90 LLVM IR of both kernels (on CPU);
 # tests/gpu/test_fused_forward.py compares bit patterns with mean_BI on the H200 (bench/head_mean.py: 4.5x faster on
 # the 0.6B q norm). top.fast_paths.fused_head_mean=false runs mean_BI instead (A/B).
 HEAD_DIM = 128

@@ -1,0 +1,164 @@
+"""Issue 5: bad input is refused (or skipped, by config) with a message that names it, and nothing a run
+already saved is lost: malformed / empty dataset rows, prompts longer than the context, a model that is
+not dense Qwen3, a tokenizer that does not fit the model."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import rl_runs  # noqa: E402
+from rl_runs import BASE  # noqa: E402
+
+from top_rl.tasks import prompts  # noqa: E402
+from top_rl.model import Qwen3Config, UnsupportedModel  # noqa: E402
+from top_rl.tasks import ArithConfig, ArithTask, DataPosition  # noqa: E402
+
+# gsm8k rows tokenized by the arith tokenizer (one token per character, <unk> for letters): a 64-token
+# context minus 3 new tokens leaves 61 for "Question: {q}\nAnswer:" (18 characters + the question).
+SHORT = ["What is 1+1?", "What is 2+2?", "What is 3+1?", "What is 0+4?"]
+LONG = "What is " + "1+" * 30 + "1?"
+GSM = ["rollout.prompts_per_step=2", "rollout.n_samples=4", "rollout.max_new_tokens=3", "trainer.lr=0.01",
+       "cluster.torch_threads=1", "model.max_position_embeddings=64", "task=gsm8k", "task.on_bad_row=skip",
+       "checkpoint.every=1"]
+
+
+def _row(q: str, gold: int) -> str:
+    return json.dumps({"question": q, "answer": f"so\n#### {gold}"})
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    ArithTask().save_tokenizer(str(d / "tok"))
+    lines = [_row(SHORT[0], 2), "", _row(SHORT[1], 4), "{not json", _row(LONG, 31), _row(SHORT[2], 4),
+             _row(SHORT[3], 4)]
+    (d / "rows.jsonl").write_text("\n".join(lines) + "\n")
+    (d / "llama").mkdir()
+    (d / "llama" / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+                                                         "vocab_size": 32000, "hidden_size": 64}))
+    (d / "small_vocab").mkdir()
+    cfg = Qwen3Config(vocab_size=12, hidden_size=64, intermediate_size=128, num_hidden_layers=2, head_dim=16)
+    (d / "small_vocab" / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
+    return d
+
+
+@pytest.fixture()
+def saved_run(tmp_path):
+    """A copy of a finished run, and the hash of everything in it."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(rl_runs.baseline(), run_dir)
+    return run_dir, rl_runs.tree_hash(run_dir)
+
+
+def _refused(run_dir, *overrides, base=BASE):
+    """The CLI's answer to a run that must be refused at start: exit 1, one message, no traceback."""
+    out = rl_runs.run(run_dir, *base, "steps=8", "resume=true", "resume_allow_changes=true", *overrides)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    return out.stderr
+
+
+def _refusal(run_dir, *overrides, base=BASE) -> str:
+    """The same refusal in-process (the loop refuses before Ray or anything else starts)."""
+    from top_rl import kernels, loop
+    from top_rl.cli import compose
+
+    backend = kernels.backend_name()
+    try:
+        with pytest.raises((prompts.BadInput, UnsupportedModel)) as e:
+            loop.run(compose([f"run_dir={run_dir}", *base, "steps=8", "resume=true", "resume_allow_changes=true",
+                              *overrides]))
+    finally:
+        kernels.set_backend(backend)
+    return str(e.value)
+
+
+@pytest.mark.slow
+def test_start_time_refusals_name_the_input_and_keep_the_run(saved_run, data):
+    run_dir, before = saved_run
+    err = _refused(run_dir, f"model.path={data / 'llama'}")
+    assert "top-rl: " in err and "is not a dense Qwen3 checkpoint (model_type='llama'" in err
+    assert "has no config.json: not a Hugging Face model directory" in _refusal(run_dir, f"model.path={data / 'nowhere'}")
+    assert "the task 'arith' tokenizer has 18 tokens but the model's vocab_size is 12" in \
+        _refusal(run_dir, f"model.path={data / 'small_vocab'}")
+    err = _refusal(run_dir, "task=gsm8k", f"task.path={data / 'rows.jsonl'}", f"task.tokenizer={data / 'tok'}",
+                   base=[o for o in BASE if not o.startswith("task.")])
+    assert f"task 'gsm8k': {data / 'rows.jsonl'}:2: empty line (set task.on_bad_row=skip" in err
+    assert rl_runs.tree_hash(run_dir) == before
+
+
+@pytest.mark.slow
+def test_bad_rows_and_long_prompts_skipped_and_counted_then_a_long_prompt_stops_the_run(tmp_path, data):
+    task = [f"task.path={data / 'rows.jsonl'}", f"task.tokenizer={data / 'tok'}"]
+    out = rl_runs.run(tmp_path, *GSM, *task, "steps=3", "rollout.on_long_prompt=skip")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "task 'gsm8k': skipped 2 bad rows (task.on_bad_row=skip)" in out.stdout
+    assert f"{data / 'rows.jsonl'}:2: empty line" in out.stdout and f"{data / 'rows.jsonl'}:4: invalid JSON" in out.stdout
+    rows = rl_runs.rows(tmp_path)
+    assert [r["data/rows_skipped"] for r in rows] == [2, 2, 2]
+    # 3 steps x 2 prompts cover the 5 good rows' first epoch: the long one was met and skipped, never truncated
+    assert sum(r["rollout/prompts_skipped"] for r in rows) >= 1 and all(r["rollout/prompts_truncated"] == 0 for r in rows)
+
+    ckpt = tmp_path / "checkpoints" / "step_000003"
+    before, rows_before = rl_runs.tree_hash(ckpt), (tmp_path / "metrics.jsonl").read_text()
+    out = rl_runs.run(tmp_path, *GSM, *task, "steps=6", "resume=true", "resume_allow_changes=true",
+                      "rollout.on_long_prompt=error")
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    n = len(f"Question: {LONG}\nAnswer:")  # uid 2: the third good row
+    assert f"top-rl: prompt 2 of task 'gsm8k' has {n} tokens; the model's context leaves 61 for a prompt" in out.stderr
+    assert "rollout.on_long_prompt=truncate or skip" in out.stderr
+    assert rl_runs.tree_hash(ckpt) == before
+    assert (tmp_path / "metrics.jsonl").read_text().startswith(rows_before)
+
+
+class _Lengths(ArithTask):
+    """Prompts of chosen lengths (token ids 0..n-1), so each policy's effect is known exactly."""
+    LENS = [3, 8, 4, 9, 2, 5]
+
+    def item(self, uid):
+        return dataclasses.replace(super().item(uid), prompt_ids=list(range(self.LENS[uid])))
+
+
+def test_long_prompt_policies():
+    task, limit = _Lengths(ArithConfig(num_prompts=6)), 5
+    order = task.order(0, 0)
+    long_in_first_4 = sum(task.LENS[u] > limit for u in order[:4])
+    assert 0 < long_in_first_4 < 4
+
+    items, pos, counts = prompts.next_prompts(task, 4, 0, DataPosition(), limit, "truncate")
+    assert [it.uid for it in items] == order[:4] and pos == DataPosition(0, 4)
+    assert counts == {"rollout/prompts_truncated": long_in_first_4, "rollout/prompts_skipped": 0}
+    for it in items:  # the end is kept (where the question ends and the answer starts)
+        assert it.prompt_ids == list(range(task.LENS[it.uid]))[-limit:]
+
+    items, pos, counts = prompts.next_prompts(task, 3, 0, DataPosition(), limit, "skip")
+    fitting = [u for u in order if task.LENS[u] <= limit][:3]
+    used = order.index(fitting[-1]) + 1  # the stream moved past the skipped ones
+    assert [it.uid for it in items] == fitting and pos == DataPosition(0, used)
+    assert counts == {"rollout/prompts_truncated": 0, "rollout/prompts_skipped": used - 3} and used > 3
+
+    first_long = next(u for u in order if task.LENS[u] > limit)
+    with pytest.raises(prompts.PromptTooLong, match=rf"prompt {first_long} of task 'arith' has "
+                                                     rf"{task.LENS[first_long]} tokens; the model's context leaves 5"):
+        prompts.next_prompts(task, 6, 0, DataPosition(), limit, "error")
+    with pytest.raises(prompts.PromptTooLong, match="every prompt of task 'arith' is longer than 1 tokens"):
+        prompts.next_prompts(task, 1, 0, DataPosition(), 1, "skip")
+
+
+def test_tokenizer_checks():
+    task = ArithTask()
+    prompts.check_tokenizer(task, Qwen3Config(vocab_size=18))
+    with pytest.raises(prompts.TokenizerMismatch, match="has 18 tokens but the model's vocab_size is 17"):
+        prompts.check_tokenizer(task, Qwen3Config(vocab_size=17))
+
+    class NoEos(ArithTask):
+        eos_token_id = None
+
+    with pytest.raises(prompts.TokenizerMismatch, match="eos_token_id=None, outside the model's vocabulary"):
+        prompts.check_tokenizer(NoEos(), Qwen3Config(vocab_size=64))

@@ -1,0 +1,84 @@
+"""The three commands share one style: key=value arguments, `--help` that names the program, errors that name
+the key; a Hydra multirun gives each job its own run_dir under the sweep's directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from top_rl.cli import export_main, parity_probe_main
+from top_rl.tools.args import Arg, KeyValueCli, UsageError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _top_rl(*args, cwd=None):
+    env = {**os.environ, "WANDB_MODE": "disabled",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    return subprocess.run([sys.executable, "-m", "top_rl.cli", *args], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=cwd)
+
+
+def test_top_rl_help_names_the_program():
+    out = _top_rl("--help")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("top-rl: ") and "usage: top-rl [key=value ...]" in out.stdout
+    assert "cli" not in out.stdout.split("== Config ==")[0]  # Hydra names the app after the file unless told
+
+
+@pytest.mark.parametrize("entry, prog, keys", [
+    (export_main, "top-rl-export", ["run_dir=RUN_DIR", "out=OUT", "step", "overwrite"]),
+    (parity_probe_main, "top-rl-parity-probe", ["url=URL", "model=MODEL", "num_prompts", "server_check"]),
+])
+def test_tool_help_names_the_program_and_keys(entry, prog, keys, capsys):
+    for flag in ("--help", "-h"):
+        assert entry([flag]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith(f"usage: {prog} ") and all(k in out for k in keys)
+
+
+def test_tools_take_key_value_and_name_the_fix(capsys):
+    assert export_main(["--run_dir", "x"]) == 2
+    assert "top-rl-export takes key=value arguments; write run_dir=VALUE" in capsys.readouterr().err
+    assert parity_probe_main(["url=http://127.0.0.1:9", "model=m", "num_prompts=many"]) == 2
+    assert "num_prompts='many': expected int" in capsys.readouterr().err
+    assert parity_probe_main(["url=u", "model=m", "source=sampler"]) == 2
+    assert "source='sampler': expected one of prefill, decode, both" in capsys.readouterr().err
+
+
+def test_key_value_parser():
+    cli = KeyValueCli("t", "a test", [Arg("a", "a", required=True), Arg("n", "n", int, 3), Arg("f", "f", bool, False)])
+    args = cli.parse(["a=x=y", "f=TRUE"])
+    assert (args.a, args.n, args.f) == ("x=y", 3, True)
+    with pytest.raises(UsageError, match="a= is required"):
+        cli.parse(["n=1"])
+    with pytest.raises(UsageError, match="a= needs a value"):
+        cli.parse(["a="])
+    assert cli.parse(["a=1", "n="]).n == 3  # an empty optional key is its default
+    with pytest.raises(UsageError, match="n= given twice"):
+        cli.parse(["a=1", "n=1", "n=2"])
+    with pytest.raises(UsageError, match="f='maybe': expected true or false"):
+        cli.parse(["a=1", "f=maybe"])
+
+
+def _plans(stdout: str) -> list[dict]:
+    dec, plans, i = json.JSONDecoder(), [], stdout.find("{")
+    while i != -1:
+        plan, end = dec.raw_decode(stdout, i)
+        plans.append(plan)
+        i = stdout.find("{", end)
+    return plans
+
+
+def test_multirun_jobs_get_their_own_run_dir(tmp_path):
+    out = _top_rl("-m", "steps=1,2", "dry_run=true", "run_dir=sweep", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    plans = _plans(out.stdout)
+    assert sorted((p["steps"], p["run_dir"]) for p in plans) == [(1, str(tmp_path / "sweep" / "0")),
+                                                                  (2, str(tmp_path / "sweep" / "1"))]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]  # no ./multirun in the working directory

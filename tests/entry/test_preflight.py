@@ -1,0 +1,231 @@
+"""Issue 14: every refusal a config or input can cause comes before Ray, wandb or any file write, and a
+refused run leaves no run_dir behind. In-process: Ray's cluster and the tracker are replaced by stand-ins
+that fail the test if the run ever gets that far."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from top_rl import kernels, loop, preflight
+from top_rl.cli import compose
+from top_rl.tasks import ArithTask
+
+SMALL = ["rollout.prompts_per_step=2", "rollout.n_samples=4", "rollout.max_new_tokens=3", "cluster.torch_threads=1"]
+
+
+@pytest.fixture()
+def nothing_starts(monkeypatch):
+    def started(what):
+        def fail(*a, **k):
+            raise AssertionError(f"{what} started: the refusal came too late")
+        return fail
+
+    monkeypatch.setattr(loop, "Cluster", started("Ray (the cluster)"))
+    monkeypatch.setattr(loop, "Tracker", started("wandb (the tracker)"))
+    backend = kernels.backend_name()
+    yield
+    kernels.set_backend(backend)
+
+
+def _refused(run_dir: Path, *overrides: str) -> str:
+    """The refusal's message; compose may refuse first (the CLI's path), else the run itself must."""
+    try:
+        cfg = compose([f"run_dir={run_dir}", *SMALL, *overrides])
+    except preflight.REFUSALS as e:
+        return str(e)
+    with pytest.raises(preflight.REFUSALS) as e:
+        loop.run(cfg)
+    return str(e.value)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    ArithTask().save_tokenizer(str(d / "tok"))
+    row = lambda q: json.dumps({"question": q, "answer": "so\n#### 4"}, ensure_ascii=False)  # noqa: E731
+    (d / "empty.jsonl").write_text("")
+    (d / "all_bad.jsonl").write_text("{oops\n\n")
+    (d / "latin1.jsonl").write_bytes((row("What is 2+2?") + "\n" + row("Was ist 2+2? Gr\xfc\xdfe")).encode("latin-1"))
+    long_q = "What is " + "1+" * 40 + "1?"
+    rows = [row("What is 2+2?"), row("What is 1+3?"), row(long_q), row("What is 0+4?")]
+    (d / "long.jsonl").write_text("\n".join(rows) + "\n")
+    (d / "adir.jsonl").mkdir()
+    return d
+
+
+def _gsm(data: Path, name: str) -> list[str]:
+    return ["task=gsm8k", f"task.path={data / name}", f"task.tokenizer={data / 'tok'}"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["trainer.lr=-1"], "trainer.lr=-1.0 must be > 0"),
+    (["trainer.lr=0"], "trainer.lr=0.0 must be > 0"),
+    (["trainer.eps=nan"], "trainer.eps=nan must be a finite number"),
+    (["rollout.temperature=nan"], "rollout.temperature=nan must be a finite number"),
+    (["rollout.temperature=inf"], "rollout.temperature=inf must be a finite number"),
+    (["algo.loss.clip_eps_high=-inf"], "algo.loss.clip_eps_high=-inf must be a finite number"),
+    (["rollout.n_samples=1"], "rollout.n_samples=1 must be >= 2 for GRPO"),
+    (["rollout=sglang", "+rollout.sglang.port=60000"], "port=60000: SGLang 0.5.11 also opens port + 10000 for gRPC"),
+    (["trainer.micro_batch_size=-1"], "trainer.micro_batch_size=-1 must be >= 1, or null"),  # trained on nothing
+    # Issue 24: layouts Megatron would refuse on every rank after Ray started (the tiny model: 4 heads, 2 KV heads,
+    # head_dim 16, intermediate 128, 2 layers; the reference kernels' k_chunk is 64).
+    (["trainer.tp=3", "cluster.num_cpus=4"], "trainer.tp=3 does not split this model: num_attention_heads (4) and "
+     "num_key_value_heads (2) and intermediate_size (128) must be multiples of trainer.tp; valid trainer.tp: 1"),
+    (["trainer.tp=8"], "trainer.tp=8 does not split this model: num_attention_heads (4) and num_key_value_heads (2) "
+     "must be multiples of trainer.tp; valid trainer.tp: 1"),
+    (["trainer.tp=2", "cluster.num_cpus=4"], "trainer.tp=2 does not split this model: with top.kernels=reference "
+     "each rank's share of a row-parallel GEMM's K (num_attention_heads x head_dim / tp = 32) must be a multiple of "
+     "the contract's k_chunk (64); valid trainer.tp: 1"),
+    (["trainer.pp=3", "cluster.num_cpus=4"], "trainer.pp=3 does not split this model: num_hidden_layers (2) must be "
+     "a multiple of trainer.pp; valid trainer.pp: 1, 2"),
+    (["trainer.cp=4", "cluster.num_cpus=8"], "trainer.cp=4 does not split this model at trainer.tp=1: each TP rank's "
+     "query heads (4) and KV heads (2) must be multiples of trainer.cp (Ulysses); valid trainer.cp: 1, 2"),
+    # the vocabulary (the arith tokenizer's 18) is known once the task loads; still before Ray
+    (["trainer.tp=4", "cluster.num_cpus=8", "top.enabled=false", "model.num_attention_heads=8",
+      "model.num_key_value_heads=4"], "trainer.tp=4 does not split this model: vocab_size (18) must be a multiple of "
+     "trainer.tp; valid trainer.tp: 1, 2"),
+    # a placement this machine cannot hold suggests only layouts the model allows
+    (["trainer.dp=64"], "Lower rollout.num_engines / trainer.{dp,tp,pp,cp} (this model allows trainer.tp 1 and "
+     "trainer.pp 1, 2)"),
+])
+def test_config_refusals_come_before_anything_starts(tmp_path, nothing_starts, overrides, message):
+    run_dir = tmp_path / "run"
+    assert message in _refused(run_dir, *overrides)
+    assert not run_dir.exists()
+
+
+def test_a_config_changed_after_compose_is_checked_again(tmp_path, nothing_starts):
+    cfg = compose([f"run_dir={tmp_path / 'run'}", *SMALL])
+    cfg.rollout.temperature = float("nan")
+    with pytest.raises(preflight.REFUSALS, match="rollout.temperature=nan must be a finite number"):
+        loop.run(cfg)
+    assert not (tmp_path / "run").exists()
+
+
+def test_dataset_refusals_name_the_file_and_line(tmp_path, nothing_starts, data):
+    run_dir = tmp_path / "run"
+    assert f"task 'gsm8k': {data / 'empty.jsonl'} holds no usable rows: nothing to train on" in \
+        _refused(run_dir, *_gsm(data, "empty.jsonl"))
+    assert "holds no usable rows (2 bad rows skipped under task.on_bad_row=skip)" in \
+        _refused(run_dir, *_gsm(data, "all_bad.jsonl"), "task.on_bad_row=skip")
+    assert f"{data / 'latin1.jsonl'}:2: not UTF-8 text (byte b'\\xfc' at column " in \
+        _refused(run_dir, *_gsm(data, "latin1.jsonl"))
+    assert f"Is a directory: '{data / 'adir.jsonl'}'" in _refused(run_dir, *_gsm(data, "adir.jsonl"))
+    n = len("Question: What is " + "1+" * 40 + "1?\nAnswer:")
+    assert f"prompt 2 of task 'gsm8k' has {n} tokens; the model's context leaves 61 for a prompt" in \
+        _refused(run_dir, *_gsm(data, "long.jsonl"), "model.max_position_embeddings=64")
+    assert not run_dir.exists()
+
+
+@contextlib.contextmanager
+def _unprivileged():
+    """Root writes through any mode bits: drop to `nobody` for the check (os.access with effective ids)."""
+    if os.geteuid() != 0:
+        yield
+        return
+    os.seteuid(65534)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+
+
+def test_read_only_run_dir_is_refused_before_anything_starts(nothing_starts):
+    base = Path(tempfile.mkdtemp(prefix="top_rl_ro_"))  # /tmp: `nobody` can reach it (pytest's tmp is 0700)
+    run_dir = base / "ro"
+    run_dir.mkdir()
+    base.chmod(0o755)
+    run_dir.chmod(0o555)
+    cfg = compose([f"run_dir={run_dir}", *SMALL])
+    try:
+        with _unprivileged(), pytest.raises(preflight.Refused) as e:
+            loop.run(cfg)
+        assert f"run_dir={run_dir} is not writable ({run_dir} refuses writes)" in str(e.value)
+        assert list(run_dir.iterdir()) == []
+    finally:
+        run_dir.chmod(0o755)
+        shutil.rmtree(base)
+
+
+def _top_rl(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    return subprocess.run([sys.executable, "-m", "top_rl.cli", f"run_dir={run_dir}", *SMALL, *overrides],
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_cli_refusals_are_one_message_and_leave_no_run_dir(tmp_path):
+    out = _top_rl(tmp_path / "a", "rollout.temperature=nan")
+    assert out.returncode == 2 and "top-rl: invalid config: rollout.temperature=nan must be a finite number" \
+        in out.stderr and "Traceback" not in out.stderr and len(out.stderr.splitlines()) == 1
+    out = _top_rl(tmp_path / "b", "rollout=sglang", "+rollout.sglang.port=60000")
+    assert out.returncode == 1 and "top-rl: port=60000: SGLang" in out.stderr
+    assert "Traceback" not in out.stderr and "Ray" not in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ issue 24: SGLang extra_args before Ray
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import sglang_cpu  # noqa: E402
+
+from top_rl import contract  # noqa: E402
+from top_rl.rollout import sglang_launch  # noqa: E402
+
+_SGLANG = sglang_cpu.import_error()
+SGLANG = ["rollout=sglang", "model.path=/models/Qwen3-0.6B", "top.attention_backend=fa3"]
+
+
+def _extra(*args: str) -> str:
+    return "+rollout.sglang.extra_args=[" + ",".join(f"'{a}'" for a in args) + "]"
+
+
+@pytest.mark.skipif(_SGLANG is not None, reason=_SGLANG or "")
+@pytest.mark.parametrize("extra, message", [
+    (["--enable-torch-compile"], "enable_torch_compile=True (--enable-torch-compile: the TOP contract needs it off, "
+                                 "torch.compile changes the kernels the trainer reproduces, §1.2)"),
+    (["--enable-fp32-lm"], "enable_fp32_lm_head=True (--enable-fp32-lm-head: the TOP contract needs it off"),  # a prefix
+    (["--enable-torch-comp"], "ambiguous option: --enable-torch-comp could match"),
+    (["--quantization", "fp8"], "quantization='fp8' (--quantization: the TOP contract needs it off"),
+    (["--dtype", "float16"], "dtype='float16' (need 'bfloat16')"),
+])
+def test_contract_breaking_extra_args_are_refused_before_ray(tmp_path, nothing_starts, extra, message):
+    """SGLang's own parser (the pinned release is importable here), in the start-up checks and in a dry run's."""
+    run_dir = tmp_path / "run"
+    refused = _refused(run_dir, *SGLANG, _extra(*extra))
+    assert message in refused and "\n" not in refused and not run_dir.exists()
+    with pytest.raises(preflight.REFUSALS, match="contradicts the TOP contract|parser rejects"):
+        preflight.check(compose([f"run_dir={run_dir}", *SGLANG, _extra(*extra)]), preflight.CONFIG_CHECKS)
+    preflight.check(compose([*SGLANG, _extra("--log-level", "warning", "--chunked-prefill-size", "8192")]),
+                    preflight.CONFIG_CHECKS)  # flags the contract leaves free pass
+
+
+@pytest.mark.parametrize("extra, flag, why", [
+    (["--enable-torch-compile"], "--enable-torch-compile", "the TOP contract needs it off, torch.compile changes"),
+    (["--enable-torch-comp"], "--enable-torch-compile", "the TOP contract needs it off"),
+    (["--speculative-algorithm", "EAGLE"], "--speculative-algorithm", "the TOP contract needs it off, speculative decoding"),
+    (["--dtype=float16"], "--dtype", "the TOP contract pins --dtype bfloat16"),
+    (["--dp-size", "2"], "--dp-size", "one engine is one server with one data- and pipeline-parallel rank"),
+])
+def test_without_the_pinned_sglang_the_contract_flags_are_refused_by_name(tmp_path, nothing_starts, monkeypatch,
+                                                                         extra, flag, why):
+    monkeypatch.setattr(sglang_launch, "pinned_parser_missing", lambda top: "SGLang is not installed here")
+    refused = _refused(tmp_path / "run", *SGLANG, _extra(*extra))
+    assert f"rollout.sglang.extra_args sets {extra[0]!r} ({flag}): {why}" in refused
+    assert refused.endswith("(checked by name: SGLang is not installed here)") and "\n" not in refused
+    preflight.check(compose([*SGLANG, _extra("--log-level", "warning")]), preflight.CONFIG_CHECKS)
+
+
+def test_the_parser_is_used_only_at_the_contracts_pinned_release():
+    other = dataclasses.replace(contract.DEFAULT, sglang_version="9.9.9")
+    assert f"the contract {other.name!r} pins 9.9.9" in sglang_launch.pinned_parser_missing(other)
+    if _SGLANG is None:
+        assert sglang_launch.pinned_parser_missing(contract.DEFAULT) is None

@@ -1,0 +1,151 @@
+"""The package's shape, as docs/architecture.md draws it: imports run one way (down the layers below), no import
+circle, a small top level, small files, and the environment read in one place."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "top_rl"
+
+# Lowest first. A module may import its own layer's modules and anything below, never above.
+LAYERS = [
+    {"contract", "dtypes", "atomic"},  # plain data and file writes
+    {"kernels"},  # the engine's ops
+    {"model"},  # Qwen3 over the kernels, HF I/O, packing
+    {"rl", "tasks"},  # RL math, tasks and their prompt streams
+    {"weights"},  # trainer -> engine weight transport: buckets, senders, receivers (the engines' requests use them)
+    {"train", "rollout"},  # the two sides: Megatron trainer, engines
+    {"run"},  # checkpoint, lock, rng, faults
+    {"observe"},  # metrics, wandb
+    {"driver"},  # Ray: placement, actors, cluster
+    {"tools"},  # export, parity probe, score
+    {"config", "preflight", "loop", "cli"},  # entry points
+]
+LAYER_OF = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+MAX_TOP_LEVEL = 8
+MAX_LINES = 400
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in PACKAGE.rglob("*.py"):
+        parts = p.relative_to(ROOT).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return out
+
+
+def _imports(path: Path, mods: dict[str, Path]) -> set[str]:
+    """top_rl modules `path` imports (anywhere in the file, function bodies too)."""
+
+    def resolve(name: str) -> str:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {resolve(a.name) for a in node.names if a.name.split(".")[0] == "top_rl"}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "top_rl":
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                found.add(full if full in mods else resolve(node.module))
+    return found - {"top_rl"}
+
+
+def _layer(module: str) -> int:
+    return LAYER_OF[module.split(".")[1]]
+
+
+def test_every_part_of_the_package_has_a_layer():
+    mods = _modules()
+    assert sorted({m.split(".")[1] for m in mods if m != "top_rl"} - LAYER_OF.keys()) == []
+
+
+def test_imports_run_down_the_layers():
+    mods = _modules()
+    upward = [f"{m} (layer {_layer(m)}) imports {d} (layer {_layer(d)})"
+              for m, p in sorted(mods.items()) if m != "top_rl"
+              for d in sorted(_imports(p, mods)) if _layer(d) > _layer(m)]
+    assert upward == []
+
+
+def test_no_import_circle():
+    mods = _modules()
+    graph = {m: _imports(p, mods) - {m} for m, p in mods.items()}
+    # a package's __init__ importing its own modules is not a circle of two concerns
+    graph = {m: {d for d in ds if not d.startswith(m + ".")} for m, ds in graph.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                circles.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert circles == []
+
+
+def test_the_top_level_keeps_only_entry_points_and_plain_data():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL, top
+
+
+def test_no_file_is_over_400_lines():
+    long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+def test_the_test_doubles_do_not_ship():
+    assert not (PACKAGE / "testing").exists()
+    shipped = [str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py") if re.search(r"stand-?in server", p.stem)]
+    assert shipped == []
+
+
+# The one reader of TOP_RL_* kernel switches is the KernelPlan builder; the fault hook is test-only (TOP_RL_FAULT, set
+# by the fault tests to kill a process at a named point), never a config switch. Other variables the package reads
+# (SGLANG_* contract checks, CUDA_VISIBLE_DEVICES, GLOO_SOCKET_IFNAME, WANDB_*, RAY_ADDRESS) are not TOP-RL settings.
+TOP_RL_ENV_READERS = {"top_rl/kernels/plan.py", "top_rl/run/fault_injection.py"}
+
+
+def top_rl_env_readers(package: Path) -> list[str]:
+    """Files under `package` that touch the process environment and name a TOP_RL_* variable in code."""
+    found = []
+    for p in sorted(package.rglob("*.py")):
+        tree = ast.parse(p.read_text())
+        env = any(isinstance(n, ast.Attribute) and n.attr in ("environ", "getenv") and isinstance(n.value, ast.Name)
+                  and n.value.id == "os" for n in ast.walk(tree)) or any(
+            isinstance(n, ast.ImportFrom) and n.module == "os" and {a.name for a in n.names} & {"environ", "getenv"}
+            for n in ast.walk(tree))
+        named = any(isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.startswith("TOP_RL_")
+                    for n in ast.walk(tree))
+        if env and named:
+            found.append(str(p.relative_to(package.parent)))
+    return found
+
+
+def test_top_rl_variables_are_read_only_by_the_kernel_plan_builder():
+    assert sorted(set(top_rl_env_readers(PACKAGE)) - TOP_RL_ENV_READERS) == []
+

@@ -1,0 +1,111 @@
+"""Weight-sync payloads: buckets, the flattened layout (checked against SGLang's own FlattenedTensorBucket), and
+the colocated tensor path end to end against the in-thread STAND-IN server (same process: the payload's shared
+memory handles resolve there; on a cluster they are CUDA IPC handles and need the same host)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import sglang_cpu  # noqa: E402
+from helpers import tiny_model  # noqa: E402
+
+from top_rl.model import hf_state_dict, save_model  # noqa: E402
+from top_rl.rollout.base import SamplingParams  # noqa: E402
+from top_rl.rollout.native import NativeEngine  # noqa: E402
+from top_rl.rollout.sglang import SglangEngine  # noqa: E402
+from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError  # noqa: E402
+from top_rl.weights import buckets as W  # noqa: E402
+from top_rl.weights.sglang_distributed import sync_distributed  # noqa: E402
+from tests.doubles.sglang_standin import StandinServer  # noqa: E402
+
+_ERR = sglang_cpu.import_error()
+needs_sglang = pytest.mark.skipif(_ERR is not None, reason=_ERR or "")
+
+
+def _named():
+    return [("a", torch.arange(6, dtype=torch.float32).reshape(2, 3)), ("b", torch.ones(5, dtype=torch.bfloat16)),
+            ("c", torch.full((4, 4), 2.5, dtype=torch.float32)), ("d", torch.zeros(1, dtype=torch.bfloat16))]
+
+
+def test_buckets_keep_order_and_size():
+    named = _named()
+    bks = W.buckets(named, bucket_bytes=40)
+    assert [[n for n, _ in b] for b in bks] == [["a", "b"], ["c"], ["d"]]  # c (64 bytes) travels alone
+    assert [n for b in bks for n, _ in b] == [n for n, _ in named]
+    assert W.bucket_meta(bks[0]) == {"names": ["a", "b"], "dtypes": ["float32", "bfloat16"], "shapes": [[2, 3], [5]]}
+    assert len(W.buckets(named, 1 << 20)) == 1
+
+
+@needs_sglang
+def test_flatten_is_sglangs_layout():
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+
+    with pytest.raises(RuntimeError, match="divisible"):  # why buckets() orders by element size
+        FlattenedTensorBucket(named_tensors=_named()).reconstruct_tensors()
+    named = W.buckets(_named(), 1 << 20)[0]
+    assert [n for n, _ in named] == ["a", "c", "b", "d"]
+    flat = W.flatten(named)
+    assert torch.equal(flat, FlattenedTensorBucket(named_tensors=named).get_flattened_tensor())
+    # what the server rebuilds from the metadata the trainer sent
+    empties = [(n, torch.empty(s, dtype=getattr(torch, d))) for n, d, s in zip(*W.bucket_meta(named).values())]
+    server = FlattenedTensorBucket(named_tensors=empties)
+    server.get_flattened_tensor().copy_(flat)
+    for (n, t), (m, u) in zip(named, server.reconstruct_tensors()):
+        assert n == m and torch.equal(t, u) and t.dtype == u.dtype
+    for (n, t), (m, u) in zip(named, W.unflatten(flat, W.bucket_meta(named))):
+        assert n == m and torch.equal(t, u)
+    with pytest.raises(ValueError, match="metadata describes"):
+        W.unflatten(flat[:-1], W.bucket_meta(named))
+
+
+def test_sync_distributed_orders_post_broadcast_wait():
+    events = []
+
+    def post(meta):
+        events.append(("post", meta["names"], meta["weight_version"]))
+        return lambda: events.append(("wait", meta["names"]))
+
+    n = sync_distributed(_named(), 40, post, lambda b: events.append(("bcast", [k for k, _ in b])), weight_version="7")
+    assert n == 3
+    assert events[:3] == [("post", ["a", "b"], None), ("bcast", ["a", "b"]), ("wait", ["a", "b"])]
+    assert [e[2] for e in events if e[0] == "post"] == [None, None, "7"]  # the version flips with the last bucket
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny_w")
+    save_model(tiny_model(), d)
+    return d
+
+
+@needs_sglang
+@pytest.mark.parametrize("flattened", [True, False])
+def test_tensor_sync_end_to_end(ckpt, flattened):
+    other = tiny_model(seed=3)
+    with StandinServer(str(ckpt)) as srv:
+        cfg = SglangEngineConfig(model_path=str(ckpt), port=srv.port, weight_sync="tensor", bucket_mb=0,
+                                 flattened_buckets=flattened)
+        eng = SglangEngine(cfg, "fa3")
+        eng.update_weights(hf_state_dict(other))
+        bodies = [b for p, b in srv.requests if p == "/update_weights_from_tensor"]
+        assert len(bodies) == len(hf_state_dict(other))  # bucket_mb=0: one tensor per bucket
+        assert all(len(b["serialized_named_tensors"]) == cfg.tp_size for b in bodies)
+        assert {b["load_format"] for b in bodies} == {"flattened_bucket" if flattened else None}
+        # only the last bucket flushes and flips the weight version
+        assert [b["weight_version"] for b in bodies] == [None] * (len(bodies) - 1) + ["1"]
+        assert [b["flush_cache"] for b in bodies] == [False] * (len(bodies) - 1) + [True]
+        params = SamplingParams(max_new_tokens=4, temperature=0.9)
+        got = eng.generate([[3, 4, 5]], [7], params)
+        want = NativeEngine(other).generate([[3, 4, 5]], [7], params)
+        assert got[0].logprobs == want[0].logprobs and got[0].meta["weight_version"] == "1"
+
+
+def test_distributed_sync_needs_the_trainers_broadcast(ckpt):
+    eng = SglangEngine(SglangEngineConfig(model_path=str(ckpt), weight_sync="distributed"), "fa3")
+    with pytest.raises(TopConfigError, match="set_broadcast_hook"):
+        eng.update_weights(hf_state_dict(tiny_model()))

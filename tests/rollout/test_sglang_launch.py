@@ -1,0 +1,172 @@
+"""Every SGLang server command TOP-RL can generate parses under SGLang 0.5.11's own parser
+(`ServerArgs.add_cli_args`, from the pinned wheel) and carries the contract's flags and env.
+
+Only argparse runs here: a real server needs a GPU (docs/architecture.md, "What cannot run on these machines").
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import sglang_cpu  # noqa: E402
+
+from top_rl import contract  # noqa: E402
+from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError  # noqa: E402
+from top_rl.rollout.sglang_launch import MODULE, build_launch, engine_flags, validate_argv  # noqa: E402
+
+_ERR = sglang_cpu.import_error()
+needs_sglang = pytest.mark.skipif(_ERR is not None, reason=_ERR or "")
+C = contract.DEFAULT
+ENV = {"PATH": "/usr/bin", "HOME": "/root"}
+
+
+def _cfg(**kw) -> SglangEngineConfig:
+    return SglangEngineConfig(**{"model_path": "/models/Qwen3-0.6B", "python": sys.executable, **kw})
+
+
+def _commands():
+    """Every shape the project's configs produce: TOP with each backend (radix on/off where allowed),
+    the non-TOP baseline at several TP sizes, with and without extra flags."""
+    out = []
+    for b in C.attention_backends:
+        out.append(_cfg(attention_backend=b))
+        out.append(_cfg(attention_backend=b, port=31001, host="0.0.0.0", mem_fraction_static=None,
+                        extra_args=["--chunked-prefill-size", "8192", "--log-level", "warning"]))
+        if b not in C.radix_cache_required_off:
+            out.append(_cfg(attention_backend=b, disable_radix_cache=False))
+        for tp in (1, 2, 4, 8):
+            out.append(_cfg(attention_backend=b, tp_size=tp, top=False))
+    return out
+
+
+@needs_sglang
+@pytest.mark.parametrize("cfg", _commands(), ids=lambda c: f"{c.attention_backend}-tp{c.tp_size}-top{int(c.top)}"
+                         f"-radix{int(not c.disable_radix_cache)}-x{len(c.extra_args)}")
+def test_every_command_parses_and_carries_the_contract(cfg):
+    spec = build_launch(cfg, cfg.attention_backend, base_env=ENV, check=cfg.top)
+    assert spec.argv[:3] == [sys.executable, "-m", MODULE]
+    ns = validate_argv(spec.argv, cfg)  # SGLang's parser + contract checks on the parsed values
+    assert ns.attention_backend == cfg.attention_backend and ns.tensor_parallel_size == cfg.tp_size
+    assert ns.port == cfg.port and ns.host == cfg.host and ns.model_path == cfg.model_path
+    assert ns.skip_tokenizer_init is True and ns.dtype == "bfloat16" and ns.kv_cache_dtype == "auto"
+    if cfg.mem_fraction_static is not None:
+        assert ns.mem_fraction_static == cfg.mem_fraction_static
+    if cfg.top:
+        flags = list(C.engine_flags if cfg.disable_radix_cache else [f for f in C.engine_flags if f != "--disable-radix-cache"])
+        i = spec.argv.index(flags[0])
+        assert spec.argv[i:i + len(flags)] == flags  # the contract's flags, verbatim and in order
+        assert ns.enable_deterministic_inference is True and ns.rl_on_policy_target == "fsdp"
+        assert ns.disable_radix_cache is cfg.disable_radix_cache
+        for k, v in C.engine_env:
+            assert spec.env[k] == v and spec.env_set[k] == v
+    else:
+        assert ns.enable_deterministic_inference is False and ns.rl_on_policy_target is None
+        assert "--rl-on-policy-target" not in spec.argv and "fsdp" not in spec.argv
+    assert spec.argv[-len(cfg.extra_args):] == cfg.extra_args if cfg.extra_args else True
+    assert all(spec.env[k] == v for k, v in ENV.items())  # the inherited environment is kept
+    json.dumps(spec.describe())  # dry-run plans print it
+
+
+def test_builder_needs_no_sglang_and_strips_forbidden_env():
+    cfg = _cfg(attention_backend="triton", env={"NCCL_DEBUG": "WARN"})
+    spec = build_launch(cfg, "triton", base_env={**ENV, "SGLANG_RETURN_ORIGINAL_LOGPROB": ""}, check=False)
+    assert "SGLANG_RETURN_ORIGINAL_LOGPROB" not in spec.env
+    assert spec.env_removed == ("SGLANG_RETURN_ORIGINAL_LOGPROB",)
+    assert spec.env["NCCL_DEBUG"] == "WARN" and spec.env_set["NCCL_DEBUG"] == "WARN"
+    assert "PATH" not in spec.describe()["env"]  # the plan shows what TOP-RL sets, not the whole environment
+    assert engine_flags(_cfg(top=False)) == [f for f in C.engine_flags
+                                             if f not in ("--enable-deterministic-inference", "--rl-on-policy-target", "fsdp")]
+
+
+@pytest.mark.parametrize("extra", [["--tp-size", "2"], ["--port=31000"], ["--attention-backend", "triton"],
+                                   ["--model", "x"], ["--mem-fraction-static", "0.9"]])
+def test_extra_args_cannot_override_owned_flags(extra):
+    with pytest.raises(TopConfigError, match="instead"):
+        build_launch(_cfg(extra_args=extra), "fa3", base_env=ENV, check=False)
+
+
+@needs_sglang
+@pytest.mark.parametrize("extra, why", [
+    (["--enable-torch-compile"], "enable_torch_compile"),
+    (["--enable-fp32-lm-head"], "enable_fp32_lm_head"),
+    (["--enable-mixed-chunk"], "enable_mixed_chunk"),
+    (["--dtype", "float16"], "dtype"),
+    (["--dp-size", "2"], "data_parallel_size"),
+    (["--attention-backen", "triton"], "attention_backend"),  # argparse prefix of --attention-backend
+    (["--attention", "triton"], "ambiguous"),
+    (["--enable-deterministic-inferense"], "parser rejects"),
+    # flags new in 0.5.11 that change the decode graphs, the q/k-norm path or TP sums
+    (["--debug-cuda-graph"], "debug_cuda_graph"),
+    (["--enable-breakable-cuda-graph"], "enable_breakable_cuda_graph"),
+    (["--piecewise-cuda-graph-compiler", "inductor"], "piecewise_cuda_graph_compiler"),
+    (["--enable-quant-communications"], "enable_quant_communications"),
+])
+def test_parser_check_refuses_contradicting_extra_args(extra, why):
+    cfg = _cfg(extra_args=extra)
+    spec = build_launch(cfg, "fa3", base_env=ENV, check=False)
+    with pytest.raises(TopConfigError, match=why):
+        validate_argv(spec.argv, cfg)
+
+
+@needs_sglang
+def test_parser_check_refuses_small_chunks_with_flashinfer():
+    cfg = _cfg(attention_backend="flashinfer", extra_args=["--chunked-prefill-size", "2048"])
+    with pytest.raises(TopConfigError, match="chunked_prefill_size=2048"):
+        validate_argv(build_launch(cfg, "flashinfer", base_env=ENV, check=False).argv, cfg)
+    cfg = _cfg(attention_backend="fa3", extra_args=["--chunked-prefill-size", "2048"])  # fa3 has no alignment
+    validate_argv(build_launch(cfg, "fa3", base_env=ENV, check=False).argv, cfg)
+
+
+# ------------------------------------------------------------------------------------ from the run config
+def _sglang_experiments():
+    """The shipped experiments whose rollout engine is SGLang (the others launch no server)."""
+    from top_rl.cli import CONF_DIR, compose
+
+    names = sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml"))
+    return [n for n in names if compose([f"+experiment={n}"]).rollout.engine == "sglang"]
+
+
+@needs_sglang
+@pytest.mark.parametrize("experiment", _sglang_experiments())
+def test_shipped_experiments_plan_commands_sglang_accepts(experiment):
+    from top_rl.cli import compose
+    from top_rl.rollout.sglang_plan import config_from_dict, initial_policy_dir, launch_plan, run_defaults
+
+    run = compose([f"+experiment={experiment}"])
+    ports = set()
+    for i in range(run.rollout.num_engines):
+        plan = launch_plan(run, index=i)
+        cfg = config_from_dict(run.rollout.sglang, i, **run_defaults(run))
+        ns = validate_argv(plan["argv"], cfg)
+        # without model.path the servers start from the run's random initial policy (written at start)
+        want_model = run.model.path or str(initial_policy_dir(run.run_dir))
+        assert ns.attention_backend == run.top.attention_backend and ns.model_path == want_model
+        ports.add(ns.port)
+    assert len(ports) == run.rollout.num_engines  # engines sharing a node never share a port
+
+
+def test_run_config_mapping(monkeypatch):
+    from top_rl.rollout.sglang import SglangEngine
+    from top_rl.rollout.sglang_plan import config_from_dict
+
+    cfg = config_from_dict({"port": 31000, "extra_args": ("--log-level", "warning")}, 2, model_path="/m",
+                           attention_backend="triton", top=True, logprob_source=None)
+    assert (cfg.port, cfg.attention_backend, cfg.extra_args, cfg.logprob_source) == (31002, "triton",
+                                                                                     ["--log-level", "warning"], "prefill")
+    with pytest.raises(TopConfigError, match="unknown keys \\['tp'\\]"):
+        config_from_dict({"tp": 2})
+    with pytest.raises(TopConfigError, match="differs from the trainer's 'fa3'"):
+        SglangEngine.from_config({"model_path": "/m", "attention_backend": "triton"}, trainer_attention_backend="fa3",
+                                 start=False)
+    from top_rl import kernels
+    from top_rl.kernels import plan
+
+    with kernels.use_plan(plan.build(environ={})), pytest.raises(TopConfigError, match="trainer_attention_backend"):
+        SglangEngine.from_config({"model_path": "/m"}, start=False)  # no attention kernel in the process's plan
+    eng = SglangEngine.from_config({"model_path": "/m"}, trainer_attention_backend="flashinfer", index=1, start=False)
+    assert eng.cfg.attention_backend == "flashinfer" and eng.cfg.port == 30001

@@ -1,0 +1,203 @@
+"""Issue 14: checkpoints are never trusted blindly. Each carries a manifest (size and SHA-256 of every
+file); resume, the stop message and `top-rl-export` verify it. A checkpoint that fails is named with its
+bad file and skipped: resume falls back to the newest one that verifies and says so. Corruptions are
+made on copies of the shared 6-step run (checkpoint.keep=3: steps 4, 5, 6)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import rl_runs  # noqa: E402
+from rl_runs import BASE, STEPS  # noqa: E402
+
+from top_rl.run import checkpoint  # noqa: E402
+from top_rl.run.checkpoint import ResumeRefused  # noqa: E402
+from top_rl.cli import compose  # noqa: E402
+from top_rl.tools.export import main as export_main  # noqa: E402
+
+
+@pytest.fixture()
+def run_dir(tmp_path) -> Path:
+    d = tmp_path / "run"
+    shutil.copytree(rl_runs.baseline(), d)
+    return d
+
+
+def _ckpt(run_dir: Path, step: int) -> Path:
+    return run_dir / "checkpoints" / f"step_{step:06d}"
+
+
+def _resume_cfg(run_dir: Path):
+    return compose([f"run_dir={run_dir}", *BASE, f"steps={STEPS}", "resume=true"])
+
+
+def _truncate(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+
+
+def _flip_a_tensor_byte(path: Path) -> None:
+    """One bit in the middle of the largest tensor's bytes (torch.load still loads the file)."""
+    with zipfile.ZipFile(path) as z:
+        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    with open(path, "r+b") as f:
+        f.seek(info.header_offset + 26)
+        name_len, extra_len = struct.unpack("<HH", f.read(4))
+        at = info.header_offset + 30 + name_len + extra_len + info.file_size // 2
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ 0x40]))
+    torch.load(path, weights_only=False)  # the damage is silent to torch: only the manifest sees it
+
+
+def _scribble(path: Path) -> None:
+    """Same size, other bytes (a corrupt JSON / pickle)."""
+    data = bytearray(path.read_bytes())
+    data[:16] = b"\x00garbage\xff\xfe{[(\x01\x02"[:16].ljust(16, b"#")
+    path.write_bytes(bytes(data))
+
+
+CORRUPTIONS = {
+    "truncated shard": ("trainer_rank000.pt", _truncate, "trainer_rank000.pt: truncated: "),
+    "flipped bytes inside a tensor": ("trainer_rank000.pt", _flip_a_tensor_byte,
+                                      "trainer_rank000.pt: its bytes changed after it was written"),
+    "corrupt state.json": ("state.json", _scribble, "state.json: its bytes changed after it was written"),
+    "corrupt driver.pt": ("driver.pt", _scribble, "driver.pt: its bytes changed after it was written"),
+    "truncated model.safetensors": ("hf/model.safetensors", _truncate, "hf/model.safetensors: truncated: "),
+}
+
+
+def test_every_file_of_a_checkpoint_is_in_its_manifest(run_dir):
+    ckpt = _ckpt(run_dir, STEPS)
+    manifest = json.loads((ckpt / "manifest.json").read_text())["files"]
+    on_disk = {str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file()} - {"manifest.json"}
+    assert set(manifest) == on_disk
+    assert {"trainer_rank000.pt", "driver.pt", "state.json", "hf/model.safetensors"} <= on_disk
+    assert all(manifest[n]["size"] == (ckpt / n).stat().st_size for n in manifest)
+
+
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+def test_resume_skips_a_corrupt_checkpoint_naming_the_file_and_falls_back(run_dir, capsys, corruption):
+    name, damage, message = CORRUPTIONS[corruption]
+    damage(_ckpt(run_dir, STEPS) / name)
+    state = checkpoint.prepare(run_dir, _resume_cfg(run_dir))  # reads only: the run would load this state
+    out = capsys.readouterr().out
+    assert state["step"] == STEPS - 1 and state["path"] == str(_ckpt(run_dir, STEPS - 1))
+    assert f"step_{STEPS:06d} fails verification, skipped: {message}" in out
+    assert f"resuming from step_{STEPS - 1:06d}, the newest checkpoint that verifies" in out
+
+
+def test_resume_refuses_when_no_checkpoint_verifies_and_accepts_an_older_format(run_dir, capsys):
+    _truncate(_ckpt(run_dir, 4) / "driver.pt")
+    _flip_a_tensor_byte(_ckpt(run_dir, 5) / "trainer_rank000.pt")
+    (_ckpt(run_dir, 6) / "manifest.json").unlink()
+    with pytest.raises(ResumeRefused) as refused:
+        checkpoint.prepare(run_dir, _resume_cfg(run_dir))
+    msg = str(refused.value)
+    assert f"no checkpoint in {run_dir} verifies" in msg and "step_000006 fails verification, skipped: " \
+        "manifest.json: missing" in msg and "step_000005 fails verification, skipped: trainer_rank000.pt" in msg
+    assert "step_000004 fails verification, skipped: driver.pt: truncated" in msg
+    # a checkpoint from before manifests (state.json format 1) resumes, unverified, with a note
+    state_file = _ckpt(run_dir, 6) / "state.json"
+    state_file.write_text(json.dumps({**json.loads(state_file.read_text()), "format": 1}))
+    assert checkpoint.prepare(run_dir, _resume_cfg(run_dir))["step"] == 6
+    assert "has no manifest.json (written by an older top-rl): resuming without verifying it" in capsys.readouterr().out
+
+
+class _WritesAMarker:
+    """A pickle payload: unpickling it runs Python code (exec) that creates the marker file."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').close()",)
+
+
+def _plant_payload(ckpt: Path, name: str, marker: Path) -> None:
+    from top_rl.run import manifest as checkpoint_manifest
+
+    state = torch.load(ckpt / name, weights_only=False)  # the genuine content (test code: this file is ours)
+    state["payload"] = _WritesAMarker(marker)
+    torch.save(state, ckpt / name)
+    checkpoint_manifest.write(ckpt)  # recomputed: the manifest is a checksum, not a signature
+    checkpoint_manifest.verify(ckpt)
+
+
+@pytest.mark.parametrize("name", ["driver.pt", "trainer_rank000.pt"])
+def test_a_checkpoint_that_would_run_code_is_refused_and_never_loaded(run_dir, tmp_path, name):
+    """Issue 24: driver.pt and the shards loaded with torch.load(weights_only=False): a payload in driver.pt ran
+    during the resume's checks. Now the resume is refused naming the file and the object, and nothing runs,
+    neither in the checks nor in the loader the trainer ranks use."""
+    import pickle
+
+    marker = tmp_path / "payload_ran"
+    ckpt = _ckpt(run_dir, STEPS)
+    _plant_payload(ckpt, name, marker)
+    before = rl_runs.tree_hash(run_dir)
+    with pytest.raises(ResumeRefused) as refused:
+        checkpoint.prepare(run_dir, _resume_cfg(run_dir))
+    assert str(refused.value).startswith(
+        f"resume refused: {ckpt / name}: holds Python objects other than tensors and plain data (builtins.exec): "
+        "top-rl loads no code from a checkpoint. Nothing was loaded.")
+    assert not marker.exists()
+    from top_rl.run import safe_load
+
+    with pytest.raises(pickle.UnpicklingError, match="Unsupported global: GLOBAL exec"):
+        safe_load.load(ckpt / name)
+    assert not marker.exists()
+    assert rl_runs.tree_hash(run_dir) == before
+    # the genuine files load under the same loader (what a resume and the trainer ranks read)
+    genuine = _ckpt(run_dir, STEPS - 1) / name
+    assert torch.equal(safe_load.load(genuine)["rng"]["torch"], torch.load(genuine, weights_only=False)["rng"]["torch"])
+
+
+@pytest.mark.slow
+def test_the_cli_refuses_a_checkpoint_that_would_run_code_in_one_line(run_dir, tmp_path):
+    marker = tmp_path / "payload_ran"
+    _plant_payload(_ckpt(run_dir, STEPS), "driver.pt", marker)
+    before = rl_runs.tree_hash(run_dir)
+    out = rl_runs.run(run_dir, *BASE, f"steps={STEPS + 2}", "resume=true", timeout=200)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert "top-rl: resume refused: " in out.stderr and "top-rl loads no code from a checkpoint" in out.stderr
+    assert not marker.exists() and rl_runs.tree_hash(run_dir) == before
+
+
+def test_export_verifies_skipping_or_refusing_a_corrupt_checkpoint(run_dir, tmp_path, capsys):
+    _truncate(_ckpt(run_dir, STEPS) / "hf" / "model.safetensors")
+    out = tmp_path / "hf"
+    assert export_main([f"run_dir={run_dir}", f"out={out}"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["step"] == STEPS - 1  # the newest checkpoint that verifies
+    assert f"step_{STEPS:06d} fails verification, skipped: hf/model.safetensors: truncated" in captured.err
+    assert (out / "model.safetensors").stat().st_size == \
+        (_ckpt(run_dir, STEPS - 1) / "hf" / "model.safetensors").stat().st_size
+    assert export_main([f"run_dir={run_dir}", f"out={tmp_path / 'o6'}", f"step={STEPS}"]) == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint step {STEPS} fails verification: {_ckpt(run_dir, STEPS) / 'hf' / 'model.safetensors'}: " \
+           "truncated" in err and "nothing was exported" in err
+    assert not (tmp_path / "o6").exists()
+
+
+@pytest.mark.slow
+def test_resume_from_a_run_whose_newest_checkpoint_is_truncated_is_bitwise_the_straight_run(run_dir):
+    straight = rl_runs.baseline()
+    _truncate(_ckpt(run_dir, STEPS) / "trainer_rank000.pt")
+    out = rl_runs.run(run_dir, *BASE, f"steps={STEPS}", "resume=true")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert f"step_{STEPS:06d} fails verification, skipped: trainer_rank000.pt: truncated" in out.stdout
+    assert f"resuming from step_{STEPS - 1:06d}, the newest checkpoint that verifies" in out.stdout
+    assert rl_runs.without_timing(rl_runs.rows(run_dir)) == rl_runs.without_timing(rl_runs.rows(straight))
+    assert rl_runs.state_hash(rl_runs.final_checkpoint(run_dir)) == \
+        rl_runs.state_hash(rl_runs.final_checkpoint(straight))
+    checkpoint.load_verified(rl_runs.final_checkpoint(run_dir))  # the replayed step 6 wrote a whole checkpoint
