@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from bench._util import table  # noqa: E402
 from top_rl import kernels  # noqa: E402
-from top_rl.kernels import reference  # noqa: E402
+from top_rl.kernels import plan, reference  # noqa: E402
 from top_rl.model import sequence_logprobs  # noqa: E402
 from top_rl.rollout.base import SamplingParams  # noqa: E402
 from top_rl.rollout.native import NativeEngine  # noqa: E402
@@ -103,10 +103,10 @@ def main(argv=None) -> None:
         model = tiny_model("bfloat16", seed=0)
     else:
         from tests.gpu._common import device_model
-        from top_rl.kernels import sglang_attention
+        from top_rl.kernels.sglang import attention as sglang_attention
 
         device, s, backend = "cuda", FULL, "sglang"
-        attention = os.environ.get(sglang_attention.ENV_VAR, "triton")
+        attention = os.environ.get(plan.ATTENTION_ENV, "triton")  # the variable kernels/plan.py reads
         sglang_attention.set_attention_backend(attention)
         model = device_model(seed=0)
     with kernels.use_backend(backend):

@@ -155,7 +155,7 @@ def test_decode_vs_prefill_bits_are_equal_or_refused():
     parity, so it is asserted where a contract claims it (decode_equals_extend) and otherwise the contract must
     refuse logprob_source=decode with this backend (§11.3: triton's split-KV decode differs from its extend).
     The measured bits: bench/probes.py."""
-    from top_rl.kernels import sglang_attention
+    from top_rl.kernels.sglang import attention as sglang_attention
 
     claimed = decode_equals_extend_claimed(sglang_attention.attention_backend())
     for n in (1, 100, 613):

@@ -78,7 +78,7 @@ def test_sampler_path_recompute_is_packing_invariant(model):
     """T != 1 sampler-path log-probs (the loss's numbers) are packing-invariant. The engine's own decode-time
     sampler log-probs equal the prefill recompute where a contract claims the attention backend's decode equals
     its extend; otherwise the contract must refuse logprob_source=decode (§11.3). Measured: bench/probes.py."""
-    from top_rl.kernels import sglang_attention
+    from top_rl.kernels.sglang import attention as sglang_attention
 
     claimed = decode_equals_extend_claimed(sglang_attention.attention_backend())
     engine = NativeEngine(model, logprob_source="decode")
