@@ -8,7 +8,7 @@
     engine.update_weights(trainer.export_hf_weights())
 
 Files: trainer (API), rl_step (the RL step, gate in the training forward), layers (seam modules; the family's
-GPTModel + layer spec is top_rl/model/<family>/megatron.py), logprobs (engine
+GPTModel + layer spec is top_rl/train/qwen3_megatron.py), logprobs (engine
 formula from hidden states), batch (TrainSequence, micro-batching, THD packing), schedule (pipeline
 send/recv), optim (CPU AdamW / Megatron optimizer), weights (TP shards; HF names: the family), parallel (groups,
 spawn), recompute (non-reentrant checkpoint), ulysses (context parallelism), cpu_shims (no-CUDA), layout_rules (the

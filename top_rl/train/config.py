@@ -25,7 +25,7 @@ class TrainerConfig:
     # The compute dtype (embedding, norms and residual stream stay fp32: the contract). None: the model config's
     # torch_dtype. A run sets it from model.dtype (one dtype for engine and trainer) and refuses trainer.dtype.
     dtype: ComputeDtype | None = None
-    megatron_rope: bool = False  # Megatron's unfused RoPE instead of kernels.rope: eager engines only (spec.py)
+    megatron_rope: bool = False  # Megatron's unfused RoPE instead of kernels.rope: eager engines only (train/qwen3_megatron.py)
 
     @property
     def world(self) -> int:

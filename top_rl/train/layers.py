@@ -1,7 +1,7 @@
 """Megatron modules whose forward is the kernel seam, with the native model's dtype policy (top_rl/dtypes.py).
 
 Each class has the constructor signature Megatron's spec builders call and returns what the stock
-module returns, so it drops into the local layer spec (top_rl/model/<family>/megatron.py). Where the seam and the native model
+module returns, so it drops into the local layer spec (top_rl/train/qwen3_megatron.py). Where the seam and the native model
 cast (top_rl/dtypes.py, the native model):
   - residual-stream norms (input, pre-MLP, final) take the fp32 stream; the native model's fp32 output is read
     only by the next GEMM, which rounds it, so the norm kernel writes it rounded to the compute dtype;
@@ -43,7 +43,7 @@ class SeamSettings:
     compute_dtype: torch.dtype
     rope_theta: float
     max_positions: int
-    megatron_rope: bool = False  # RoPE by Megatron's unfused path instead of kernels.rope (top_rl/model/<family>/megatron.py)
+    megatron_rope: bool = False  # RoPE by Megatron's unfused path instead of kernels.rope (top_rl/train/qwen3_megatron.py)
 
 
 def seam(config) -> SeamSettings:
