@@ -33,7 +33,6 @@ from top_rl.driver.actors import EngineActor, TrainerActor
 from top_rl.driver.plan import RunPlan
 from top_rl.run.stopped import ActorFailed
 from top_rl.driver.placement import ClusterConfig, PlacementError
-from top_rl.kernels.plan import KernelPlan
 
 WEIGHT_BUCKET_BYTES = 512 << 20
 

@@ -18,14 +18,12 @@ The test-only hook that causes them is top_rl/run/fault_injection.py.
 
 from __future__ import annotations
 
-import errno
 import os
-import shlex
 import signal
 import sys
 from pathlib import Path
 
-from top_rl.run import checkpoint, disk_full
+from top_rl.run import disk_full
 from top_rl.run.fault_injection import inject
 from top_rl.run.checkpoint import resume_hint  # noqa: F401 - the stop messages' hint
 from top_rl.run.stopped import ActorFailed, RunStopped  # noqa: F401 - raised and caught as faults.*
