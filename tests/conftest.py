@@ -3,12 +3,16 @@
 SGLang's ServerArgs writes SGLANG_* variables into os.environ when built in-process (sglang/srt/server_args.py
 `_handle_environment_variables`), and `rendezvous.bind_gloo` sets GLOO_SOCKET_IFNAME for the process's life; a leak
 makes a later test (or the run it launches) see an environment no user has. Pinning a contract's own engine value
-(`top_rl.kernels.sglang.engine_env.pin_engine_env`, process-global by design) is the one change allowed."""
+(`top_rl.kernels.sglang.engine_env.pin_engine_env`, process-global by design) is the one change allowed.
+
+WANDB_SERVICE: wandb puts its service's address there for child processes to share; a test that used wandb in-process
+and left it set made every later `top-rl` subprocess log into this pytest's service (the CI failure of the SIGKILL
+resume test: the killed driver's run stayed "in use" there). Such a test ends its service with `wandb.teardown()`."""
 import os
 
 import pytest
 
-_WATCHED = ("SGLANG_", "TOP_RL_", "NCCL_", "GLOO_")
+_WATCHED = ("SGLANG_", "TOP_RL_", "NCCL_", "GLOO_", "WANDB_SERVICE")
 
 
 def _contract_pins() -> set[tuple[str, str]]:

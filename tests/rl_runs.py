@@ -35,11 +35,9 @@ def start(run_dir: Path, *overrides: str, fault: str | None = None, wandb: str =
     if fault:
         env["TOP_RL_FAULT"] = fault
     ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None
-    started_at = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "top_rl.cli", f"run_dir={run_dir}", *overrides],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True, preexec_fn=ignore)
-    proc.started_at = started_at  # what this driver started came after it (finish: its orphaned wandb service)
     return proc
 
 
@@ -51,28 +49,7 @@ def finish(proc: subprocess.Popen, timeout: float = 400) -> subprocess.Completed
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        _reap_orphaned_wandb_services(getattr(proc, "started_at", None))
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
-def _reap_orphaned_wandb_services(since: float | None) -> None:
-    """A SIGKILLed driver's wandb service runs in a session of its own and can outlive it, holding the run id ("run
-    ID ... is in use" for the resume, seen for > 120 s on a loaded machine). A scheduler would end the job's whole
-    cgroup; here: the wandb-core processes started since the driver and no longer under this test process end."""
-    import psutil
-
-    if since is None:
-        return
-    mine = {p.pid for p in psutil.Process().children(recursive=True)}
-    leftovers = [p for p in psutil.process_iter(["name", "cmdline", "create_time"])
-                 if p.pid not in mine and (p.info["create_time"] or 0) >= since - 1
-                 and "wandb-core" in " ".join([p.info["name"] or "", *(p.info["cmdline"] or [])])]
-    for p in leftovers:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(leftovers, timeout=10)
 
 
 def run(run_dir: Path, *overrides: str, fault: str | None = None, wandb: str = "disabled",

@@ -188,6 +188,10 @@ def main() -> None:
     faults.interrupt_on_signals()  # first: Ctrl-C during imports and checks stops the run too
     # Hydra raises what it cannot compose instead of printing it over several lines: reported below in one.
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    # wandb hands its service to child processes through WANDB_SERVICE: a top-rl started by a process that used wandb
+    # would log into that parent's service, which keeps the run "in use" after this driver is killed, so the resume
+    # fails ("run ID ... is in use"). The driver owns its wandb service; it exits with the driver (wandb-core --pid).
+    os.environ.pop("WANDB_SERVICE", None)
     try:
         _register_schema()
         _hydra_entry()()

@@ -15,6 +15,10 @@ def offline(monkeypatch, tmp_path):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb_config"))
     monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb_cache"))
+    yield
+    import wandb
+
+    wandb.teardown()  # the in-process service ends, and with it WANDB_SERVICE (see tests/conftest.py)
 
 
 def _row(step):
@@ -140,35 +144,3 @@ def test_rollout_metrics_and_their_console_line(capsys):
     line = Tracker.console_line({"step": 3, **_row(3), "train/train_rollout_kl": 0.0, **m})
     assert line == ("step 3 | reward 0.3 | abs_diff 0.0 | ess 1.0 | kl 0.0 | len 2.75 | truncated 0.5 | step 1.50s | "
                     "rollout 0.25s | 22 tok/s")
-
-
-def test_a_resume_waits_while_a_killed_attempts_wandb_still_holds_the_run(tmp_path, monkeypatch, capsys):
-    """After a SIGKILL the old attempt's wandb service can hold the run id for a while ("run ID ... is in use"):
-    the resume waits for it (one notice), and another error is raised at once."""
-    import wandb
-
-    from top_rl.observe import tracking
-
-    calls = []
-    real_init = wandb.init
-
-    def init(**kw):
-        calls.append(kw["id"])
-        if len(calls) < 3:
-            raise RuntimeError(f"run ID {kw['id']} is in use")
-        return real_init(**kw)
-
-    monkeypatch.setattr(wandb, "init", init)
-    monkeypatch.setattr(time, "sleep", lambda s: None)
-    t = Tracker(str(tmp_path), TrackingConfig(wandb_mode="offline"), run_id="abc123")
-    t.close()
-    assert calls == ["abc123"] * 3
-    assert capsys.readouterr().out.count("is still held by the stopped attempt's wandb process") == 1
-
-    monkeypatch.setattr(wandb, "init", lambda **kw: (_ for _ in ()).throw(RuntimeError("bad API key")))
-    with pytest.raises(RuntimeError, match="bad API key"):
-        Tracker(str(tmp_path / "b"), TrackingConfig(wandb_mode="offline"))
-    monkeypatch.setattr(tracking, "IN_USE_WAIT_S", 0.0)
-    monkeypatch.setattr(wandb, "init", lambda **kw: (_ for _ in ()).throw(RuntimeError("run ID x is in use")))
-    with pytest.raises(RuntimeError, match="is in use"):
-        Tracker(str(tmp_path / "c"), TrackingConfig(wandb_mode="offline"), run_id="x")

@@ -4,6 +4,7 @@ resume with a changed determinism-relevant setting is refused, naming the keys."
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -20,8 +21,22 @@ from top_rl.run.checkpoint import ResumeRefused  # noqa: E402
 from top_rl.tasks import ArithConfig, ArithTask, DataPosition  # noqa: E402
 
 
+@pytest.fixture
+def parent_with_a_wandb_service(monkeypatch, tmp_path):
+    """This process holds a wandb service, as any parent that used wandb does (a notebook, a sweep agent, a pytest
+    session after an in-process wandb test): wandb offers it to child processes through WANDB_SERVICE. A driver that
+    joined it left its SIGKILLed run "in use" there and the resume failed (the CI failure this fixture reproduces)."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb_config"))
+    wandb.setup()
+    assert os.environ.get("WANDB_SERVICE"), "wandb.setup() no longer offers its service to children: recheck"
+    yield
+    wandb.teardown()
+
+
 @pytest.mark.slow
-def test_sigkill_after_step_3_then_resume_is_bitwise_the_straight_run(tmp_path):
+def test_sigkill_after_step_3_then_resume_is_bitwise_the_straight_run(tmp_path, parent_with_a_wandb_service):
     straight = rl_runs.baseline()
     ref = rl_runs.rows(straight)
     assert [r["step"] for r in ref] == list(range(1, STEPS + 1))

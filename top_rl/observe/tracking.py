@@ -74,31 +74,6 @@ def _fmt(v: Any, exact: bool = False) -> str:
     return str(v)
 
 
-# A resume right after the previous attempt was killed (SIGKILL, OOM) can find that attempt's wandb service still
-# holding the run ("run ID ... is in use") until it notices its parent is gone; it does, within seconds.
-IN_USE_WAIT_S = 120.0
-
-
-def _wandb_init(**kwargs):
-    """wandb.init, waiting (up to IN_USE_WAIT_S) while a killed attempt's wandb service still holds the run id."""
-    import time
-
-    import wandb
-
-    deadline, said = time.monotonic() + IN_USE_WAIT_S, False
-    while True:
-        try:
-            return wandb.init(**kwargs)
-        except Exception as e:  # noqa: BLE001 - wandb raises its service's error types, which move between releases
-            if "is in use" not in str(e) or time.monotonic() > deadline:
-                raise
-            if not said:
-                print(f"[top-rl] wandb: run {kwargs.get('id')} is still held by the stopped attempt's wandb process; "
-                      f"waiting up to {IN_USE_WAIT_S:.0f} s for it to exit", flush=True)
-                said = True
-            time.sleep(2.0)
-
-
 class Tracker:
     """``log(step, metrics)`` once per step. Resume: pass the checkpoint's ``resume_from_step``
     and wandb ``run_id``; rows after that step (from the crashed attempt) are dropped so the
@@ -120,8 +95,9 @@ class Tracker:
         self.run = None
         self.run_id = run_id
         if self.mode != "disabled":
-            self.run = _wandb_init(project=cfg.project, entity=cfg.entity, name=cfg.run_name, dir=run_dir,
-                                   id=run_id, resume="allow", mode=self.mode, config=_config_dict(config))
+            import wandb
+            self.run = wandb.init(project=cfg.project, entity=cfg.entity, name=cfg.run_name, dir=run_dir,
+                                  id=run_id, resume="allow", mode=self.mode, config=_config_dict(config))
             self.run_id = self.run.id  # the checkpoint stores it so a resume continues this run
             # every key is plotted against our step, also after a resume
             self.run.define_metric("step")
