@@ -183,6 +183,10 @@ def validate(cfg: RunConfig) -> RunConfig:
         errors.append(f"top.contract={cfg.top.contract} names DeepGEMM, which only top.kernels=sglang runs (the "
                       f"{kernel_backend(cfg)} kernels compute their own GEMM); set top.kernels=sglang (a Hopper GPU "
                       f"with deep_gemm) or top.contract={contract.DEFAULT.name}")
+    if cfg.trainer.megatron_rope and kernel_backend(cfg) == "sglang":
+        errors.append("trainer.megatron_rope=true with top.kernels=sglang: Megatron's eager RoPE is not bitwise the "
+                      "engine's (SGLang's rl mode compiles its RoPE, which the sglang kernels reproduce; "
+                      "top_rl/train/qwen3_megatron.py); set trainer.megatron_rope=false")
     errors += _seed_errors(cfg, batch)
     errors += cfg.task.errors()  # the task's string choices and ranges (top_rl.tasks.base.TaskConfig)
     if errors:

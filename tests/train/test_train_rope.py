@@ -69,3 +69,17 @@ def test_packing_never_sets_max_seqlen_to_the_total():
     assert mb.params.max_seqlen_q == mb.params.max_seqlen_kv == 9
     assert mb.params.cu_seqlens_q.tolist() == [0, 5, 14, 17]
     assert mb.params.positions.tolist() == [*range(5), *range(9), *range(3)]
+
+
+def test_megatron_rope_is_refused_with_the_sglang_kernels_naming_the_key():
+    """Megatron's eager RoPE is bitwise only the eager engines' (above); with the sglang kernels the engine's RoPE is
+    compiled, so the gate would fail at step 1: refused at composition, naming the key and the fix."""
+    from top_rl.cli import compose
+    from top_rl.config import ConfigError
+
+    sglang = ["top.kernels=sglang", "rollout.logprob_source=prefill"]
+    assert not compose(sglang).trainer.megatron_rope
+    assert compose(["trainer.megatron_rope=true"]).trainer.megatron_rope  # the reference kernels' RoPE is eager
+    with pytest.raises(ConfigError, match="trainer.megatron_rope=true with top.kernels=sglang.*set "
+                                          "trainer.megatron_rope=false"):
+        compose([*sglang, "trainer.megatron_rope=true"])
