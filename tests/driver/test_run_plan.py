@@ -31,8 +31,8 @@ def test_preflight_plans_the_default_run(tmp_path):
 
 def test_each_sglang_engine_gets_its_checked_server_config(tmp_path):
     cfg = compose([f"run_dir={tmp_path / 'run'}", "rollout=sglang", "rollout.num_engines=2",
-                   "+rollout.sglang.port=31000", "+rollout.sglang.skip_version_check=true",
-                   "+rollout.sglang.validate_with_parser=false"])
+                   "rollout.sglang.port=31000", "rollout.sglang.skip_version_check=true",
+                   "rollout.sglang.validate_with_parser=false"])
     ready = preflight.check(cfg, preflight.CONFIG_CHECKS)
     assert all(isinstance(s, SglangEngineConfig) for s in ready.sglang)
     assert [s.port for s in ready.sglang] == [31000, 31001]

@@ -41,7 +41,7 @@ def test_rl_loop_on_an_sglang_engine_from_a_random_initial_policy(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "top_rl.cli", f"run_dir={run_dir}", "steps=2", "rollout=sglang",
          "rollout.max_new_tokens=2", "rollout.prompts_per_step=4", "rollout.n_samples=4", "cluster.torch_threads=1",
-         f"+rollout.sglang.python={_wrapper(tmp_path)}", f"+rollout.sglang.weights_dir={tmp_path / 'weights'}"],
+         f"rollout.sglang.python={_wrapper(tmp_path)}", f"rollout.sglang.weights_dir={tmp_path / 'weights'}"],
         capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

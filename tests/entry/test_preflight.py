@@ -75,7 +75,7 @@ def _gsm(data: Path, name: str) -> list[str]:
     (["rollout.temperature=inf"], "rollout.temperature=inf must be a finite number"),
     (["algo.loss.clip_eps_high=-inf"], "algo.loss.clip_eps_high=-inf must be a finite number"),
     (["rollout.n_samples=1"], "rollout.n_samples=1 must be >= 2 for GRPO"),
-    (["rollout=sglang", "+rollout.sglang.port=60000"], "port=60000: SGLang 0.5.11 also opens port + 10000 for gRPC"),
+    (["rollout=sglang", "rollout.sglang.port=60000"], "port=60000: SGLang 0.5.11 also opens port + 10000 for gRPC"),
     (["trainer.micro_batch_size=-1"], "trainer.micro_batch_size=-1 must be >= 1, or null"),  # trained on nothing
     # Issue 24: layouts Megatron would refuse on every rank after Ray started (the tiny model: 4 heads, 2 KV heads,
     # head_dim 16, intermediate 128, 2 layers; the reference kernels' k_chunk is 64).
@@ -167,7 +167,7 @@ def test_cli_refusals_are_one_message_and_leave_no_run_dir(tmp_path):
     out = _top_rl(tmp_path / "a", "rollout.temperature=nan")
     assert out.returncode == 2 and "top-rl: invalid config: rollout.temperature=nan must be a finite number" \
         in out.stderr and "Traceback" not in out.stderr and len(out.stderr.splitlines()) == 1
-    out = _top_rl(tmp_path / "b", "rollout=sglang", "+rollout.sglang.port=60000")
+    out = _top_rl(tmp_path / "b", "rollout=sglang", "rollout.sglang.port=60000")
     assert out.returncode == 1 and "top-rl: port=60000: SGLang" in out.stderr
     assert "Traceback" not in out.stderr and "Ray" not in out.stderr
     assert list(tmp_path.iterdir()) == []
@@ -185,7 +185,7 @@ SGLANG = ["rollout=sglang", "model.path=/models/Qwen3-0.6B", "top.attention_back
 
 
 def _extra(*args: str) -> str:
-    return "+rollout.sglang.extra_args=[" + ",".join(f"'{a}'" for a in args) + "]"
+    return "rollout.sglang.extra_args=[" + ",".join(f"'{a}'" for a in args) + "]"
 
 
 @pytest.mark.skipif(_SGLANG is not None, reason=_SGLANG or "")

@@ -48,12 +48,14 @@ def models(tmp_path_factory):
     (["task=nope"], 2, ["Could not find 'task/nope' Available options in 'task': arith, dapo, gsm8k"]),
     (["+trainer.bogus=1"], 2, ["invalid config: trainer.bogus is not a key of the config"]),  # was dropped silently
     (["task.name=nope"], 1, ["task: unknown task 'nope'; known: ['arith', 'dapo', 'gsm8k']"]),
-    (["rollout=sglang", "+rollout.sglang.port=60000"], 1, ["port=60000: SGLang", "port + 10000"]),
+    (["rollout=sglang", "rollout.sglang.port=60000"], 1, ["port=60000: SGLang", "port + 10000"]),
     (["cluster.colocate=true"], 1, ["cluster.colocate=true shares each trainer rank's GPU"]),
-    (["rollout=sglang", "model.path=/m", "+rollout.sglang.extra_args=3"], 1,
-     ["rollout.sglang.extra_args=3: expected a list of strings"]),
-    (["rollout=sglang", "model.path=/m", "+rollout.sglang.env={SGLANG_ENABLE_DETERMINISTIC_INFERENCE: 1}"], 1,
-     ["rollout.sglang.env.SGLANG_ENABLE_DETERMINISTIC_INFERENCE=1: environment values are strings"]),
+    (["rollout=sglang", "model.path=/m", "rollout.sglang.extra_args=3"], 2,
+     ["Error merging override rollout.sglang.extra_args=3", "is not a ListConfig, list or tuple"]),
+    (["rollout=sglang", "model.path=/m", "rollout.sglang.weight_sync=nfs"], 1,
+     ["rollout.sglang.weight_sync='nfs'; choose one of ['disk', 'distributed', 'tensor']"]),
+    (["rollout=sglang", "model.path=/m", "+rollout.sglang.env={SGLANG_ENABLE_DETERMINISTIC_INFERENCE: 0}"], 1,
+     ["SGLANG_ENABLE_DETERMINISTIC_INFERENCE='0' in the engine config's env, but the TOP contract pins '1'"]),
     (["trainer.tp=3", "cluster.num_cpus=4"], 1, ["trainer.tp=3 does not split this model", "valid trainer.tp: 1"]),
 ])
 def test_dry_run_refuses_config_errors_in_one_line(tmp_path, overrides, rc, parts):
@@ -71,7 +73,7 @@ def test_contract_breaking_extra_args_in_one_line(tmp_path):
     if sglang_cpu.import_error():
         pytest.skip(sglang_cpu.import_error())
     out = _run("-m", "top_rl.cli", f"run_dir={tmp_path / 'run'}", "dry_run=true", "rollout=sglang",
-               "model.path=/models/Qwen3-0.6B", "+rollout.sglang.extra_args=[--enable-torch-compile]")
+               "model.path=/models/Qwen3-0.6B", "rollout.sglang.extra_args=[--enable-torch-compile]")
     _one_line(out, 1, "top-rl: ", "(--enable-torch-compile: the TOP contract needs it off, torch.compile changes")
 
 

@@ -170,3 +170,32 @@ def test_run_config_mapping(monkeypatch):
         SglangEngine.from_config({"model_path": "/m"}, start=False)  # no attention kernel in the process's plan
     eng = SglangEngine.from_config({"model_path": "/m"}, trainer_attention_backend="flashinfer", index=1, start=False)
     assert eng.cfg.attention_backend == "flashinfer" and eng.cfg.port == 30001
+
+
+def test_rollout_sglang_is_typed_by_hydra_from_the_engine_config():
+    """`rollout.sglang.<key>=v` needs no `+`, Hydra checks its kind, the resolved config records every engine setting,
+    and the node has SglangEngineConfig's fields and defaults (one source), its run-level keys taken from the run."""
+    import dataclasses
+
+    from top_rl.cli import compose
+    from top_rl.config import ConfigError
+    from top_rl.rollout.config import FROM_THE_RUN, SglangSettings
+    from top_rl.rollout.sglang_config import SglangEngineConfig
+    from top_rl.rollout.sglang_plan import engine_config
+
+    engine_defaults = {f.name: getattr(SglangEngineConfig(), f.name) for f in dataclasses.fields(SglangEngineConfig)}
+    settings = {f.name: getattr(SglangSettings(), f.name) for f in dataclasses.fields(SglangSettings)}
+    assert settings == {**engine_defaults, **FROM_THE_RUN}
+
+    run = compose(["rollout=sglang", "model.path=/m", "rollout.sglang.mem_fraction_static=0.45",
+                   "rollout.sglang.port=31000", "+rollout.sglang.env.SGLANG_LOG_LEVEL=1"])
+    assert run.as_dict()["rollout"]["sglang"]["request_timeout_s"] == 1800.0  # recorded, not implied
+    cfg = engine_config(run, index=1)
+    assert (cfg.mem_fraction_static, cfg.port, cfg.env, cfg.model_path, cfg.top) == (0.45, 31001,
+                                                                                     {"SGLANG_LOG_LEVEL": "1"}, "/m", True)
+    assert cfg.attention_backend == run.top.attention_backend and cfg.python == engine_defaults["python"]
+    with pytest.raises(ConfigError, match="rollout.sglang.port=abc could not be converted to Integer|"
+                                          "Error merging override rollout.sglang.port=abc"):
+        compose(["rollout=sglang", "rollout.sglang.port=abc"])
+    with pytest.raises(ConfigError, match="rollout.sglang.mem_fractio_static is not a key|Key 'mem_fractio_static'"):
+        compose(["rollout=sglang", "rollout.sglang.mem_fractio_static=0.5"])

@@ -127,6 +127,19 @@ def test_check_compatible_lists_keys_and_allow_changes_overrides():
         "rollout.n_samples: checkpoint 4 -> now 8", "seed: checkpoint 0 -> now 1"]
 
 
+def test_an_sglang_engine_may_move_on_resume_but_not_change_what_it_computes():
+    """Where a server runs and how it takes its weights (port, interpreter, timeouts, weight_sync) may change on a
+    resume (another node, another install); what it computes with (e.g. its KV pool) is a change like any other."""
+    saved = {"rollout": {"sglang": {"port": 30000, "python": "/a/bin/python", "weight_sync": "disk",
+                                    "mem_fraction_static": 0.7}}}
+    moved = {"rollout": {"sglang": {"port": 31000, "python": "/b/bin/python", "weight_sync": "distributed",
+                                    "mem_fraction_static": 0.7}}}
+    assert checkpoint.check_compatible(saved, moved, allow_changes=False) == []
+    with pytest.raises(ResumeRefused, match=r"rollout\.sglang\.mem_fraction_static: checkpoint 0\.7 -> now 0\.45"):
+        checkpoint.check_compatible(saved, {"rollout": {"sglang": {**moved["rollout"]["sglang"],
+                                                                   "mem_fraction_static": 0.45}}}, allow_changes=False)
+
+
 def test_a_setting_newer_than_the_checkpoint_is_a_notice_not_a_change(capsys):
     """A key the checkpoint's config lacks (added to top-rl since, e.g. task.max_row_bytes) keeps the old behaviour by
     default: the resume goes on, naming it; a key the checkpoint has and the run changed is still refused."""

@@ -205,7 +205,7 @@ def check_config(cfg: SglangEngineConfig, trainer_attention_backend: str,
     if not cfg.model_path:
         raise TopConfigError("model_path is empty: set it to the HF checkpoint the server loads")
     if cfg.weight_sync not in WEIGHT_SYNC_MODES:
-        raise TopConfigError(f"weight_sync={cfg.weight_sync!r}; choose one of {list(WEIGHT_SYNC_MODES)}")
+        raise TopConfigError(f"rollout.sglang.weight_sync={cfg.weight_sync!r}; choose one of {list(WEIGHT_SYNC_MODES)}")
     if cfg.logprob_source not in ("prefill", "decode"):
         raise TopConfigError(f"logprob_source={cfg.logprob_source!r}; choose 'prefill' or 'decode'")
     if not 1 <= cfg.port <= MAX_PORT:

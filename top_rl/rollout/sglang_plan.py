@@ -1,4 +1,4 @@
-"""From the run config (Hydra's `rollout.sglang` mapping plus run-level settings) to engine configs and the
+"""From the run config (Hydra's `rollout.sglang` plus run-level settings) to engine configs and the
 dry-run plan. One rule lives here: the engine's attention backend defaults to the trainer's
 (`top.attention_backend`), so a user sets it once; setting a different one is refused (sglang_config)."""
 
@@ -9,15 +9,19 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from top_rl import contract
+from top_rl.rollout.config import FROM_THE_RUN
 from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, check_config
 from top_rl.rollout.sglang_launch import build_launch, check_extra_args
 
 _FIELDS = {f.name for f in dataclasses.fields(SglangEngineConfig)}
 
 
-def config_from_dict(d: Mapping[str, Any] | None, index: int = 0, **defaults) -> SglangEngineConfig:
-    """`d` (e.g. rollout.sglang) over `defaults` (run-level: model_path, logprob_source, top, attention_backend).
-    Engine `index` listens on port + index, so several engines can share a node."""
+def config_from_dict(d: Mapping[str, Any] | Any | None, index: int = 0, **defaults) -> SglangEngineConfig:
+    """`d` (the run's rollout.sglang, or a mapping of SglangEngineConfig fields) over `defaults` (run-level:
+    model_path, logprob_source, top, attention_backend). Engine `index` listens on port + index, so several engines
+    can share a node."""
+    if dataclasses.is_dataclass(d):  # Hydra's typed rollout.sglang: its unset run-level keys take the run's value
+        d = {k: v for k, v in dataclasses.asdict(d).items() if not (k in FROM_THE_RUN and v == FROM_THE_RUN[k])}
     d = dict(d or {})
     unknown = set(d) - _FIELDS
     if unknown:
@@ -41,7 +45,7 @@ def initial_policy_dir(run_dir) -> Path:
 
 
 def _check_types(d: Mapping[str, Any]) -> None:
-    """Each rollout.sglang value has its field's kind (a Hydra free-form mapping: nothing typed it yet)."""
+    """Each value has its field's kind (a mapping given in code; Hydra's rollout.sglang is typed already)."""
     defaults = SglangEngineConfig()
     for key, value in d.items():
         default = getattr(defaults, key)

@@ -38,7 +38,12 @@ _STEP_DIR = re.compile(r"step_(\d+)")
 FORMAT = 2  # 2: manifest.json (format-1 checkpoints have none and load unverified, with a note)
 # Keys a resume may change freely: they do not enter any computed number.
 RESUME_FREE_KEYS = {"steps", "run_dir", "resume", "resume_allow_changes", "dry_run", "checkpoint", "tracking",
-                    "cluster", "top.fast_paths"}  # fast paths: the same numbers, faster
+                    "cluster", "top.fast_paths",  # fast paths: the same numbers, faster
+                    # where and how an SGLang engine runs and takes its weights (they arrive bitwise either way)
+                    *(f"rollout.sglang.{k}" for k in (
+                        "host", "port", "python", "log_path", "startup_timeout_s", "request_timeout_s", "max_retries",
+                        "retry_backoff_s", "restart_on_failure", "validate_with_parser", "weight_sync", "weights_dir",
+                        "keep_weight_versions", "bucket_mb", "flattened_buckets", "weight_group_name"))}
 # Keys whose value a resume takes from the checkpoint, so a change could not take effect: refused even under
 # resume_allow_changes=true (every other change it allows is applied: rollout, algo, task, top, seed, and the
 # trainer's optimizer settings, which top_rl.train.optim puts into the loaded optimizer).
