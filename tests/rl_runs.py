@@ -35,10 +35,9 @@ def start(run_dir: Path, *overrides: str, fault: str | None = None, wandb: str =
     if fault:
         env["TOP_RL_FAULT"] = fault
     ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None
-    proc = subprocess.Popen([sys.executable, "-m", "top_rl.cli", f"run_dir={run_dir}", *overrides],
+    return subprocess.Popen([sys.executable, "-m", "top_rl.cli", f"run_dir={run_dir}", *overrides],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True, preexec_fn=ignore)
-    return proc
 
 
 def finish(proc: subprocess.Popen, timeout: float = 400) -> subprocess.CompletedProcess:

@@ -1,5 +1,5 @@
 """Shipped task resources (top_rl/tasks/sources.py): GSM8K's splits and Qwen3's tokenizer, so a GSM8K run needs no
-download. The tokenizer is compared with the offline copy of Qwen's files where this machine has one."""
+download. The tokenizer is checked against the SHA-256 of Qwen's own files, on every machine."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import pytest
 
 from top_rl.tasks import sources
 from top_rl.tasks.gsm8k import Gsm8kConfig, Gsm8kTask
-
 
 
 def test_shipped_gsm8k_splits_are_complete_rows():

@@ -96,8 +96,9 @@ class Tracker:
         self.run_id = run_id
         if self.mode != "disabled":
             import wandb
-            self.run = wandb.init(project=cfg.project, entity=cfg.entity, name=cfg.run_name, dir=run_dir,
-                                  id=run_id, resume="allow", mode=self.mode, config=_config_dict(config))
+            self.run = wandb.init(project=cfg.project, entity=cfg.entity, name=cfg.run_name,
+                                  dir=run_dir, id=run_id, resume="allow", mode=self.mode,
+                                  config=_config_dict(config))
             self.run_id = self.run.id  # the checkpoint stores it so a resume continues this run
             # every key is plotted against our step, also after a resume
             self.run.define_metric("step")

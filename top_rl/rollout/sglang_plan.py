@@ -20,13 +20,14 @@ def config_from_dict(d: Mapping[str, Any] | Any | None, index: int = 0, **defaul
     """`d` (the run's rollout.sglang, or a mapping of SglangEngineConfig fields) over `defaults` (run-level:
     model_path, logprob_source, top, attention_backend). Engine `index` listens on port + index, so several engines
     can share a node."""
-    if dataclasses.is_dataclass(d):  # Hydra's typed rollout.sglang: its unset run-level keys take the run's value
+    if dataclasses.is_dataclass(d):  # Hydra's typed rollout.sglang (keys and kinds checked): unset run-level keys
         d = {k: v for k, v in dataclasses.asdict(d).items() if not (k in FROM_THE_RUN and v == FROM_THE_RUN[k])}
-    d = dict(d or {})
-    unknown = set(d) - _FIELDS
-    if unknown:
-        raise TopConfigError(f"rollout.sglang: unknown keys {sorted(unknown)}; known: {sorted(_FIELDS)}")
-    _check_types(d)
+    else:
+        d = dict(d or {})
+        unknown = set(d) - _FIELDS
+        if unknown:
+            raise TopConfigError(f"rollout.sglang: unknown keys {sorted(unknown)}; known: {sorted(_FIELDS)}")
+        _check_types(d)
     merged = {**{k: v for k, v in defaults.items() if v is not None}, **d}
     for key in ("extra_args",):
         if key in merged:
