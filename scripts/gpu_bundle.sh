@@ -66,6 +66,7 @@ SGLANG_SERVER=(fastapi==0.163.2 annotated-doc==0.0.7 uvicorn==0.54.0 python-mult
                opentelemetry-api==1.45.2 importlib-metadata==10.2.0  # fastapi 0.163's telemetry module imports it
                openai-harmony==0.0.4  # the server's lifespan imports its OpenAI responses endpoint
                setproctitle==1.3.8 soundfile==0.13.1 cffi==2.1.1 pycparser==3.12
+               torch-memory-saver==0.0.10  # --enable-memory-saver (cluster.gpu_handoff): its cu13 hooks ship in the wheel
                jsonschema==4.25.1 referencing==0.36.2 jsonschema-specifications==2025.9.1 rpds-py==0.27.1)
 # sglang-kernel minus what a dense bf16 model on Hopper never loads (FA3's flash_ops alone is 1 GB unpacked)
 SGLANG_KERNEL_KEEP=(sgl_kernel/)

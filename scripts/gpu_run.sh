@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one entry point on the lent GPU machine (device `run` tool, carry=[".gpu_bundle/core", ...]):
-#   bash scripts/gpu_run.sh [all|tests|bench|bench-trainer|bench-rollout|e2e|none]   (none: only the install)
+#   bash scripts/gpu_run.sh [all|tests|bench|bench-trainer|bench-rollout|bench-compare|e2e|none]   (none: only the install)
 # installs the wheels of .gpu_bundle/ (made here by scripts/gpu_bundle.sh) into a private target dir,
 # runs `pytest tests/gpu` and bench/*.py, and writes logs plus summary.md to $OUT (at most 8 files come
 # back). Each stage has its own timeout so the summary is written even when one stage hangs; the whole
@@ -96,8 +96,11 @@ if [[ "$WHAT" == e2e ]]; then
   JOB=("$PY" -m top_rl.cli tracking.wandb_mode=disabled tracking.console=true)
   NATIVE=(+experiment=one_node_qwen3_0.6b_arith)
   B=(trainer.dp=2 cluster.colocate=true cluster.engine_gpus=0.5 cluster.trainer_gpus=0.5)
+  # (g) hands the GPU between server and trainer (cluster.gpu_handoff: the server's KV pool takes 0.8 of the GPU while
+  # it generates, the trainer takes it back for its step) with CUDA graphs and running requests up to the whole batch
   G=(+experiment=gsm8k_qwen3_0.6b model.path=null rollout.num_engines=1 cluster.colocate=true cluster.engine_gpus=0.5
-     cluster.trainer_gpus=0.5 rollout.sglang.mem_fraction_static=0.45 "checkpoint.every=${E2E_G_EVERY:-5}")
+     cluster.trainer_gpus=0.5 cluster.gpu_handoff=true rollout.sglang.mem_fraction_static=0.8
+     rollout.sglang.cuda_graph_max_bs=512 rollout.sglang.max_running_requests=512 "checkpoint.every=${E2E_G_EVERY:-0}")
   : >"$OUT/e2e.log"
   for run in ${E2E_RUNS:-a b c}; do
     keep=""
@@ -123,6 +126,17 @@ if [[ "$WHAT" == e2e ]]; then
     [ -f "/tmp/e2e_$run/metrics.jsonl" ] && cp "/tmp/e2e_$run/metrics.jsonl" "$OUT/metrics_$run.jsonl"
   done
   ls "$OUT"/metrics_*.jsonl >/dev/null 2>&1 && "$PY" bench/rl_step.py "$OUT"/metrics_*.jsonl >>"$OUT/summary.md" 2>&1
+fi
+
+if [[ "$WHAT" == bench-compare ]]; then
+  # bench/rl_step_compare.py: the GSM8K step on a live server, TOP against non-TOP (its own call: ~7-9 minutes;
+  # carry the two sglang_live carries + ray). TOP_RL_COMPARE_ARGS: more flags, e.g. "--steps 4 --max-new-tokens 512"
+  # shellcheck disable=SC2086
+  timeout "${BENCH_COMPARE_TIMEOUT:-560}" "$PY" bench/rl_step_compare.py --out "$OUT" ${TOP_RL_COMPARE_ARGS:-} \
+    >"$OUT/bench_rl_step_compare.log" 2>&1
+  echo "bench rl_step_compare exit code: $? ($(( $(date +%s) - T0 )) s since start)" >>"$OUT/summary.md"
+  if [[ -f "$OUT/rl_step_compare.md" ]]; then cat "$OUT/rl_step_compare.md" >>"$OUT/summary.md"
+  else tail -n 30 "$OUT/bench_rl_step_compare.log" >>"$OUT/summary.md"; fi
 fi
 
 if [[ "$WHAT" == all || "$WHAT" == bench ]]; then

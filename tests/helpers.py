@@ -69,3 +69,22 @@ def with_plan(monkeypatch, **changes):
     monkeypatch.setattr(kernels, "_active", kernels._active)  # install() below may switch the backend module
     kernels.install(new)
     return new
+
+
+def push_by_ipc(monkeypatch, eng, sd: dict, version: int, bucket_bytes: int) -> None:
+    """SglangIpc's two ends without Ray: rank 0's send (its payload, kept alive until the answer) straight into the
+    engine actor's receive."""
+    from types import SimpleNamespace
+
+    import ray
+
+    from top_rl.weights.base import Outgoing
+    from top_rl.weights.sglang_ipc import SglangIpc
+    from top_rl.weights.transport import Link, Transport
+
+    monkeypatch.setattr(ray, "get", lambda done: done)
+    actor = SimpleNamespace(engine=eng)
+    handle = SimpleNamespace(receive_weights=SimpleNamespace(
+        remote=lambda kind, payload, v: SglangIpc.receive(actor, payload, v)))
+    link = Link(Transport.sglang_ipc, eng.cfg.tp_size, None, eng.cfg.flattened_buckets)
+    SglangIpc(handle, link).send(Outgoing(list(sd.items()), bucket_bytes), version)()

@@ -23,6 +23,7 @@ from top_rl.rollout.config import LogprobSource, RolloutConfig
 from top_rl.observe.tracking import TrackingConfig
 from top_rl.tasks import TaskConfig
 from top_rl.train import TrainerConfig
+from top_rl.weights import transport as weight_transport
 
 
 @dataclass
@@ -168,6 +169,13 @@ def validate(cfg: RunConfig) -> RunConfig:
     if cfg.algo.loss.kl_coef != 0:
         errors.append(f"algo.loss.kl_coef={cfg.algo.loss.kl_coef}: the loop keeps no reference policy, so a KL penalty "
                       "cannot be computed; set algo.loss.kl_coef=0 (GRPO/DAPO-style runs train without it)")
+    if cfg.cluster.gpu_handoff and cfg.rollout.engine != "sglang":
+        errors.append(f"cluster.gpu_handoff=true hands a GPU between SGLang servers and the trainer rank they share it "
+                      f"with (SGLang's release/resume_memory_occupation): it needs rollout.engine=sglang, not "
+                      f"{cfg.rollout.engine}")
+    transport_refusal = weight_transport.refusal(cfg.cluster.weight_transport, cfg.rollout.engine)
+    if transport_refusal:
+        errors.append(transport_refusal)
     batch = cfg.rollout.prompts_per_step * cfg.rollout.n_samples
     if cfg.algo.updates_per_rollout > batch:
         errors.append(f"algo.updates_per_rollout={cfg.algo.updates_per_rollout} exceeds the {batch} samples of a step "

@@ -38,6 +38,12 @@ def rollout_metrics(samples, seconds: float) -> dict:
             "perf/rollout_tokens_per_s": sum(lengths) / seconds if seconds > 0 else float("nan")}
 
 
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
 def _kernel_metrics(run_dir: Path, reports: list[dict]) -> dict:
     """Every actor's kernel report (the paths its ops took, its fallbacks) to run_dir/kernels.json; the counts as
     step metrics."""
@@ -82,6 +88,7 @@ def run(cfg: RunConfig) -> dict:
             samples = cluster.generate([it.prompt_ids for it in group_items],
                                        [sample_seed(cfg.seed, step, i) for i in range(len(group_items))], params)
             t_rollout = time.perf_counter() - t0
+            engine_metrics = cluster.rollout_metrics()  # the engines' own: generation, re-score, server peaks
             rewards = torch.tensor([task.reward(it, task.response_text(s.response_ids))
                                     for it, s in zip(group_items, samples)])
             advantages = grpo_advantages(rewards, n, cfg.algo.normalize_std)
@@ -91,11 +98,16 @@ def run(cfg: RunConfig) -> dict:
             batch = RLBatch([RLSample.from_rollout(s, float(a), it.uid)
                              for s, a, it in zip(samples, advantages, group_items)],
                             cfg.rollout.temperature, cfg.rollout.logprob_source, step + 1, cfg.algo.updates_per_rollout)
+            t_handoff = 0.0
+            if cfg.cluster.gpu_handoff:  # the servers give the GPU to the trainer for its step (top_rl.driver.cluster)
+                t_handoff = _timed(cluster.release_engine_memory)
             t1 = time.perf_counter()
             report = cluster.rl_step(batch)
             t_train = time.perf_counter() - t1
             if report.verdict.message is not None:  # the trainer's verdict, whole
                 gate.act(report.verdict, step + 1, cfg.top)
+            if cfg.cluster.gpu_handoff:  # ... and take it back, empty: the push below restores their weights
+                t_handoff += _timed(cluster.resume_engine_memory)
             t2 = time.perf_counter()
             cluster.push_weights()
             t_push = time.perf_counter() - t2
@@ -104,6 +116,7 @@ def run(cfg: RunConfig) -> dict:
                 **report.parity,
                 "rollout/reward_mean": float(rewards.mean()),
                 **rollout_metrics(samples, t_rollout),
+                **engine_metrics,
                 **prompt_counts,
                 "data/rows_skipped": getattr(task, "skipped", 0),
                 **{f"train/{k}": v for k, v in report.losses.items()},
@@ -115,6 +128,7 @@ def run(cfg: RunConfig) -> dict:
                 "perf/rollout_time": t_rollout,
                 "perf/train_time": t_train,
                 "perf/weight_push_time": t_push,
+                **({"perf/gpu_handoff_time": t_handoff} if cfg.cluster.gpu_handoff else {}),
                 "perf/step_time": time.perf_counter() - t0,
                 **_kernel_metrics(run_dir, cluster.kernel_reports()),
             }

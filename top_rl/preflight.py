@@ -163,10 +163,10 @@ def shared_gpu_memory(cfg, ready: Ready) -> None:
     servers = -(-cfg.rollout.num_engines // world)
     fraction = config_from_dict(cfg.rollout.sglang).mem_fraction_static or 0.88  # None: SGLang's own (~0.88 on H200)
     tokens = t.micro_batch_tokens or (t.micro_batch_size or 1) * ready.model_cfg.max_position_embeddings
-    est = sglang_memory.estimate(ready.model_cfg, tokens, t.recompute, fraction, servers, gpu)
+    est = sglang_memory.estimate(ready.model_cfg, tokens, t.recompute, fraction, servers, gpu,
+                                 handoff=cfg.cluster.gpu_handoff)
     if est.needed > gpu:
-        room = gpu - (est.needed - servers * est.server_static_bytes)
-        best = room / (servers * gpu)
+        best = est.best_fraction()
         fix = (f"set rollout.sglang.mem_fraction_static <= {best:.2f}" if best > 0.05 else
                "the trainer alone leaves no room for a server")
         raise Refused(f"the GPU shared by the trainer and SGLang (cluster.colocate=true) cannot hold both: "
@@ -218,9 +218,10 @@ def run_plan(cfg, ready: Ready) -> RunPlan:
     sglang = ready.sglang or (None,) * cfg.rollout.num_engines
     trainer = TrainerSpec(world=cfg.trainer.world, trainer_cfg=dataclasses.replace(cfg.trainer, dtype=cfg.model.dtype),
                           step_cfg=RLStepConfig(loss=cfg.algo.loss, gate=cfg.top,
-                                                dump_dir=str((run_dir / "parity").resolve())),
+                                                dump_dir=str((run_dir / "parity").resolve()),
+                                                old_logprobs=str(cfg.algo.old_logprobs)),
                           model_cfg=cfg.model, arch=ready.model_cfg, vocab_size=ready.task.vocab_size,
-                          eos_token_id=ready.task.eos_token_id)
+                          eos_token_id=ready.task.eos_token_id, release_cache_after_step=cfg.cluster.gpu_handoff)
     return RunPlan(
         cluster=cfg.cluster, placement=ready.placement,
         kernels=resolve_kernel_plan(cfg),  # decided once, here; written back into cfg.top.fast_paths

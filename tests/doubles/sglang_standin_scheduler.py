@@ -24,6 +24,12 @@ What it copies from the real scheduler, by the pinned source (sglang/srt/manager
 - flush_cache succeeds only with no request in flight, waiting up to timeout_s (scheduler.py:2871-2888).
 - update_weights_from_tensor: TP rank r deserializes serialized_named_tensors[r] (tp_worker.py:157-166); the
   stand-in plays every rank of its tp_size and loads rank 0's tensors.
+- release/resume_memory_occupation (scheduler_update_weights_mixin.py:136-190): the real scheduler asserts it is
+  idle, pauses the KV pool (flushing it) and the weights; after a resume the weights hold whatever the memory holds
+  until the next update. The stand-in records each call with whether it was idle (`memory_events`), fills its weights
+  with NaN on release (so a rollout before the next push shows as a parity failure, never as silence) and refuses a
+  generation while released.
+- /v1/loads (GetLoadsReqInput): one GetLoadsReqOutput with the requests in flight as running.
 """
 
 from __future__ import annotations
@@ -64,6 +70,9 @@ class StandinScheduler:
         self.groups: dict = {}
         self.deliver: Callable[[object], None] = lambda out: None  # set by the server (into the tokenizer manager)
         self.in_flight = 0
+        self.released = False
+        self.memory_events: list[tuple[str, bool]] = []  # ("release" | "resume", idle when it arrived)
+        self.peak_in_flight = 0
         self.hold = threading.Event()  # tests: clear() keeps generations waiting (a busy server), set() releases
         self.hold.set()
         self._lock = threading.Lock()
@@ -81,9 +90,12 @@ class StandinScheduler:
             return self.deliver(io.GetInternalStateReqOutput(internal_state={"stand_in_scheduler": True}))
         if isinstance(obj, io.AbortReq):
             return None  # every request is computed to the end; the tokenizer manager already dropped its state
+        if isinstance(obj, io.GetLoadsReqInput):
+            return self.deliver(self._loads())
         if isinstance(obj, (io.TokenizedGenerateReqInput, io.BatchTokenizedGenerateReqInput)):
             with self._lock:
                 self.in_flight += len(obj.batch) if isinstance(obj, io.BatchTokenizedGenerateReqInput) else 1
+                self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         self._queue.put(obj)
 
     def stop(self) -> None:
@@ -103,6 +115,8 @@ class StandinScheduler:
                     self._generate_and_deliver(req)
             elif isinstance(obj, io.TokenizedGenerateReqInput):
                 self._generate_and_deliver(obj)
+            elif isinstance(obj, (io.ReleaseMemoryOccupationReqInput, io.ResumeMemoryOccupationReqInput)):
+                self.deliver(self._memory(obj))
             elif type(obj) in handlers:
                 handle, output = handlers[type(obj)]
                 try:
@@ -123,10 +137,33 @@ class StandinScheduler:
             return answer()
         threading.Thread(target=answer, daemon=True).start()
 
+    def _loads(self):
+        with self._lock:
+            running = self.in_flight
+        return self.io.GetLoadsReqOutput(
+            dp_rank=0, timestamp=time.time(), num_running_reqs=running, num_waiting_reqs=0, num_used_tokens=0,
+            num_total_tokens=0, max_total_num_tokens=1, token_usage=0.0, gen_throughput=0.0, cache_hit_rate=0.0,
+            utilization=0.0, max_running_requests=1 << 20)
+
+    def _memory(self, req):
+        release = isinstance(req, self.io.ReleaseMemoryOccupationReqInput)
+        with self._lock:
+            self.memory_events.append(("release" if release else "resume", self.in_flight == 0))
+        print(f"stand-in memory: {self.memory_events[-1][0]} idle={self.memory_events[-1][1]}", flush=True)  # the log
+        if release:
+            self.released = True
+            sd = self.model.hf_state_dict()
+            self.model.load_hf({k: torch.full_like(v, float("nan")) for k, v in sd.items()}, source="memory released")
+            return self.io.ReleaseMemoryOccupationReqOutput()
+        self.released = False
+        return self.io.ResumeMemoryOccupationReqOutput()
+
     # ------------------------------------------------------------------------------ generation
     def _generate_and_deliver(self, req) -> None:
         self.hold.wait()
         try:
+            if self.released:
+                raise RuntimeError("the server's memory is released (release_memory_occupation): no weights to run")
             out = self._generate(req)
         except Exception as e:  # a scheduler bug answers 500 naming it, rather than hanging the request
             out = self._output(req, self._abort(f"stand-in scheduler: {type(e).__name__}: {e}",

@@ -77,7 +77,7 @@ def test_settings_the_loop_cannot_run_are_refused_naming_the_key():
         compose(["algo.updates_per_rollout=1000"])
     with pytest.raises(ConfigError, match=r"trainer\.dp=0 must be >= 1"):
         compose(["trainer.dp=0"])
-    with pytest.raises(ConfigError, match=r"cluster\.weight_transport=nccl.*expected one of \[auto, broadcast"):
+    with pytest.raises(ConfigError, match=r"cluster\.weight_transport=nccl.*expected one of \[auto, ipc, broadcast, object_store, disk\]"):
         compose(["cluster.weight_transport=nccl"])
 
 

@@ -52,8 +52,9 @@ def models(tmp_path_factory):
     (["cluster.colocate=true"], 1, ["cluster.colocate=true shares each trainer rank's GPU"]),
     (["rollout=sglang", "model.path=/m", "rollout.sglang.extra_args=3"], 2,
      ["Error merging override rollout.sglang.extra_args=3", "is not a ListConfig, list or tuple"]),
-    (["rollout=sglang", "model.path=/m", "rollout.sglang.weight_sync=nfs"], 1,
-     ["rollout.sglang.weight_sync='nfs'; choose one of ['disk', 'distributed', 'tensor']"]),
+    (["rollout=sglang", "model.path=/m", "cluster.weight_transport=object_store"], 2,
+     ["cluster.weight_transport=object_store does not reach a sglang rollout engine; choose one of "
+      "['auto', 'broadcast', 'disk', 'ipc']"]),
     (["rollout=sglang", "model.path=/m", "+rollout.sglang.env={SGLANG_ENABLE_DETERMINISTIC_INFERENCE: 0}"], 1,
      ["SGLANG_ENABLE_DETERMINISTIC_INFERENCE='0' in the engine config's env, but the TOP contract pins '1'"]),
     (["trainer.tp=3", "cluster.num_cpus=4"], 1, ["trainer.tp=3 does not split this model", "valid trainer.tp: 1"]),

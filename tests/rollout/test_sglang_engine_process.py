@@ -116,7 +116,7 @@ def test_distributed_sync_over_a_process_group(setup, tmp_path):
     """Trainer = this process (rank 0), server = the stand-in process (rank 1); gloo stands in for NCCL."""
     import torch.distributed as dist
 
-    cfg = _cfg(setup, tmp_path, weight_sync="distributed", bucket_mb=0, restart_on_failure=True)
+    cfg = _cfg(setup, tmp_path, restart_on_failure=True)
     eng = SglangEngine(cfg, "fa3")
     group = None
     try:
@@ -134,11 +134,12 @@ def test_distributed_sync_over_a_process_group(setup, tmp_path):
         t.join()
         assert joined["r"]["success"] is True
         other = tiny_model(seed=6)
-        for flattened in (True, False):
+        for version, flattened in enumerate((True, False), 1):  # SglangDistributed's two ends, without Ray
             eng.cfg.flattened_buckets = flattened
-            eng.set_broadcast_hook(functools.partial(sglang_distributed.broadcast_bucket, group=group,
-                                                     flattened=flattened))
-            eng.update_weights(hf_state_dict(other))
+            sglang_distributed.sync_distributed(
+                hf_state_dict(other).items(), 0, functools.partial(_in_thread, eng.update_weights_from_distributed),
+                functools.partial(sglang_distributed.broadcast_bucket, group=group, flattened=flattened),
+                weight_version=str(version))
             got = eng.generate(PROMPTS, SEEDS, PARAMS)
             assert [s.logprobs for s in got] == [s.logprobs for s in NativeEngine(other).generate(PROMPTS, SEEDS, PARAMS)]
         assert got[0].meta["weight_version"] == "2"
@@ -178,3 +179,24 @@ def test_server_sees_stop_signals_even_when_its_launcher_blocks_them(setup, tmp_
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
         eng.shutdown()
+
+
+def _in_thread(fn, meta: dict):
+    """Start fn(**meta) on a thread (the server's receive returns only after the broadcast made next); the waiter
+    joins it and re-raises its error (what a Ray call on the engine's actor is to trainer rank 0)."""
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["value"] = fn(**meta)
+        except BaseException as e:  # noqa: BLE001 - re-raised by the waiter
+            result["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+
+    def wait() -> None:
+        t.join()
+        if "error" in result:
+            raise result["error"]
+    return wait

@@ -105,8 +105,6 @@ def test_pinned_env_with_another_value_is_refused():
 def test_other_config_mistakes():
     with pytest.raises(TopConfigError, match="model_path"):
         check_config(_cfg(model_path=""), "fa3", base_env=ENV)
-    with pytest.raises(TopConfigError, match="weight_sync"):
-        check_config(_cfg(weight_sync="nfs"), "fa3", base_env=ENV)
     with pytest.raises(TopConfigError, match="logprob_source"):
         check_config(_cfg(logprob_source="sampler"), "fa3", base_env=ENV)
 

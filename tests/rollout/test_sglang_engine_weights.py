@@ -1,6 +1,7 @@
 """Weight-sync payloads: buckets, the flattened layout (checked against SGLang's own FlattenedTensorBucket), and
-the colocated tensor path end to end against the in-thread STAND-IN server (same process: the payload's shared
-memory handles resolve there; on a cluster they are CUDA IPC handles and need the same host)."""
+the IPC variant (top_rl.weights.sglang_ipc: rank 0 serialises, the engine posts) end to end against the in-thread
+STAND-IN server (same process: the payload's shared-memory handles resolve there; on a GPU they are CUDA IPC
+handles into trainer rank 0's memory, tests/gpu/test_sglang_live.py)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sglang_cpu  # noqa: E402
-from helpers import tiny_model  # noqa: E402
+from helpers import push_by_ipc, tiny_model  # noqa: E402
 
 from top_rl.model import hf_state_dict, save_model  # noqa: E402
 from top_rl.rollout.base import SamplingParams  # noqa: E402
 from top_rl.rollout.native import NativeEngine  # noqa: E402
 from top_rl.rollout.sglang import SglangEngine  # noqa: E402
-from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError  # noqa: E402
+from top_rl.rollout.sglang_config import SglangEngineConfig  # noqa: E402
 from top_rl.weights import buckets as W  # noqa: E402
 from top_rl.weights.sglang_distributed import sync_distributed  # noqa: E402
 from tests.doubles.sglang_standin import StandinServer  # noqa: E402
@@ -85,27 +86,20 @@ def ckpt(tmp_path_factory):
 
 @needs_sglang
 @pytest.mark.parametrize("flattened", [True, False])
-def test_tensor_sync_end_to_end(ckpt, flattened):
+def test_ipc_push_end_to_end(ckpt, flattened, monkeypatch):
     other = tiny_model(seed=3)
     with StandinServer(str(ckpt)) as srv:
-        cfg = SglangEngineConfig(model_path=str(ckpt), port=srv.port, weight_sync="tensor", bucket_mb=0,
-                                 flattened_buckets=flattened)
+        cfg = SglangEngineConfig(model_path=str(ckpt), port=srv.port, flattened_buckets=flattened)
         eng = SglangEngine(cfg, "fa3")
-        eng.update_weights(hf_state_dict(other))
+        push_by_ipc(monkeypatch, eng, hf_state_dict(other), 4, bucket_bytes=0)
         bodies = [b for p, b in srv.requests if p == "/update_weights_from_tensor"]
-        assert len(bodies) == len(hf_state_dict(other))  # bucket_mb=0: one tensor per bucket
+        assert len(bodies) == len(hf_state_dict(other))  # bucket_bytes=0: one tensor per bucket
         assert all(len(b["serialized_named_tensors"]) == cfg.tp_size for b in bodies)
         assert {b["load_format"] for b in bodies} == {"flattened_bucket" if flattened else None}
-        # only the last bucket flushes and flips the weight version
-        assert [b["weight_version"] for b in bodies] == [None] * (len(bodies) - 1) + ["1"]
+        # only the last bucket flushes and flips the weight version, to the trainer's
+        assert [b["weight_version"] for b in bodies] == [None] * (len(bodies) - 1) + ["4"]
         assert [b["flush_cache"] for b in bodies] == [False] * (len(bodies) - 1) + [True]
         params = SamplingParams(max_new_tokens=4, temperature=0.9)
         got = eng.generate([[3, 4, 5]], [7], params)
         want = NativeEngine(other).generate([[3, 4, 5]], [7], params)
-        assert got[0].logprobs == want[0].logprobs and got[0].meta["weight_version"] == "1"
-
-
-def test_distributed_sync_needs_the_trainers_broadcast(ckpt):
-    eng = SglangEngine(SglangEngineConfig(model_path=str(ckpt), weight_sync="distributed"), "fa3")
-    with pytest.raises(TopConfigError, match="set_broadcast_hook"):
-        eng.update_weights(hf_state_dict(tiny_model()))
+        assert got[0].logprobs == want[0].logprobs and got[0].meta["weight_version"] == "4"

@@ -36,7 +36,8 @@ def _commands():
     for b in C.attention_backends:
         out.append(_cfg(attention_backend=b))
         out.append(_cfg(attention_backend=b, port=31001, host="0.0.0.0", mem_fraction_static=None,
-                        extra_args=["--chunked-prefill-size", "8192", "--log-level", "warning"]))
+                        chunked_prefill_size=8192, extra_args=["--log-level", "warning"]))
+        out.append(_cfg(attention_backend=b, cuda_graph_max_bs=512, max_running_requests=512, enable_memory_saver=True))
         if b not in C.radix_cache_required_off:
             out.append(_cfg(attention_backend=b, disable_radix_cache=False))
         for tp in (1, 2, 4, 8):
@@ -115,10 +116,10 @@ def test_parser_check_refuses_contradicting_extra_args(extra, why):
 
 @needs_sglang
 def test_parser_check_refuses_small_chunks_with_flashinfer():
-    cfg = _cfg(attention_backend="flashinfer", extra_args=["--chunked-prefill-size", "2048"])
+    cfg = _cfg(attention_backend="flashinfer", chunked_prefill_size=2048)
     with pytest.raises(TopConfigError, match="chunked_prefill_size=2048"):
         validate_argv(build_launch(cfg, "flashinfer", base_env=ENV, check=False).argv, cfg)
-    cfg = _cfg(attention_backend="fa3", extra_args=["--chunked-prefill-size", "2048"])  # fa3 has no alignment
+    cfg = _cfg(attention_backend="fa3", chunked_prefill_size=2048)  # fa3 has no alignment
     validate_argv(build_launch(cfg, "fa3", base_env=ENV, check=False).argv, cfg)
 
 

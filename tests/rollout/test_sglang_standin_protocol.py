@@ -17,11 +17,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sglang_cpu  # noqa: E402
-from helpers import tiny_model  # noqa: E402
+from helpers import push_by_ipc, tiny_model  # noqa: E402
 
 from top_rl import kernels  # noqa: E402
 from top_rl.model import hf_state_dict, pack, save_model  # noqa: E402
-from top_rl.rollout import sglang_weights as W  # noqa: E402
+from top_rl.weights.sglang_ipc import tensor_payload  # noqa: E402
 from top_rl.rollout.sglang import SglangEngine  # noqa: E402
 from top_rl.rollout.sglang_client import SglangClient, SglangHTTPError, SglangUnavailable  # noqa: E402
 from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError  # noqa: E402
@@ -161,19 +161,18 @@ def test_meta_info_and_a_prefill_only_answer(server):
     assert parse_scores(mixed, 0, [4, 5, 6], [7, 8]) == parse_scores(raw[0], 0, [4, 5, 6], [7, 8])
 
 
-def test_tensor_sync_reads_each_tp_ranks_entry(ckpt):
+def test_tensor_sync_reads_each_tp_ranks_entry(ckpt, monkeypatch):
     from tests.doubles.sglang_standin import StandinServer
 
     with StandinServer(str(ckpt[0]), server_args={"tp_size": 2}) as srv:
-        cfg = SglangEngineConfig(model_path=str(ckpt[0]), port=srv.port, weight_sync="tensor", tp_size=2, top=False,
-                                 flattened_buckets=False)
+        cfg = SglangEngineConfig(model_path=str(ckpt[0]), port=srv.port, tp_size=2, top=False, flattened_buckets=False)
         eng = SglangEngine(cfg, "fa3")
         other = hf_state_dict(tiny_model(seed=4))
-        eng.update_weights(other)  # one entry per TP rank: both ranks deserialize theirs
+        push_by_ipc(monkeypatch, eng, other, 1, 1 << 20)  # one entry per TP rank: both ranks deserialize theirs
         assert torch.equal(srv.scheduler.model.norm, other["model.norm.weight"])
-        # a payload entry can be deserialized once (it carries shared-memory handles): build one per request
+    # a payload entry can be deserialized once (it carries shared-memory handles): build one per request
         norm = other["model.norm.weight"]
-        one = lambda t: W.tensor_payload([("model.norm.weight", t)], 1, False)[0]  # noqa: E731
+        one = lambda t: tensor_payload([("model.norm.weight", t)], 1, False)[0]  # noqa: E731
         client = SglangClient(srv.url)
         with pytest.raises(SglangHTTPError, match=r"1 entries for tp_size=2: TP rank 1 reads entry \[1\]"):
             client.update_weights_from_tensor(one(norm))

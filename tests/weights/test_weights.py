@@ -1,6 +1,6 @@
-"""The weights package without Ray: which transport each engine gets, and a push by the senders rank 0 chose at
-connect reaching each engine bitwise (a gloo broadcast pair in two threads, the object store), with a failing
-engine reported by index instead of raised."""
+"""The weights package without Ray: which variant each engine gets from the one setting, the one table of variants,
+and a push by the transports rank 0 made at connect reaching each engine bitwise (a gloo broadcast pair in two
+threads, the object store), with a failing engine reported by index instead of raised."""
 
 from __future__ import annotations
 
@@ -13,32 +13,46 @@ import pytest
 import torch
 
 from top_rl.driver import rendezvous
-from top_rl.weights import receivers, senders
+from top_rl.weights import senders
 from top_rl.weights.group import Group
-from top_rl.weights.transport import Endpoint, Link, Transport, choose, link, sglang_link
+from top_rl.weights.native import Broadcast, ObjectStore
+from top_rl.weights.sglang_distributed import SglangDistributed
+from top_rl.weights.transport import Endpoint, Link, Transport, TransportSetting, choose, link, refusal
 
 CPU, GPU0, GPU1 = Endpoint("n", None), Endpoint("n", "GPU-0"), Endpoint("n", "GPU-1")
 
 
-def test_each_engine_gets_the_transport_its_placement_allows():
-    assert choose("auto", CPU, CPU) == Transport.object_store
-    assert choose("auto", GPU0, GPU1) == Transport.broadcast
-    assert choose("auto", GPU0, GPU0) == Transport.ipc
-    assert choose("auto", GPU0, CPU) == Transport.object_store
-    assert choose("broadcast", CPU, CPU) == Transport.broadcast
-    assert choose("object_store", GPU0, GPU1) == Transport.object_store
+def test_each_engine_gets_the_variant_its_placement_allows():
+    native = [("auto", CPU, CPU, Transport.object_store), ("auto", GPU0, GPU1, Transport.broadcast),
+              ("auto", GPU0, GPU0, Transport.ipc), ("auto", GPU0, CPU, Transport.object_store),
+              ("broadcast", CPU, CPU, Transport.broadcast), ("object_store", GPU0, GPU1, Transport.object_store),
+              ("ipc", GPU0, GPU0, Transport.ipc)]
+    sglang = [("auto", GPU0, GPU0, Transport.sglang_ipc), ("auto", GPU0, GPU1, Transport.sglang_distributed),
+              ("auto", CPU, CPU, Transport.sglang_disk), ("ipc", GPU0, GPU0, Transport.sglang_ipc),
+              ("broadcast", CPU, CPU, Transport.sglang_distributed), ("disk", GPU0, GPU0, Transport.sglang_disk)]
+    assert [choose(s, "native", t, e) for s, t, e, _ in native] == [want for *_, want in native]
+    assert [choose(s, "sglang", t, e) for s, t, e, _ in sglang] == [want for *_, want in sglang]
     with pytest.raises(ValueError, match=r"weight_transport=broadcast, but a rollout engine shares trainer rank 0's GPU"):
-        choose("broadcast", GPU0, GPU0)
+        choose("broadcast", "sglang", GPU0, GPU0)
     with pytest.raises(ValueError, match=r"weight_transport=broadcast needs the trainer and the engines on the same"):
-        choose("broadcast", GPU0, CPU)
+        choose("broadcast", "native", GPU0, CPU)
+    with pytest.raises(ValueError, match=r"weight_transport=ipc, but a rollout engine \(GPU-1\) does not share"):
+        choose("ipc", "sglang", GPU0, GPU1)
     with pytest.raises(ValueError, match="nccl"):
-        choose("nccl", CPU, CPU)
+        choose("nccl", "native", CPU, CPU)
     assert link("broadcast", CPU, CPU) == Link(Transport.broadcast) and link("auto", CPU, CPU).needs_group is False
-    assert sglang_link("disk", 1, True, GPU0) == Link(Transport.object_store)
-    assert sglang_link("tensor", 1, True, GPU0) == Link(Transport.object_store)
-    assert sglang_link("distributed", 2, False, GPU0) == Link(Transport.sglang_distributed, 3, "nccl", False)
-    assert sglang_link("distributed", 1, True, CPU).backend == "gloo"
-    assert Link(Transport.broadcast).group_name(1, 99) != Link(Transport.sglang_distributed).group_name(1, 99)
+
+
+def test_a_setting_that_cannot_reach_the_engine_kind_is_refused_naming_the_choices():
+    assert refusal("object_store", "sglang") == ("cluster.weight_transport=object_store does not reach a sglang rollout "
+                                                 "engine; choose one of ['auto', 'broadcast', 'disk', 'ipc']")
+    assert "choose one of ['auto', 'broadcast', 'ipc', 'object_store']" in refusal("disk", "native")
+    assert [s for s in TransportSetting if refusal(s, "native") and refusal(s, "sglang")] == []
+
+
+def test_one_table_holds_every_variant_once():
+    assert set(senders.TRANSPORTS) == set(Transport)
+    assert all(cls.kind == name for name, cls in senders.TRANSPORTS.items())
 
 
 def _named():
@@ -59,7 +73,10 @@ class _Engine:
     def _receive(self, transport, payload, version):
         if self.fail:
             raise RuntimeError("engine   died\n mid-receive")
-        self.got = (receivers.receive(transport, payload, self.group), version)
+        loaded = {}
+        actor = SimpleNamespace(group=self.group, engine=SimpleNamespace(update_weights=loaded.update))
+        senders.TRANSPORTS[transport].receive(actor, payload, version)  # what EngineActor.receive_weights runs
+        self.got = (loaded, version)
         return version
 
 
@@ -77,14 +94,18 @@ def _pair():
 
 
 def test_a_push_reaches_every_engine_bitwise_and_a_failure_is_reported_by_index(monkeypatch):
-    monkeypatch.setattr(senders, "ray", SimpleNamespace(get=lambda f: f.result(), put=lambda x: x))
+    import ray
+
+    monkeypatch.setattr(ray, "get", lambda f: f.result())
+    monkeypatch.setattr(ray, "put", lambda x: x)
     named = _named()
     with ThreadPoolExecutor(4) as pool:
         zero, one = _pair()
         by_group = _Engine(pool, group=one)
         by_store, dead = _Engine(pool), _Engine(pool, fail=True)
-        chosen = [(0, senders.BroadcastSender(by_group, zero)), (1, senders.ObjectStoreSender(by_store)),
-                  (2, senders.ObjectStoreSender(dead))]
+        chosen = [(0, Broadcast(by_group, Link(Transport.broadcast), zero)),
+                  (1, ObjectStore(by_store, Link(Transport.object_store))),
+                  (2, ObjectStore(dead, Link(Transport.object_store)))]
         results = senders.push(chosen, named, 7, bucket_bytes=64)  # several buckets, mixed dtypes
     assert results == [(0, None), (1, None), (2, "engine died mid-receive")]
     for engine in (by_group, by_store):
@@ -96,8 +117,12 @@ def test_a_push_reaches_every_engine_bitwise_and_a_failure_is_reported_by_index(
 
 def test_sglang_distributed_posts_each_bucket_before_its_broadcast_and_reports_a_failed_server(monkeypatch):
     events = []
-    monkeypatch.setattr(senders, "ray", SimpleNamespace(get=lambda f: f.result()))
-    monkeypatch.setattr(senders, "broadcast_bucket",
+    import ray
+
+    from top_rl.weights import sglang_distributed
+
+    monkeypatch.setattr(ray, "get", lambda f: f.result())
+    monkeypatch.setattr(sglang_distributed, "broadcast_bucket",
                         lambda bucket, group, flattened: events.append(("bcast", [n for n, _ in bucket], flattened)))
 
     def receive(**meta):
@@ -110,7 +135,8 @@ def test_sglang_distributed_posts_each_bucket_before_its_broadcast_and_reports_a
         return f
 
     engine = SimpleNamespace(sglang_receive_bucket=SimpleNamespace(remote=receive))
-    results = senders.push([(3, senders.SglangDistributedSender(engine, None, False))], _named(), 5, bucket_bytes=64)
+    link = Link(Transport.sglang_distributed, 1, "gloo", flattened=False)
+    results = senders.push([(3, SglangDistributed(engine, link, None))], _named(), 5, bucket_bytes=64)
     assert results == [(3, "server refused the last bucket")]
     posts = [e for e in events if e[0] == "post"]
     assert len(posts) > 1 and [v for *_, v in posts] == [None] * (len(posts) - 1) + ["5"]
@@ -118,16 +144,15 @@ def test_sglang_distributed_posts_each_bucket_before_its_broadcast_and_reports_a
     assert all(e[2] is False for e in events if e[0] == "bcast")
 
 
-def test_an_sglang_engines_link_comes_from_the_engines_own_config():
-    from top_rl.driver.cluster import Cluster
-
+def test_an_sglang_engines_link_comes_from_the_setting_and_the_engines_own_config():
     from top_rl.rollout.sglang_plan import config_from_dict
 
-    def link_of(sglang: dict, trainer=CPU):  # the engine's server config as preflight plans it
-        specs = [None, SimpleNamespace(sglang=config_from_dict(sglang, 1))]
-        return Cluster._sglang_link(SimpleNamespace(engine_specs=specs, trainer_endpoint=trainer), 1)
+    def link_of(sglang: dict, setting="auto", trainer=CPU, engine=CPU):  # the engine's server config as preflight plans it
+        return link(setting, trainer, engine, config_from_dict(sglang, 1))
 
-    assert link_of({}) == Link(Transport.object_store)  # weight_sync defaults to disk
-    assert link_of({"weight_sync": "distributed"}) == Link(Transport.sglang_distributed, 2, "gloo", True)
-    assert link_of({"weight_sync": "distributed", "tp_size": 2, "flattened_buckets": False}, GPU0) == \
-        Link(Transport.sglang_distributed, 3, "nccl", False)
+    assert link_of({}) == Link(Transport.sglang_disk, 1, "gloo", True)  # CPU: no CUDA IPC
+    assert link_of({}, trainer=GPU0, engine=GPU0) == Link(Transport.sglang_ipc, 1, "nccl", True)
+    assert link_of({}, "broadcast") == Link(Transport.sglang_distributed, 1, "gloo", True)
+    assert link_of({"tp_size": 2, "flattened_buckets": False}, trainer=GPU0, engine=GPU1) == \
+        Link(Transport.sglang_distributed, 2, "nccl", False)
+    assert link_of({"tp_size": 2}, trainer=GPU0, engine=GPU1).world == 3

@@ -18,8 +18,8 @@ from top_rl import kernels
 from top_rl.driver import rendezvous
 from top_rl.driver.plan import EngineSpec, TrainerSpec
 from top_rl.kernels.plan import KernelPlan
-from top_rl.weights import receivers, senders
-from top_rl.weights.group import GROUP_TIMEOUT, Group
+from top_rl.weights import senders
+from top_rl.weights.sglang_distributed import SglangDistributed
 from top_rl.weights.transport import Endpoint, Link, Transport
 
 
@@ -73,24 +73,39 @@ class EngineActor:
     def generate(self, prompts, seeds, params):
         return self.engine.generate(prompts, seeds, params)
 
-    # weights (top_rl.weights): joined once per connection, then received by the transport chosen then
+    def progress(self) -> dict | None:
+        """The rollout in flight (samples and tokens done), asked while generate runs: the actor serves two calls at
+        once (Cluster._new_engine's max_concurrency), and only this one runs beside another."""
+        p = self.engine.progress
+        return p.snapshot() if p is not None else None
+
+    def rollout_metrics(self) -> dict:
+        return self.engine.rollout_metrics()
+
+    def release_memory(self) -> None:
+        self.engine.release_memory()
+
+    def resume_memory(self) -> None:
+        self.engine.resume_memory()
+
+    # weights (top_rl.weights): joined once per connection, then received by the variant chosen then
     def join_weights(self, link: Link, index: int, address: tuple[str, int]) -> None:
         """Join the process group trainer rank 0 hosts at `address` for this engine (rank 0 joins concurrently)."""
         host, port = address
-        name = link.group_name(index, port)
-        if link.transport == Transport.sglang_distributed:  # the server's own ranks join (SGLang's request)
-            self.engine.join_trainer_group(host, port, link.backend, name)  # unique name: one group per engine
-        else:
-            self.group = Group(rendezvous.store(host, port, link.world, 1, GROUP_TIMEOUT), 1, link.world, name)
+
+        def store(world, rank, timeout):
+            return rendezvous.store(host, port, world, rank, timeout)
+
+        senders.TRANSPORTS[link.transport].join(self, link, link.group_name(index, port), host, port, store)
 
     def receive_weights(self, transport: Transport, payload, version: int) -> int:
-        self.engine.update_weights(receivers.receive(transport, payload, self.group))
+        senders.TRANSPORTS[transport].receive(self, payload, version)
         self.version = version
         return version
 
     def sglang_receive_bucket(self, names, dtypes, shapes, weight_version=None):
-        """One bucket of rollout.sglang.weight_sync=distributed (top_rl.weights.senders.SglangDistributedSender)."""
-        self.engine.update_weights_from_distributed(names, dtypes, shapes, weight_version=weight_version)
+        """One bucket of SGLang's update_weights_from_distributed (top_rl.weights.sglang_distributed)."""
+        SglangDistributed.receive_bucket(self, names, dtypes, shapes, weight_version)
         if weight_version is not None:
             self.version = int(weight_version)
 
@@ -109,7 +124,7 @@ class TrainerActor:
     def __init__(self, rank: int, world: int, kernel_plan: KernelPlan, threads: int):
         _setup_process(kernel_plan, threads)
         self.rank, self.world = rank, world
-        self.senders: dict[int, senders.Sender] = {}  # rank 0: engine index -> its sender, made at connect
+        self.transports: dict[int, senders.WeightTransport] = {}  # rank 0: engine index -> its variant, made at connect
 
     def endpoint(self) -> Endpoint:
         return Endpoint.here()
@@ -144,38 +159,42 @@ class TrainerActor:
         self.arch = spec.arch
         self.trainer = Trainer(spec.arch, spec.trainer_cfg)
         self.step_cfg = spec.step_cfg
+        self.release_cache = spec.release_cache_after_step
         if spec.model_cfg.path:
             self.trainer.load_hf(spec.model_cfg.path)
         else:
             self.trainer.load_hf(spec.model_cfg.build(spec.vocab_size, spec.eos_token_id).hf_state_dict())
 
     def rl_step(self, batch):
-        return self.trainer.rl_step(batch, self.step_cfg)
+        report = self.trainer.rl_step(batch, self.step_cfg)
+        if self.release_cache and torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the step's activations: the server resuming on this GPU takes them (gpu_handoff)
+        return report
 
     # ------------------------------------------------------------------ weights to engines
     def connect(self, index: int, link: Link, engine, address: tuple[str, int] | None) -> None:
-        """Rank 0: make engine `index`'s sender (replacing a restarted engine's); for a process group, host it at
+        """Rank 0: make engine `index`'s transport (replacing a restarted engine's); for a process group, host it at
         `address` (from free_address) while the engine joins (EngineActor.join_weights)."""
-        old = self.senders.pop(index, None)
+        old = self.transports.pop(index, None)
         if old is not None:
             old.close()
         if not link.needs_group:
-            self.senders[index] = senders.connect(link, engine)
+            self.transports[index] = senders.connect(link, engine)
             return
         host, port = address
 
         def store(world, timeout):  # on the socket free_address reserved: the node's address only
             return rendezvous.store(host, port, world, 0, timeout)
 
-        self.senders[index] = senders.connect(link, engine, store, host, port, link.group_name(index, port))
+        self.transports[index] = senders.connect(link, engine, store, host, port, link.group_name(index, port))
 
     def push_weights(self, indices: list[int], version: int, bucket_bytes: int) -> list[tuple[int, str | None]]:
-        """Every rank gathers; rank 0 sends `version` to each engine in `indices` by its sender. Returns, on rank 0,
+        """Every rank gathers; rank 0 sends `version` to each engine in `indices` by its transport. Returns, on rank 0,
         (engine index, error or None) per engine: a dead engine is the driver's to restart."""
         named = list(self.trainer.iter_hf_weights())  # collectives on every rank
         if self.rank != 0:
             return []
-        return senders.push([(i, self.senders[i]) for i in indices], named, version, bucket_bytes)
+        return senders.push([(i, self.transports[i]) for i in indices], named, version, bucket_bytes)
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str) -> None:

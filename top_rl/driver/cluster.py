@@ -16,14 +16,13 @@ is a pure function of prompts, seeds and weights, so the repeat returns what the
 from __future__ import annotations
 
 import os
-import sys
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-from tqdm import tqdm
 
+from top_rl.observe.progress import RolloutProgress
 from top_rl.run import fault_injection, faults
 from top_rl.driver import local_ray
 from top_rl.driver import placement
@@ -101,22 +100,19 @@ class Cluster:
 
     def _new_engine(self, i: int):
         return EngineActor.options(scheduling_strategy=self._bundle(self.plan.engine_bundle[i]), num_cpus=0,
-                                   num_gpus=self.plan.engine_gpus).remote(self.engine_specs[i], self.kernels,
-                                                                          self.threads)
+                                   num_gpus=self.plan.engine_gpus,
+                                   max_concurrency=2,  # progress() answers while generate runs
+                                   ).remote(self.engine_specs[i], self.kernels, self.threads)
 
     def _links(self, indices) -> list[transport.Link]:
-        """Each engine's link (top_rl.weights.transport), decided once here: an SGLang engine's from its config, a
-        native engine's from where it computes (one round trip for all of them, which also waits for their start)."""
+        """Each engine's link (top_rl.weights.transport), decided once here from cluster.weight_transport and where the
+        engine computes (one round trip for all of them, which also waits for their start); an SGLang engine's link
+        also carries its server's TP ranks and bucket layout."""
         indices = list(indices)
-        if any(self.engine_specs[i].sglang is not None for i in indices):
-            return [self._sglang_link(i) for i in indices]
         ends = self._get([self.engines[i].endpoint.remote() for i in indices],
                          [f"rollout engine {i}" for i in indices], "start")
-        return [transport.link(self.cfg.weight_transport, self.trainer_endpoint, end) for end in ends]
-
-    def _sglang_link(self, i: int) -> transport.Link:
-        cfg = self.engine_specs[i].sglang  # the server's config, built and checked once by preflight
-        return transport.sglang_link(cfg.weight_sync, cfg.tp_size, cfg.flattened_buckets, self.trainer_endpoint)
+        return [transport.link(self.cfg.weight_transport, self.trainer_endpoint, end, self.engine_specs[i].sglang)
+                for i, end in zip(indices, ends)]
 
     def _connect(self, i: int) -> tuple[list, list[str]]:
         """Submit rank 0's connection to engine i (its sender; for a process group, the engine joins as rank 0 hosts
@@ -128,12 +124,16 @@ class Cluster:
         return ([rank0.connect.remote(i, link, self.engines[i], address),
                  self.engines[i].join_weights.remote(link, i, address)], ["trainer rank 0", f"rollout engine {i}"])
 
-    def _get(self, refs, names: list[str], what: str) -> list:
-        """ray.get, fail-fast: the first actor that dies or raises ends the wait (see module doc)."""
+    def _get(self, refs, names: list[str], what: str, poll=None) -> list:
+        """ray.get, fail-fast: the first actor that dies or raises ends the wait (see module doc). `poll()`, if
+        given, runs about every second while waiting."""
         index = {ref: i for i, ref in enumerate(refs)}
         pending = list(refs)
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
+            ready, pending = ray.wait(pending, num_returns=1, timeout=None if poll is None else 1.0)
+            if not ready:
+                poll()
+                continue
             i = index[ready[0]]
             try:
                 ray.get(ready[0])
@@ -145,14 +145,15 @@ class Cluster:
         return ray.get(refs)
 
     # ---------------------------------------------------------------- engines
-    def _on_engines(self, submit, what: str, fault: str | None = None) -> list:
-        """`submit(i, engine) -> ref` on every engine; a dead engine is replaced and the call repeated."""
+    def _on_engines(self, submit, what: str, fault: str | None = None, poll=None) -> list:
+        """`submit(i, engine) -> ref` on every engine; a dead engine is replaced and the call repeated. `poll()` runs
+        every second while the calls are out (the rollout's progress line)."""
         while True:
             refs = [submit(i, e) for i, e in enumerate(self.engines)]
             if fault:
                 fault_injection.inject(fault, actor=self.engines[0])
             try:
-                return self._get(refs, [f"rollout engine {i}" for i in range(len(refs))], what)
+                return self._get(refs, [f"rollout engine {i}" for i in range(len(refs))], what, poll)
             except ActorFailed as e:
                 if not e.died:
                     raise
@@ -174,12 +175,12 @@ class Cluster:
 
     def generate(self, prompts, seeds, params):
         """Split samples over engines (in waves of cluster.rollout_chunk per engine); a sample's result
-        depends only on its prompt, seed and the weights, never on its engine or batch."""
+        depends only on its prompt, seed and the weights, never on its engine or batch. A rollout longer than a few
+        seconds shows its progress on the console (top_rl.observe.progress)."""
         n_eng = len(self.engines)
         wave = self.rollout_chunk * n_eng if self.rollout_chunk > 0 else len(prompts)
         out = []
-        with tqdm(total=len(prompts), desc="rollout", unit="sample", leave=False,
-                  disable=not sys.stderr.isatty()) as bar:
+        with RolloutProgress(len(prompts), self._engine_progress) as shown:
             for w in range(0, len(prompts), wave):
                 p, s = prompts[w : w + wave], seeds[w : w + wave]
                 chunk = -(-len(p) // n_eng)
@@ -187,9 +188,31 @@ class Cluster:
                 def submit(i, engine, p=p, s=s, chunk=chunk):
                     return engine.generate.remote(p[i * chunk : (i + 1) * chunk], s[i * chunk : (i + 1) * chunk], params)
 
-                out += [x for part in self._on_engines(submit, "rollout", fault="kill_engine") for x in part]
-                bar.update(len(p))
+                out += [x for part in self._on_engines(submit, "rollout", fault="kill_engine", poll=shown.poll)
+                        for x in part]
+                shown.wave_done(len(p), sum(len(x.response_ids) for x in out))
         return out
+
+    def _engine_progress(self) -> list[dict | None]:
+        """Each engine's rollout in flight (samples and tokens done), asked beside its generate call."""
+        return ray.get([e.progress.remote() for e in self.engines], timeout=10)
+
+    def rollout_metrics(self) -> dict:
+        """The engines' own rollout timings and server peaks (SGLang: generation, re-score, running requests, KV-pool
+        use): the slowest engine's seconds and the peaks' maximum."""
+        merged: dict = {}
+        for m in self._on_engines(lambda i, e: e.rollout_metrics.remote(), "rollout metrics"):
+            for k, v in m.items():
+                merged[k] = max(merged.get(k, v), v)
+        return merged
+
+    def release_engine_memory(self) -> None:
+        """cluster.gpu_handoff: every server gives its GPU memory back before the trainer steps."""
+        self._on_engines(lambda i, e: e.release_memory.remote(), "memory release")
+
+    def resume_engine_memory(self) -> None:
+        """... and takes it back before the weight push (which restores its weights)."""
+        self._on_engines(lambda i, e: e.resume_memory.remote(), "memory resume")
 
     def push_weights(self, only: list[int] | None = None, connect: bool = False) -> None:
         """Trainer rank 0 sends the current policy to the engines (all, or `only`); the driver holds none of it.

@@ -29,6 +29,10 @@ class ClusterConfig:
     trainer_gpus: float = 0.0  # per trainer rank; fractional with colocate
     colocate: bool = False  # engines share the trainer ranks' GPUs (see module doc)
     weight_transport: TransportSetting = TransportSetting.auto  # how rank 0 sends weights (top_rl.weights)
+    # One GPU shared in time, not only in space (colocated SGLang servers): each server gives back its weights, KV
+    # pool and CUDA graphs while the trainer steps (SGLang's release/resume_memory_occupation, torch_memory_saver)
+    # and the trainer empties its cache after the step, so the server's KV pool can take most of the GPU.
+    gpu_handoff: bool = False
     placement_timeout_s: float = 60.0  # a placement Ray cannot satisfy fails after this, naming what is missing
     torch_threads: int = 0  # per actor; 0 = the machine's cores (rollout and training alternate)
     max_engine_restarts: int = 3  # rollout engines that die are replaced this many times per run

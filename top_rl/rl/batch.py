@@ -74,3 +74,4 @@ class RLStepConfig:
     loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     gate: GateConfig = field(default_factory=GateConfig)
     dump_dir: str | None = None  # where rank 0 writes a violation's dump (run_dir/parity)
+    old_logprobs: str = "rollout"  # algo.old_logprobs: rollout | recompute (top_rl.rl.config.OldLogprobs)

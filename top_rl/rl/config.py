@@ -21,6 +21,13 @@ class AlgoName(StrEnum):
     grpo = "grpo"
 
 
+class OldLogprobs(StrEnum):
+    """PPO's old policy: where the ratio's denominator comes from."""
+
+    rollout = "rollout"  # the sampler's log-probs the engine reported (under TOP: proven equal to the trainer's)
+    recompute = "recompute"  # one forward-only pass of the trainer before the update (verl's and slime's default)
+
+
 @dataclass
 class PolicyLossConfig:
     clip_eps_low: float = 0.2  # ratio floor is 1 - clip_eps_low
@@ -42,3 +49,6 @@ class AlgoConfig:
     updates_per_rollout: int = 1  # optimizer steps per rollout batch (consecutive mini-batches; the gate
     #                               still sees every sample under the weights it was sampled with)
     loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    # `recompute` costs one forward of the batch; under TOP it gives the rollout's bits again (the gate proves
+    # they are the trainer's), so it matters for the non-TOP baseline (bench/rl_step_compare.py)
+    old_logprobs: OldLogprobs = OldLogprobs.rollout

@@ -62,6 +62,12 @@ class RolloutEngine(abc.ABC):
     def update_weights(self, hf_state_dict: dict) -> None:
         """Take new weights (Hugging Face names); the next generate uses them."""
 
+    progress = None  # the rollout in flight, where the engine counts it (sglang_rollout.Progress)
+
+    def rollout_metrics(self) -> dict:
+        """The last rollout's own timings and its server's peaks, where the engine measures them."""
+        return {}
+
     def health(self) -> bool:
         return True
 

@@ -8,26 +8,27 @@ A plain class, so a caller can place it with Ray: `ray.remote(num_gpus=1)(Sglang
   SGLang's own parser and, once the server is up, checks its /server_info against the contract.
 - generate: one batch /generate with a distinct `sampling_seed` per sample and the contract's sampling; the
   gate's log-probs come from prefill re-scoring (default) or the sampler's output_token_logprobs.
-- Weight sync: disk | distributed | tensor (sglang_weights; top_rl.weights); each update carries a weight_version and
-  every later answer must report it, so a server that restarted with its initial weights cannot pass silently.
+- Weights: the server's three ways in, each the receiving end of one variant of top_rl.weights (chosen there by
+  cluster.weight_transport): CUDA IPC handles (update_weights_from_tensor_buckets), bucket receives of a broadcast
+  (update_weights_from_distributed), or a whole state dict written next to the server and reloaded
+  (update_weights: disk). Each update carries a weight_version and every later answer must report it, so a server
+  that restarted with its initial weights cannot pass silently.
 - A failed idempotent call (generation with fixed seeds, re-scoring) on a dead server restarts it and retries
-  once; after a restart the last disk version is reloaded, while broadcast/tensor weights cannot be restored
+  once; after a restart the last disk version is reloaded, while IPC or broadcast weights cannot be restored
   here and the retry is refused (`SglangEngineRestarted`) until the trainer syncs again.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import shutil
 import tempfile
-import threading
 from pathlib import Path
 from typing import Callable
 
 from top_rl import contract, kernels
-from top_rl.rollout import sglang_weights as weights
+from top_rl.rollout.sglang_weights import write_hf_checkpoint
 from top_rl.rollout.base import RolloutEngine, RolloutSample, SamplingParams
 from top_rl.rollout.sglang_client import SglangClient, SglangError, SglangProtocolError, SglangUnavailable
 from top_rl.rollout.sglang_config import (SglangEngineConfig, TopConfigError, check_config, check_sampling,
@@ -35,9 +36,8 @@ from top_rl.rollout.sglang_config import (SglangEngineConfig, TopConfigError, ch
 from top_rl.rollout.sglang_launch import build_launch, validate_argv
 from top_rl.rollout.sglang_plan import config_from_dict, launch_plan
 from top_rl.rollout.sglang_protocol import generate_payload, items, parse_generation, parse_scores, score_payload
+from top_rl.rollout.sglang_rollout import LoadPoller, Progress, RolloutStats, run_chunks
 from top_rl.rollout.sglang_server import ServerProcess
-from top_rl.weights.buckets import Bucket, buckets
-from top_rl.weights.sglang_distributed import sync_distributed
 
 log = logging.getLogger(__name__)
 __all__ = ["SglangEngine", "SglangEngineConfig", "SglangEngineRestarted", "TopConfigError", "launch_plan"]
@@ -61,8 +61,12 @@ class SglangEngine(RolloutEngine):
         self.version = 0  # weight updates done
         self.expected_weight_version: str | None = None  # what every answer must report after an update
         self.last_disk_path: str | None = None
+        self._disk_version: str | None = None  # the version last_disk_path holds
         self.needs_sync = False  # a restart lost weights the engine cannot replay
-        self.broadcast_hook: Callable[[Bucket], None] | None = None
+        self.in_group = False  # joined trainer rank 0's broadcast group (lost on a restart)
+        self.released = False  # its GPU memory given back (release_memory)
+        self.progress: Progress | None = None  # the rollout in flight (or the last one)
+        self.last_stats: RolloutStats | None = None
 
     @classmethod
     def from_config(cls, sglang: dict | None, logprob_source: str | None = None,
@@ -125,16 +129,19 @@ class SglangEngine(RolloutEngine):
         self.verify_server()
         if self.version == 0:
             return
-        if self.cfg.weight_sync == "disk" and self.last_disk_path:
+        if self.last_disk_path and self.expected_weight_version == self._disk_version:
             self.client.update_weights_from_disk(self.last_disk_path, weight_version=self.expected_weight_version)
             return
         self.needs_sync = True
         self._refuse_stale()
 
     def _refuse_stale(self) -> None:
+        if self.released:
+            raise SglangError(f"the SGLang server on {self.cfg.url} has released its GPU memory (cluster.gpu_handoff): "
+                              "resume_memory() and push the weights before the next request")
         if self.needs_sync:
             group = (" (its ranks left the broadcast group: call init_weights_update_group with the trainer again)"
-                     if self.cfg.weight_sync == "distributed" else "")
+                     if self.in_group else "")
             raise SglangEngineRestarted(
                 f"the SGLang server on {self.cfg.url} was restarted and holds the weights of {self.cfg.model_path}, "
                 f"not weight version {self.version}{group}: sync the trainer's weights again, then retry")
@@ -175,37 +182,59 @@ class SglangEngine(RolloutEngine):
                 f"{self.expected_weight_version!r} (did the server restart or miss a weight update?)", "POST /generate")
 
     def generate(self, prompts, seeds, params: SamplingParams) -> list[RolloutSample]:
+        """The samples as concurrent calls, each re-scored as it returns (sglang_rollout.run_chunks). A dead server is
+        restarted and the whole rollout repeated once (fixed seeds: the same answer)."""
         self._refuse_stale()
         if len(prompts) != len(seeds):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         sp = self.sampling(params)
-        gens = []
-        for r in self._chunks(len(prompts)):
-            payload = generate_payload([prompts[i] for i in r], [seeds[i] for i in r], sp)
-            resp = self._call(lambda: self.client.generate(payload), idempotent=True)  # fixed seeds: same answer
-            for k, item in enumerate(items(resp, len(r))):
-                g = parse_generation(item, r[k])
+        prefill = self.logprob_source == "prefill"
+
+        def generate(r: range) -> list:
+            resp = self.client.generate(generate_payload([prompts[i] for i in r], [seeds[i] for i in r], sp))
+            gens = [parse_generation(item, r[k]) for k, item in enumerate(items(resp, len(r)))]
+            for k, g in enumerate(gens):
                 self._check_version(g.meta, r[k])
-                gens.append(g)
-        responses = [g.output_ids for g in gens]
-        gate = self.score(prompts, responses) if self.logprob_source == "prefill" else [g.logprobs for g in gens]
+            return gens
+
+        def score(r: range, gens: list) -> list:
+            return self._score([prompts[i] for i in r], [g.output_ids for g in gens], r.start)
+
+        def rollout():
+            self.progress = Progress(samples=len(prompts))
+            poller = LoadPoller(lambda: self.client.request("GET", "/v1/loads", params={"include": "core"}, timeout=10))
+            return run_chunks(self._chunks(len(prompts)), generate, score if prefill else None, self.progress, poller)
+
+        gens, scores, self.last_stats = self._call(rollout, idempotent=True)
+        gate = scores if prefill else [g.logprobs for g in gens]
         return [RolloutSample(list(p), g.output_ids, lp, g.logprobs, g.finish_reason, int(s), dict(g.meta))
                 for p, g, lp, s in zip(prompts, gens, gate, seeds)]
+
+    def rollout_metrics(self) -> dict:
+        """The last rollout's timings and the server's peaks (sglang_rollout.RolloutStats)."""
+        return self.last_stats.metrics() if self.last_stats is not None else {}
 
     def score(self, prompts, responses) -> list[list[float]]:
         """Prefill re-scoring (§6.1, §8): fp32, no temperature; entries 1..|R| of input_token_logprobs."""
         self._refuse_stale()
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+        out: list[list[float]] = []
+        for r in self._chunks(len(prompts)):
+            part = [prompts[i] for i in r], [responses[i] for i in r]
+            out += self._call(lambda part=part, r=r: self._score(*part, r.start), idempotent=True)
+        return out
+
+    def _score(self, prompts, responses, first: int) -> list[list[float]]:
+        """One re-score call for these samples (`first`: the index of the first, for messages)."""
         out: list[list[float]] = [[] for _ in prompts]
         todo = [i for i, r in enumerate(responses) if len(r)]
-        for r in self._chunks(len(todo)):
-            idx = [todo[k] for k in r]
-            payload = score_payload([prompts[i] for i in idx], [responses[i] for i in idx])
-            resp = self._call(lambda: self.client.generate(payload), idempotent=True)
-            for i, item in zip(idx, items(resp, len(idx))):
-                out[i] = parse_scores(item, i, list(prompts[i]), list(responses[i]), self.vocab_size)
-                self._check_version(item.get("meta_info", {}), i)
+        if not todo:
+            return out
+        resp = self.client.generate(score_payload([prompts[i] for i in todo], [responses[i] for i in todo]))
+        for i, item in zip(todo, items(resp, len(todo))):
+            out[i] = parse_scores(item, first + i, list(prompts[i]), list(responses[i]), self.vocab_size)
+            self._check_version(item.get("meta_info", {}), first + i)
         return out
 
     # ------------------------------------------------------------------------------------ weights
@@ -217,7 +246,7 @@ class SglangEngine(RolloutEngine):
 
     def _load_disk(self, path: str, version: str | None) -> None:
         self._call(lambda: self.client.update_weights_from_disk(path, weight_version=version), idempotent=True)
-        self.last_disk_path = path
+        self.last_disk_path, self._disk_version = path, version
         if version is not None:
             self._after_sync(version)
 
@@ -227,23 +256,42 @@ class SglangEngine(RolloutEngine):
         self._load_disk(str(path), version)
         return version
 
+    def update_weights(self, hf_state_dict: dict) -> None:
+        """A whole version (cluster.weight_transport=disk, top_rl.weights.native.SglangDisk): written as an HF
+        checkpoint next to the server and reloaded; the older version directories are deleted."""
+        if not self.cfg.weights_dir:  # the engine writes next to its server: a local temp dir is visible to it
+            self.cfg.weights_dir = tempfile.mkdtemp(prefix=f"top_rl_sglang_{self.cfg.port}_")
+        root = Path(self.cfg.weights_dir)
+        path = write_hf_checkpoint(hf_state_dict, root / f"v{self.version + 1:06d}", self.cfg.model_path)
+        self.update_weights_from_disk(str(path))
+        keep = max(self.cfg.keep_weight_versions, 1)
+        for old in sorted(root.glob("v[0-9]*"))[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def update_weights_from_tensor_buckets(self, buckets: list[tuple[list[str], str | None]], version: str) -> None:
+        """Version `version` as IPC-serialised buckets (top_rl.weights.sglang_ipc: one (serialized_named_tensors,
+        load_format) per bucket, made by trainer rank 0): one POST each; the last flushes the cache and flips the
+        server's weight_version."""
+        for k, (serialized, fmt) in enumerate(buckets):
+            last = k == len(buckets) - 1
+            self.client.update_weights_from_tensor(serialized, load_format=fmt, flush_cache=last,
+                                                   weight_version=version if last else None)
+        self._after_sync(version)
+
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
                                   backend: str = "nccl") -> dict:
         """This server's ranks join the trainer's broadcast group (blocks until rank 0 joins: call it
         concurrently with top_rl.weights.sglang_distributed.init_trainer_group)."""
-        return self.client.init_weights_update_group(master_address, master_port, rank_offset, world_size,
-                                                     self.cfg.weight_group_name, backend)
+        out = self.client.init_weights_update_group(master_address, master_port, rank_offset, world_size,
+                                                    self.cfg.weight_group_name, backend)
+        self.in_group = True
+        return out
 
     def join_trainer_group(self, host: str, port: int, backend: str, name: str) -> dict:
         """Join trainer rank 0's broadcast group `name` (unique per engine: rank 0 holds one group per engine) as ranks
         1..tp_size of it."""
         self.cfg.weight_group_name = name
         return self.init_weights_update_group(host, port, 1, 1 + self.cfg.tp_size, backend)
-
-    @property
-    def flattened_buckets(self) -> bool:
-        """Whether the server receives a bucket as one flat uint8 buffer (rollout.sglang.flattened_buckets)."""
-        return bool(self.cfg.flattened_buckets)
 
     def update_weights_from_distributed(self, names, dtypes, shapes, weight_version: str | None = None) -> dict:
         """One bucket's receive (returns after the trainer's broadcast). `weight_version` marks the last bucket."""
@@ -254,73 +302,21 @@ class SglangEngine(RolloutEngine):
             self._after_sync(weight_version)
         return out
 
+    # ------------------------------------------------------------------------------------ the GPU handed over
+    def release_memory(self) -> None:
+        """Give the GPU back while the trainer on it trains (cluster.gpu_handoff): weights, KV pool and CUDA graphs.
+        Until `resume_memory` and the next weight push every request is refused (the weights are gone)."""
+        self.client.release_memory_occupation()
+        self.released, self.needs_sync = True, True
+
+    def resume_memory(self) -> None:
+        """Take the memory back, empty: the KV cache holds nothing and the weights come by the push that follows."""
+        self.client.resume_memory_occupation()
+        self.released = False
+
     def destroy_weights_update_group(self) -> dict:
+        self.in_group = False
         return self.client.destroy_weights_update_group(self.cfg.weight_group_name)
-
-    def set_broadcast_hook(self, broadcast: Callable[[Bucket], None]) -> None:
-        """For an engine object living in the trainer's rank-0 process: `broadcast(bucket)` sends one bucket over
-        the group (e.g. functools.partial(broadcast_bucket, group=g, flattened=cfg.flattened_buckets), from
-        top_rl.weights.sglang_distributed)."""
-        self.broadcast_hook = broadcast
-
-    def update_weights(self, hf_state_dict: dict) -> None:
-        if self.cfg.weight_sync == "disk":
-            self._update_disk(hf_state_dict)
-        elif self.cfg.weight_sync == "distributed":
-            self._update_distributed(hf_state_dict)
-        else:
-            self._update_tensor(hf_state_dict)
-
-    def _update_disk(self, sd: dict) -> None:
-        if not self.cfg.weights_dir:  # the engine writes next to its server: a local temp dir is visible to it
-            self.cfg.weights_dir = tempfile.mkdtemp(prefix=f"top_rl_sglang_{self.cfg.port}_")
-        root = Path(self.cfg.weights_dir)
-        path = weights.write_hf_checkpoint(sd, root / f"v{self.version + 1:06d}", self.cfg.model_path)
-        self.update_weights_from_disk(str(path))
-        keep = max(self.cfg.keep_weight_versions, 1)
-        for old in sorted(root.glob("v[0-9]*"))[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-
-    def _update_distributed(self, sd: dict) -> None:
-        if self.broadcast_hook is None:
-            raise TopConfigError(
-                "weight_sync=distributed: the trainer's rank 0 must broadcast the tensors. Call set_broadcast_hook(fn) "
-                "on an engine in the trainer process, or drive top_rl.weights.sglang_distributed.sync_distributed "
-                "from the trainer with this engine's update_weights_from_distributed as the per-bucket request")
-        post = functools.partial(_in_thread, self.update_weights_from_distributed)
-        sync_distributed(sd.items(), self.cfg.bucket_mb << 20, post, self.broadcast_hook,
-                         weight_version=str(self.version + 1))
-
-    def _update_tensor(self, sd: dict) -> None:
-        version = str(self.version + 1)
-        bks = buckets(sd.items(), self.cfg.bucket_mb << 20)
-        for k, bucket in enumerate(bks):
-            last = k == len(bks) - 1
-            payload, fmt = weights.tensor_payload(bucket, self.cfg.tp_size, self.cfg.flattened_buckets)
-            self.client.update_weights_from_tensor(payload, load_format=fmt, flush_cache=last,
-                                                   weight_version=version if last else None)
-        self._after_sync(version)
-
-
-def _in_thread(fn: Callable, meta: dict) -> Callable[[], None]:
-    """Start fn(**meta) on a thread (its HTTP call returns only after the broadcast the caller makes next);
-    the returned waiter joins it and re-raises its error on the caller's thread."""
-    result: dict = {}
-
-    def run() -> None:
-        try:
-            result["value"] = fn(**meta)
-        except BaseException as e:
-            result["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-
-    def wait() -> None:
-        t.join()
-        if "error" in result:
-            raise result["error"]
-    return wait
 
 
 def _vocab_size(model_path: str) -> int | None:

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import requests
+import requests.adapters
 
 
 class SglangError(RuntimeError):
@@ -36,6 +37,7 @@ class SglangProtocolError(SglangError):
 
 
 _RETRY_STATUS = {500, 502, 503, 504}
+POOL_SIZE = 256
 
 
 def _error_text(resp: requests.Response) -> str:
@@ -70,6 +72,9 @@ class SglangClient:
         self.backoff_s = backoff_s
         self.session = requests.Session()
         self.session.trust_env = False  # never route a cluster-local server through an HTTP proxy
+        # a rollout's calls run concurrently (top_rl.rollout.sglang_rollout): one kept connection each
+        adapter = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=POOL_SIZE)
+        self.session.mount("http://", adapter)
 
     # ------------------------------------------------------------------------------------ transport
     def request(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
@@ -171,6 +176,14 @@ class SglangClient:
         return self._admin("/update_weights_from_tensor", {
             "serialized_named_tensors": serialized_named_tensors, "load_format": load_format,
             "flush_cache": flush_cache, "torch_empty_cache": flush_cache, "weight_version": _version(weight_version)})
+
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """The server gives back its GPU memory (weights, KV pool, CUDA graphs; needs --enable-memory-saver and an
+        idle server, §9). Its weights are then gone until resumed and pushed again."""
+        self.request("POST", "/release_memory_occupation", json={"tags": tags}, expect_json=False)
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        self.request("POST", "/resume_memory_occupation", json={"tags": tags}, expect_json=False)
 
     def close(self) -> None:
         self.session.close()

@@ -22,8 +22,6 @@ from typing import Literal, Mapping
 
 from top_rl import contract
 
-WeightSync = Literal["disk", "distributed", "tensor"]
-WEIGHT_SYNC_MODES = ("disk", "distributed", "tensor")
 
 
 # SGLang 0.5.11's ServerArgs puts a gRPC port at port + 10000 and refuses a server whose gRPC port would pass 65535
@@ -46,18 +44,29 @@ class SglangEngineConfig:
     disable_radix_cache: bool = True  # the contract's flag; False only outside flashinfer
     extra_args: list[str] = field(default_factory=list)  # more `sglang.launch_server` flags
     env: dict[str, str] = field(default_factory=dict)  # extra env for the server process
-    weight_sync: WeightSync = "disk"
-    weights_dir: str = ""  # disk sync: where versions are written (must be visible to the server)
-    keep_weight_versions: int = 2  # disk sync: older version dirs are deleted
-    bucket_mb: int = 512  # distributed / tensor sync: bucket size
-    flattened_buckets: bool = True  # distributed / tensor sync: one uint8 buffer per bucket
+    # How the weights reach the server is cluster.weight_transport (top_rl.weights.transport); these shape each way.
+    weights_dir: str = ""  # disk: where versions are written (must be visible to the server)
+    keep_weight_versions: int = 2  # disk: older version dirs are deleted
+    flattened_buckets: bool = True  # ipc / broadcast: one uint8 buffer per bucket (SGLang's FlattenedTensorBucket)
     weight_group_name: str = "top_rl_weight_sync"
     startup_timeout_s: float = 900.0  # model load + CUDA graph capture
     request_timeout_s: float = 1800.0  # one HTTP call (a whole generate batch)
     max_retries: int = 3  # transient failures of idempotent calls (5xx, connection reset)
     retry_backoff_s: float = 1.0
     restart_on_failure: bool = True  # dead server -> restart -> retry once (idempotent calls only)
-    request_batch_size: int = 0  # samples per /generate call; 0 = all in one call
+    # Samples per /generate call. The calls of a rollout run concurrently and each call's samples are re-scored as
+    # soon as it returns, so the re-score overlaps the others' generation (0: all samples in one call, then one
+    # re-score call). Batch invariance makes the samples the same either way.
+    request_batch_size: int = 8
+    # The server's scheduler sizes (None: SGLang's own choice for the GPU, e.g. CUDA graphs up to batch 256 and
+    # 8192-token prefill chunks on an H200): a rollout of N concurrent samples runs at the engine's pace when
+    # max_running_requests and cuda_graph_max_bs reach N and the KV pool holds them (mem_fraction_static)
+    cuda_graph_max_bs: int | None = None
+    max_running_requests: int | None = None
+    chunked_prefill_size: int | None = None
+    # --enable-memory-saver (torch_memory_saver): the server can give its weights, KV pool and CUDA graphs back while
+    # the trainer on its GPU trains. Set by cluster.gpu_handoff, not by hand.
+    enable_memory_saver: bool = False
     python: str = sys.executable  # interpreter that has the pinned sglang installed
     log_path: str = ""  # server stdout+stderr; default <weights_dir or tmp>/sglang-<port>.log
     logprob_source: Literal["prefill", "decode"] = "prefill"
@@ -204,8 +213,6 @@ def check_config(cfg: SglangEngineConfig, trainer_attention_backend: str,
     defers the installed-release check to where the server is launched (the engine's start())."""
     if not cfg.model_path:
         raise TopConfigError("model_path is empty: set it to the HF checkpoint the server loads")
-    if cfg.weight_sync not in WEIGHT_SYNC_MODES:
-        raise TopConfigError(f"rollout.sglang.weight_sync={cfg.weight_sync!r}; choose one of {list(WEIGHT_SYNC_MODES)}")
     if cfg.logprob_source not in ("prefill", "decode"):
         raise TopConfigError(f"logprob_source={cfg.logprob_source!r}; choose 'prefill' or 'decode'")
     if not 1 <= cfg.port <= MAX_PORT:

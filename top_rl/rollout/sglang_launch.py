@@ -24,8 +24,13 @@ MODULE = "sglang.launch_server"
 OWNED_FLAGS = {
     "--model-path": "model_path", "--model": "model_path", "--host": "host", "--port": "port",
     "--tp-size": "tp_size", "--tensor-parallel-size": "tp_size", "--attention-backend": "attention_backend",
-    "--mem-fraction-static": "mem_fraction_static",
+    "--mem-fraction-static": "mem_fraction_static", "--cuda-graph-max-bs": "cuda_graph_max_bs",
+    "--max-running-requests": "max_running_requests", "--chunked-prefill-size": "chunked_prefill_size",
+    "--enable-memory-saver": "enable_memory_saver (cluster.gpu_handoff)",
 }
+# The config's scheduler sizes, as flags (None: SGLang's own value)
+_SIZE_FLAGS = (("--cuda-graph-max-bs", "cuda_graph_max_bs"), ("--max-running-requests", "max_running_requests"),
+               ("--chunked-prefill-size", "chunked_prefill_size"))
 _DETERMINISM = ("--enable-deterministic-inference", "--rl-on-policy-target")
 # One engine is one single-process server (TP aside): more ranks come from rollout.num_engines.
 _ONE_SERVER = {flag: "one engine is one server with one data- and pipeline-parallel rank: add engines with "
@@ -81,6 +86,11 @@ def build_launch(cfg: SglangEngineConfig, trainer_attention_backend: str, base_e
             "--tp-size", str(cfg.tp_size), "--attention-backend", cfg.attention_backend]
     if cfg.mem_fraction_static is not None:
         argv += ["--mem-fraction-static", repr(float(cfg.mem_fraction_static))]
+    for flag, key in _SIZE_FLAGS:
+        if getattr(cfg, key) is not None:
+            argv += [flag, str(int(getattr(cfg, key)))]
+    if cfg.enable_memory_saver:
+        argv.append("--enable-memory-saver")
     argv += engine_flags(cfg, top) + list(cfg.extra_args)
 
     env_set = dict(cfg.env)
@@ -120,7 +130,8 @@ def validate_argv(argv: list[str], cfg: SglangEngineConfig, top: contract.TopCon
     want = {"model_path": cfg.model_path, "host": cfg.host, "port": cfg.port, "tensor_parallel_size": cfg.tp_size,
             "attention_backend": cfg.attention_backend, "skip_tokenizer_init": True, "dtype": "bfloat16",
             "kv_cache_dtype": "auto", "pipeline_parallel_size": 1, "data_parallel_size": 1,
-            "enable_dp_attention": False}
+            "enable_dp_attention": False, "enable_memory_saver": cfg.enable_memory_saver}
+    want.update({key: getattr(cfg, key) for _, key in _SIZE_FLAGS if getattr(cfg, key) is not None})
     if cfg.top:
         # §1.1: both determinism flags (piecewise CUDA graphs stay on with the rl target alone).
         want.update(enable_deterministic_inference=True, rl_on_policy_target="fsdp")

@@ -7,6 +7,11 @@ fit in that rest, beside the servers' per-batch memory: a prefill that returns l
 whole chunk (`chunked_prefill_size` tokens x vocab). The estimate below counts what cannot be avoided (weights,
 fp32 master weights and gradients, Adam's two moments, one micro-batch's logits and activations) and is meant to
 refuse a layout that cannot work, naming the numbers, before any GPU is touched; it is not a tight bound.
+
+With cluster.gpu_handoff the GPU is shared in time: the servers give back their memory while the trainer steps, and
+the trainer empties its cache before they take it again, so the two phases must each fit: the rollout (the servers'
+memory beside what the trainer keeps between steps: weights, master weights, gradients, Adam) and the step (the
+whole trainer beside each server's CUDA context).
 """
 
 from __future__ import annotations
@@ -35,17 +40,36 @@ class SharedGpuEstimate:
     servers: int
     server_dynamic_bytes: int  # per server: one prefill chunk's logits
     trainer_bytes: int
+    trainer_resident_bytes: int = 0  # what the trainer keeps between steps (weights, master copy, grads, Adam)
+    handoff: bool = False  # cluster.gpu_handoff (module doc)
+
+    @property
+    def servers_bytes(self) -> int:
+        return self.servers * (self.server_static_bytes + self.server_dynamic_bytes + CUDA_CONTEXT_BYTES)
 
     @property
     def needed(self) -> int:
-        return (self.servers * (self.server_static_bytes + self.server_dynamic_bytes + CUDA_CONTEXT_BYTES)
-                + self.trainer_bytes + CUDA_CONTEXT_BYTES)
+        if self.handoff:  # the larger of the two phases
+            return max(self.servers_bytes + self.trainer_resident_bytes,
+                       self.servers * CUDA_CONTEXT_BYTES + self.trainer_bytes) + CUDA_CONTEXT_BYTES
+        return self.servers_bytes + self.trainer_bytes + CUDA_CONTEXT_BYTES
+
+    def best_fraction(self) -> float:
+        """The largest mem_fraction_static at which this layout fits."""
+        rest = self.trainer_resident_bytes if self.handoff else self.trainer_bytes
+        room = self.gpu_bytes - rest - CUDA_CONTEXT_BYTES - self.servers * (self.server_dynamic_bytes + CUDA_CONTEXT_BYTES)
+        return room / (self.servers * self.gpu_bytes)
 
     def describe(self) -> str:
         g = lambda b: f"{b / GIB:.1f} GiB"  # noqa: E731
-        return (f"{self.servers} SGLang server(s) x ({g(self.server_static_bytes)} static + {g(self.server_dynamic_bytes)} "
-                f"per prefill chunk) + the trainer rank ~{g(self.trainer_bytes)} + CUDA contexts = {g(self.needed)} of "
-                f"the GPU's {g(self.gpu_bytes)}")
+        servers = (f"{self.servers} SGLang server(s) x ({g(self.server_static_bytes)} static + "
+                   f"{g(self.server_dynamic_bytes)} per prefill chunk)")
+        if self.handoff:
+            return (f"rollout: {servers} + the trainer's resident ~{g(self.trainer_resident_bytes)}; step: the trainer "
+                    f"rank ~{g(self.trainer_bytes)}; with CUDA contexts the larger needs {g(self.needed)} of the GPU's "
+                    f"{g(self.gpu_bytes)}")
+        return f"{servers} + the trainer rank ~{g(self.trainer_bytes)} + CUDA contexts = {g(self.needed)} of the GPU's " \
+               f"{g(self.gpu_bytes)}"
 
 
 def trainer_bytes(arch, micro_batch_tokens: int, recompute: bool) -> int:
@@ -61,10 +85,11 @@ def trainer_bytes(arch, micro_batch_tokens: int, recompute: bool) -> int:
 
 
 def estimate(arch, micro_batch_tokens: int, recompute: bool, mem_fraction_static: float, servers: int,
-             gpu_bytes: int, chunked_prefill_size: int = SGLANG_DEFAULT_CHUNK) -> SharedGpuEstimate:
+             gpu_bytes: int, chunked_prefill_size: int = SGLANG_DEFAULT_CHUNK, handoff: bool = False) -> SharedGpuEstimate:
     return SharedGpuEstimate(gpu_bytes=gpu_bytes, server_static_bytes=int(mem_fraction_static * gpu_bytes),
                              servers=servers, server_dynamic_bytes=chunked_prefill_size * arch.vocab_size * 6,
-                             trainer_bytes=trainer_bytes(arch, micro_batch_tokens, recompute))
+                             trainer_bytes=trainer_bytes(arch, micro_batch_tokens, recompute),
+                             trainer_resident_bytes=18 * param_count(arch), handoff=handoff)
 
 
 def local_gpu_bytes() -> int | None:

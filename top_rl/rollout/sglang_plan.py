@@ -83,6 +83,10 @@ def engine_config(run_cfg, index: int = 0) -> SglangEngineConfig:
     through every refusal except the installed-version check (the planning machine need not have SGLang), extra_args
     included (top_rl.rollout.sglang_launch.check_extra_args). The run plan carries it to the engine's actor."""
     cfg = config_from_dict(run_cfg.rollout.sglang, index, **run_defaults(run_cfg))
+    if cfg.enable_memory_saver and not run_cfg.cluster.gpu_handoff:
+        raise TopConfigError("rollout.sglang.enable_memory_saver=true is set by cluster.gpu_handoff=true (the loop "
+                             "then releases and resumes the server's memory around each training step): set that instead")
+    cfg = dataclasses.replace(cfg, enable_memory_saver=bool(run_cfg.cluster.gpu_handoff))
     top = contract.get(run_cfg.top.contract)
     check_config(cfg, run_cfg.top.attention_backend, top, check_version=False)
     spec = build_launch(cfg, run_cfg.top.attention_backend, top=top, check=False)
@@ -96,5 +100,5 @@ def launch_plan(run_cfg, index: int = 0) -> dict:
     random initial policy, written by trainer rank 0 at start."""
     cfg = engine_config(run_cfg, index)
     spec = build_launch(cfg, run_cfg.top.attention_backend, top=contract.get(run_cfg.top.contract), check=False)
-    return {"kind": "sglang", "url": cfg.url, **spec.describe(), "weight_sync": cfg.weight_sync,
+    return {"kind": "sglang", "url": cfg.url, **spec.describe(),
             "logprob_source": cfg.logprob_source, "attention_backend": cfg.attention_backend, "top": cfg.top}

@@ -1,12 +1,7 @@
-"""The SGLang engine's side of weight sync: the payloads its requests carry (docs/numerics.md §9). Buckets and
-rank 0's side of the distributed broadcast are the weights package's (top_rl.weights.buckets, .sglang_distributed).
-
-- disk: an HF checkpoint (safetensors, dtypes kept: fp32 norms/embedding stay fp32, §3) is written where the
-  server can read it (by the engine actor next to its server, from tensors Ray ships, or by the trainer to a
-  shared filesystem); the server reloads it with POST /update_weights_from_disk.
-- tensor: colocated engines only: the payload carries CUDA IPC handles (torch's multiprocessing reductions), so
-  the sender must be a process on the same host and keep the tensors alive until the POST returns.
-- distributed: see top_rl.weights.sglang_distributed.
+"""The SGLang engine's disk reload (docs/numerics.md §9): an HF checkpoint (safetensors, dtypes kept: fp32
+norms/embedding stay fp32, §3) written where the server can read it (by the engine actor next to its server), which
+the server reloads with POST /update_weights_from_disk. The faster ways in (CUDA IPC handles, a broadcast) are
+made on trainer rank 0: top_rl.weights.sglang_ipc, top_rl.weights.sglang_distributed.
 """
 
 from __future__ import annotations
@@ -17,26 +12,6 @@ from pathlib import Path
 
 import torch
 
-from top_rl.weights.buckets import Bucket
-
-
-# ------------------------------------------------------------------------------------ tensor (colocated)
-def tensor_payload(bucket: Bucket, tp_size: int, flattened: bool) -> tuple[list[str], str | None]:
-    """(serialized_named_tensors, load_format) for POST /update_weights_from_tensor: one base64 entry per
-    server TP rank, made with SGLang's own serializer (CUDA tensors become IPC handles)."""
-    from sglang.srt.utils.common import MultiprocessingSerializer
-    from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
-
-    if any(t.is_cuda for _, t in bucket):
-        monkey_patch_torch_reductions()  # CUDA devices by UUID, as the receiving worker expects
-    if flattened:
-        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
-
-        b = FlattenedTensorBucket(named_tensors=[(n, t.detach().contiguous()) for n, t in bucket])
-        obj, fmt = {"flattened_tensor": b.get_flattened_tensor(), "metadata": b.get_metadata()}, "flattened_bucket"
-    else:
-        obj, fmt = [(n, t.detach().contiguous()) for n, t in bucket], None
-    return [MultiprocessingSerializer.serialize(obj, output_str=True) for _ in range(tp_size)], fmt
 
 
 # ------------------------------------------------------------------------------------ disk

@@ -42,8 +42,9 @@ RESUME_FREE_KEYS = {"steps", "run_dir", "resume", "resume_allow_changes", "dry_r
                     # where and how an SGLang engine runs and takes its weights (they arrive bitwise either way)
                     *(f"rollout.sglang.{k}" for k in (
                         "host", "port", "python", "log_path", "startup_timeout_s", "request_timeout_s", "max_retries",
-                        "retry_backoff_s", "restart_on_failure", "validate_with_parser", "weight_sync", "weights_dir",
-                        "keep_weight_versions", "bucket_mb", "flattened_buckets", "weight_group_name"))}
+                        "retry_backoff_s", "restart_on_failure", "validate_with_parser", "weights_dir",
+                        "keep_weight_versions", "flattened_buckets", "weight_group_name",
+                        "weight_sync", "bucket_mb"))}  # the last two: recorded by runs before cluster.weight_transport
 # Keys whose value a resume takes from the checkpoint, so a change could not take effect: refused even under
 # resume_allow_changes=true (every other change it allows is applied: rollout, algo, task, top, seed, and the
 # trainer's optimizer settings, which top_rl.train.optim puts into the loaded optimizer).

@@ -71,9 +71,15 @@ def run(trainer, batch: RLBatch, cfg: RLStepConfig) -> StepReport | None:
             gate_lps[i] = lp
         t = clock.lap("scoring", t)
 
+    # algo.old_logprobs=recompute: PPO's old policy from one forward-only pass under the weights that sampled
+    old = [torch.tensor(s.old_logprobs, dtype=torch.float32) for s in samples]
+    if cfg.old_logprobs == "recompute":
+        old = [lp.float() for lp in trainer.logprobs([TrainSequence(s.tokens, s.prompt_len, T) for s in samples])]
+        t = clock.lap("old_logprobs", t)
+
     # 2. Mini-batch 1: its training forward gives its gate values.
     meter = _LossMeter(trainer.device)
-    first = _forward_backward(trainer, seqs, samples, parts[0], cfg.loss, meter)
+    first = _forward_backward(trainer, seqs, old, samples, parts[0], cfg.loss, meter)
     t = clock.lap("forward_backward", t)
     for i, lp in zip(parts[0], first):
         gate_lps[i] = lp
@@ -95,7 +101,7 @@ def run(trainer, batch: RLBatch, cfg: RLStepConfig) -> StepReport | None:
         grad_norms.append(trainer.optimizer_step())
         t = clock.lap("optimizer", t)
         for part in parts[1:]:
-            _forward_backward(trainer, seqs, samples, part, cfg.loss, meter)
+            _forward_backward(trainer, seqs, old, samples, part, cfg.loss, meter)
             t = clock.lap("forward_backward", t)
             grad_norms.append(trainer.optimizer_step())
             t = clock.lap("optimizer", t)
@@ -111,14 +117,15 @@ def run(trainer, batch: RLBatch, cfg: RLStepConfig) -> StepReport | None:
                       tokens=sum(len(s.tokens) for s in samples))
 
 
-def _forward_backward(trainer, seqs, samples, part: list[int], loss_cfg: PolicyLossConfig,
+def _forward_backward(trainer, seqs, olds, samples, part: list[int], loss_cfg: PolicyLossConfig,
                       meter: "_LossMeter") -> list[torch.Tensor]:
-    """Forward + backward over the samples `part` (all DP ranks together); returns every sample's gate
-    log-probs (float64, gathered from the ranks that hold them) in `part`'s order."""
+    """Forward + backward over the samples `part` (all DP ranks together; `olds`: every sample's old-policy
+    log-probs); returns every sample's gate log-probs (float64, gathered from the ranks that hold them) in `part`'s
+    order."""
     sub = [seqs[i] for i in part]
     n_tok = sum(s.num_scored for s in sub)
     denom = n_tok if loss_cfg.loss_agg == "token_mean" else len(sub)
-    old = [torch.tensor(samples[i].old_logprobs, dtype=torch.float32) for i in part]
+    old = [olds[i] for i in part]
     adv = torch.tensor([samples[i].advantage for i in part], dtype=torch.float32)
     starts = [0]
     for s in sub:

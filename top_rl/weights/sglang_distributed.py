@@ -12,7 +12,9 @@ from typing import Callable, Iterable
 
 import torch
 
+from top_rl.weights.base import WeightTransport
 from top_rl.weights.buckets import Bucket, bucket_meta, buckets, flatten
+from top_rl.weights.transport import Transport
 
 
 def init_trainer_group(master_address: str, master_port: int, world_size: int, group_name: str,
@@ -52,7 +54,7 @@ def sync_distributed(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: in
     sends the tensors (the trainer's hook); the waiter raises if a server failed. `meta` is the keyword arguments
     of SglangEngine.update_weights_from_distributed: names, dtypes, shapes, and weight_version, set on the last
     bucket only (the servers flip their version, and flush, once every bucket is in). Returns the bucket count.
-    With Ray, from the trainer's rank 0 (top_rl.weights.senders.SglangDistributedSender):
+    With Ray, from the trainer's rank 0 (SglangDistributed.send below):
         post = lambda m: functools.partial(ray.get, engine.sglang_receive_bucket.remote(**m))
     """
     bks = buckets(named, bucket_bytes)
@@ -61,3 +63,36 @@ def sync_distributed(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: in
         broadcast(bucket)
         wait()
     return len(bks)
+
+
+class SglangDistributed(WeightTransport):
+    """Bucket by bucket: the server's receive request (by the engine's actor, on its own thread of the call), then
+    rank 0's broadcast (`sync_distributed`). Its failure is the engine's (reported like the others), not rank 0's."""
+
+    kind = Transport.sglang_distributed
+
+    def send(self, out, version: int):
+        import functools
+
+        import ray
+
+        def post(meta):
+            return functools.partial(ray.get, self.engine.sglang_receive_bucket.remote(**meta))
+
+        send = functools.partial(broadcast_bucket, group=self.group, flattened=self.link.flattened)
+        try:
+            sync_distributed(out.named, out.bucket_bytes, post, send, weight_version=str(version))
+        except Exception as e:  # noqa: BLE001 - reported per engine; the driver restarts it
+            def failed(e=e):
+                raise e
+            return failed
+        return lambda: None
+
+    @staticmethod
+    def join(actor, link, name: str, host: str, port: int, store) -> None:
+        actor.engine.join_trainer_group(host, port, link.backend, name)  # the server's own ranks join (SGLang's request)
+
+    @staticmethod
+    def receive_bucket(actor, names, dtypes, shapes, weight_version=None) -> None:
+        """One bucket's receive on the engine's actor (returns after rank 0's broadcast of it)."""
+        actor.engine.update_weights_from_distributed(names, dtypes, shapes, weight_version=weight_version)

@@ -1,19 +1,32 @@
-"""Which transport carries the weights from trainer rank 0 to one engine, decided once when the trainer connects to it.
+"""Which way the weights travel from trainer rank 0 to one engine: the one setting (`cluster.weight_transport`), and
+the variant it picks for each engine, decided once when rank 0 connects to that engine (at start, after a restart).
 
 Every trainer rank takes part in gathering the full HF-named weights (TP all-gather, PP broadcast:
-`Trainer.iter_hf_weights`); trainer rank 0 then sends one copy to each engine, by the transport its
-placement allows:
-  broadcast           a process group of rank 0 and that engine (NCCL between GPUs, gloo on CPU); one flat
-                      uint8 buffer per bucket, the layout SGLang's FlattenedTensorBucket uses
-  ipc                 an engine on rank 0's own GPU (NCCL cannot join two ranks on one device): CUDA IPC
-                      handles of rank 0's buckets; the engine copies out before rank 0 frees them
-  object_store        one `ray.put` of CPU tensors, shared by every such engine (CPU engines, or an SGLang engine
-                      actor that writes them to disk or serialises them for its server: weight_sync=disk|tensor)
-  sglang_distributed  SGLang's update_weights_from_distributed: the server's ranks join a group with rank 0
-`cluster.weight_transport=auto` picks broadcast / ipc on GPUs and the object store on CPU; `broadcast`
-forces process groups (gloo on CPU: the CI path), `object_store` forces the object store. SGLang servers take
-weights their own way (rollout.sglang.weight_sync): `distributed` is sglang_distributed, disk and tensor go
-through the object store to the engine actor.
+`Trainer.iter_hf_weights`); rank 0 then sends one copy to each engine by its variant. Each variant is one class that
+owns both ends (top_rl.weights.senders.TRANSPORTS is the table):
+
+  variant             engine   where                         how
+  ipc                 native   on rank 0's GPU               CUDA IPC handles of rank 0's flat buckets; the engine copies
+  broadcast           native   other GPUs, or CPU (gloo)     a process group of rank 0 and the engine, one flat buffer
+                                                             per bucket
+  object_store        native   CPU                           one `ray.put` of CPU tensors shared by every such engine
+  sglang_ipc          SGLang   its server on rank 0's GPU    CUDA IPC handles of flat buckets, serialised with SGLang's
+                                                             own serializer on rank 0; the engine actor posts them to
+                                                             the server's /update_weights_from_tensor (handles travel,
+                                                             no tensor passes the object store or the driver)
+  sglang_distributed  SGLang   other GPUs (NCCL; gloo on     the server's ranks join a group with rank 0 and receive
+                               CPU)                          each bucket by /update_weights_from_distributed
+  sglang_disk         SGLang   anywhere                      the engine actor writes an HF checkpoint next to its server
+                                                             and the server reloads it (also how a restarted server gets
+                                                             its weights back by itself)
+
+`cluster.weight_transport` (the setting, one name for both kinds of engine):
+  auto          the fastest the placement allows: ipc / sglang_ipc on rank 0's GPU, broadcast / sglang_distributed on
+                other GPUs, the object store (native) or disk (SGLang) on CPU
+  ipc           CUDA IPC; refused for an engine that does not share rank 0's GPU
+  broadcast     a process group always (gloo on CPU: the CI path); refused for an engine on rank 0's GPU
+  object_store  native engines only
+  disk          SGLang servers only
 """
 
 from __future__ import annotations
@@ -25,18 +38,35 @@ from enum import StrEnum
 class TransportSetting(StrEnum):
     """cluster.weight_transport: what the user allows (the config refuses anything else, naming these)."""
 
-    auto = "auto"  # NCCL broadcast between GPUs, CUDA IPC on a shared GPU, the object store on CPU
-    broadcast = "broadcast"  # a process group always (gloo on CPU)
+    auto = "auto"
+    ipc = "ipc"
+    broadcast = "broadcast"
     object_store = "object_store"
+    disk = "disk"
 
 
 class Transport(StrEnum):
-    """What one engine gets (module doc)."""
+    """The variant one engine gets (module doc)."""
 
-    broadcast = "broadcast"
     ipc = "ipc"
+    broadcast = "broadcast"
     object_store = "object_store"
+    sglang_ipc = "sglang_ipc"
     sglang_distributed = "sglang_distributed"
+    sglang_disk = "sglang_disk"
+
+
+# What each kind of engine accepts of the setting (the rest is refused before start: `refusal`).
+_ACCEPTS = {"native": {"auto", "ipc", "broadcast", "object_store"}, "sglang": {"auto", "ipc", "broadcast", "disk"}}
+
+
+def refusal(setting: str, engine_kind: str) -> str | None:
+    """Why `cluster.weight_transport=setting` cannot serve a `rollout.engine=engine_kind` engine, or None."""
+    setting = TransportSetting(setting)
+    if setting in _ACCEPTS[engine_kind]:
+        return None
+    return (f"cluster.weight_transport={setting} does not reach a {engine_kind} rollout engine; choose one of "
+            f"{sorted(_ACCEPTS[engine_kind])}")
 
 
 @dataclass(frozen=True)
@@ -60,13 +90,18 @@ class Endpoint:
 
 @dataclass(frozen=True)
 class Link:
-    """How rank 0 reaches one engine, decided on the driver before connecting: the transport and, for a process
-    group, its size (rank 0 + the engine's ranks), backend, and whether buckets travel as one flat buffer."""
+    """How rank 0 reaches one engine, decided on the driver before connecting: the variant, the engine's ranks (an
+    SGLang server's tp_size; a native engine is one), the group backend (SGLang's group: nccl | gloo; a native group
+    picks by device itself), and whether buckets travel as one flat buffer."""
 
     transport: Transport
-    world: int = 2
-    backend: str | None = None  # SGLang's group: nccl | gloo (the native group picks by device itself)
+    engine_ranks: int = 1
+    backend: str | None = None
     flattened: bool = True
+
+    @property
+    def world(self) -> int:
+        return 1 + self.engine_ranks
 
     @property
     def needs_group(self) -> bool:
@@ -78,12 +113,20 @@ class Link:
         return f"top_rl_{kind}_{index}_{port}"
 
 
-def choose(setting: str, trainer: Endpoint, engine: Endpoint) -> Transport:
-    """The transport for one native engine (see module doc)."""
-    setting = TransportSetting(setting)  # refuses anything else, naming the choices
+def choose(setting: str, engine_kind: str, trainer: Endpoint, engine: Endpoint) -> Transport:
+    """The variant for one engine (module doc): what `setting` allows where the two ends compute."""
+    why = refusal(setting, engine_kind)
+    if why:
+        raise ValueError(why)
+    setting = TransportSetting(setting)
     same_gpu = trainer.gpu is not None and trainer.gpu == engine.gpu
-    if setting == "object_store":
-        return Transport.object_store
+    on_gpus = trainer.gpu is not None and engine.gpu is not None
+    sglang = engine_kind == "sglang"
+    if setting == "ipc":
+        if not same_gpu:
+            raise ValueError(f"cluster.weight_transport=ipc, but a rollout engine ({engine.gpu or 'CPU'}) does not share "
+                             f"trainer rank 0's GPU ({trainer.gpu or 'CPU'}): CUDA IPC needs one device; use auto")
+        return Transport.sglang_ipc if sglang else Transport.ipc
     if setting == "broadcast":
         if same_gpu:
             raise ValueError("cluster.weight_transport=broadcast, but a rollout engine shares trainer rank 0's GPU "
@@ -91,20 +134,22 @@ def choose(setting: str, trainer: Endpoint, engine: Endpoint) -> Transport:
         if (trainer.gpu is None) != (engine.gpu is None):
             raise ValueError("cluster.weight_transport=broadcast needs the trainer and the engines on the same kind of "
                              "device (both GPU: NCCL, both CPU: gloo); use auto or object_store")
-        return Transport.broadcast
-    if trainer.gpu is None or engine.gpu is None:
+        return Transport.sglang_distributed if sglang else Transport.broadcast
+    if setting == "object_store":
         return Transport.object_store
-    return Transport.ipc if same_gpu else Transport.broadcast
+    if setting == "disk":
+        return Transport.sglang_disk
+    if same_gpu:
+        return Transport.sglang_ipc if sglang else Transport.ipc
+    if on_gpus:
+        return Transport.sglang_distributed if sglang else Transport.broadcast
+    return Transport.sglang_disk if sglang else Transport.object_store
 
 
-def link(setting: str, trainer: Endpoint, engine: Endpoint) -> Link:
-    """A native engine's link (its process group, if any, is two ranks: rank 0 and the engine)."""
-    return Link(choose(setting, trainer, engine))
-
-
-def sglang_link(weight_sync: str, tp_size: int, flattened: bool, trainer: Endpoint) -> Link:
-    """An SGLang engine's link, from its config (rollout.sglang): distributed joins the server's tp_size ranks to
-    rank 0's group (NCCL if rank 0 has a GPU, else gloo); disk and tensor go through the engine actor."""
-    if weight_sync != "distributed":
-        return Link(Transport.object_store)
-    return Link(Transport.sglang_distributed, 1 + tp_size, "nccl" if trainer.gpu else "gloo", flattened)
+def link(setting: str, trainer: Endpoint, engine: Endpoint, sglang=None) -> Link:
+    """One engine's link. `sglang`: its server config (top_rl.rollout.sglang_config.SglangEngineConfig), None for a
+    native engine: an SGLang group holds rank 0 and the server's tp_size ranks, NCCL if rank 0 has a GPU, else gloo."""
+    if sglang is None:
+        return Link(choose(setting, "native", trainer, engine))
+    return Link(choose(setting, "sglang", trainer, engine), sglang.tp_size, "nccl" if trainer.gpu else "gloo",
+                bool(sglang.flattened_buckets))

@@ -1,0 +1,120 @@
+"""The whole RL step, TOP against non-TOP, side by side in one call: the same job (GSM8K, a random Qwen3-0.6B shape,
+one GPU shared by a live SGLang server and the trainer), the same prompts and seeds, every part of the step.
+
+  TOP       the contract's rl mode on the server (deterministic kernels, radix cache off) and the trainer on the
+            engine's kernels; PPO's old policy = the rollout's log-probs, proven equal to the trainer's by the gate
+  non-TOP   `top.enabled=false`: SGLang's default fast kernels as users run them (radix cache and CUDA graphs on) and
+            the stock trainer (plain torch kernels); run with `algo.old_logprobs=recompute`, the separate old-log-prob
+            forward verl and slime run by default. "non-TOP, no recompute" (rollout log-probs as the old policy, the
+            fastest possible) is the same run without that pass: its step less `perf/trainer/old_logprobs_s`.
+
+Each job runs `--steps` steps; the first (server warm-up, first-use compilation) is left out and the rest give
+medians. Prints one table: each part's median seconds per setting and TOP / non-TOP per part and for the step.
+
+    python bench/rl_step_compare.py --out DIR [--steps 4] [--max-new-tokens 512] [--job-timeout 280] [-- overrides]
+(on the H200: `bash scripts/gpu_run.sh bench-compare`)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# Both sides lay the GPU out alike: the GPU handed between server and trainer, the server's pool at 0.8 of it, CUDA
+# graphs and running requests up to the whole batch (scripts/gpu_run.sh's GSM8K job)
+JOB = ["+experiment=gsm8k_qwen3_0.6b", "model.path=null", "rollout.num_engines=1", "cluster.colocate=true",
+       "cluster.engine_gpus=0.5", "cluster.trainer_gpus=0.5", "cluster.gpu_handoff=true",
+       "rollout.sglang.mem_fraction_static=0.8", "rollout.sglang.cuda_graph_max_bs=512",
+       "rollout.sglang.max_running_requests=512", "checkpoint.every=0", "tracking.wandb_mode=disabled",
+       "tracking.console=true"]
+SETTINGS = {
+    "TOP": [],
+    "non-TOP": ["top.enabled=false", "rollout.sglang.disable_radix_cache=false", "algo.old_logprobs=recompute"],
+}
+PARTS = [("rollout", "perf/rollout_time"), ("  of it: re-score tail", "perf/rollout_rescore_tail_s"),
+         ("old-log-prob forward", "perf/trainer/old_logprobs_s"),
+         ("trainer forward+backward", "perf/trainer/forward_backward_s"), ("gate", "perf/trainer/gate_s"),
+         ("optimizer", "perf/trainer/optimizer_s"), ("train call (all of the trainer)", "perf/train_time"),
+         ("GPU handoff", "perf/gpu_handoff_time"), ("weight push", "perf/weight_push_time"),
+         ("step", "perf/step_time")]
+
+
+def run_job(name: str, extra: list[str], args, out: Path) -> list[dict]:
+    run_dir = Path(args.run_root) / name.replace(" ", "_")
+    cmd = [sys.executable, "-m", "top_rl.cli", f"run_dir={run_dir}", f"steps={args.steps}",
+           f"rollout.max_new_tokens={args.max_new_tokens}", *JOB, *extra, *args.overrides]
+    log = out / f"compare_{name.replace(' ', '_')}.log"
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=args.job_timeout).returncode \
+            if args.job_timeout else subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+    metrics = run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    print(f"[compare] {name}: exit {rc} after {time.perf_counter() - t0:.0f} s, {len(rows)} steps ({' '.join(extra)})",
+          flush=True)
+    if rows:
+        (out / f"metrics_{name.replace(' ', '_')}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def medians(rows: list[dict], skip: int) -> dict[str, float]:
+    timed = rows[skip:] or rows
+    return {key: statistics.median(r.get(key, 0.0) for r in timed) for _, key in PARTS}
+
+
+def table(results: dict[str, list[dict]], skip: int) -> str:
+    top, base = medians(results["TOP"], skip), medians(results["non-TOP"], skip)
+    fast = dict(base)  # non-TOP without the separate old-log-prob forward
+    for key in ("perf/trainer/old_logprobs_s",):
+        fast["perf/train_time"] -= base[key]
+        fast["perf/step_time"] -= base[key]
+        fast[key] = 0.0
+    ratio = lambda a, b: f"{a / b:.2f}" if b > 0 else "-"  # noqa: E731
+    lines = ["### TOP vs non-TOP, one RL step (median seconds over the steps after the first)", "",
+             "| part | TOP | non-TOP + old-log-prob forward | non-TOP, rollout log-probs as old | TOP / non-TOP (+fwd) "
+             "| TOP / non-TOP (no fwd) |", "|---|---|---|---|---|---|"]
+    for label, key in PARTS:
+        bold = "**" if key == "perf/step_time" else ""
+        lines.append(f"| {bold}{label}{bold} | {top[key]:.2f} | {base[key]:.2f} | {fast[key]:.2f} | "
+                     f"{ratio(top[key], base[key])} | {ratio(top[key], fast[key])} |")
+    par = [r.get("train/train_rollout_logprob_abs_diff") for r in results["TOP"]]
+    ess = [r.get("train/ess_ratio") for r in results["TOP"]]
+    gen = lambda rows: statistics.median(r.get("perf/rollout_tokens_per_s", 0.0) for r in rows[skip:] or rows)  # noqa
+    lines += ["", f"TOP: {len(par)} steps, abs_diff == 0 on every step: {all(d == 0.0 for d in par)}, ess == 1 on "
+                  f"every step: {all(e == 1.0 for e in ess)}; non-TOP abs_diff (median): "
+                  f"{statistics.median(r.get('train/train_rollout_logprob_abs_diff', 0.0) for r in results['non-TOP']):.3g}",
+              f"generated tok/s (median): TOP {gen(results['TOP']):,.0f}, non-TOP {gen(results['non-TOP']):,.0f}"]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--run-root", default="/tmp/rl_step_compare")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=512)
+    ap.add_argument("--job-timeout", type=float, default=0, help="seconds per job (0: none)")
+    ap.add_argument("--only", choices=sorted(SETTINGS), action="append", help="run these settings only")
+    ap.add_argument("overrides", nargs="*", help="more top-rl overrides for both jobs (after --)")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {name: run_job(name, extra, args, args.out) for name, extra in SETTINGS.items()
+               if not args.only or name in args.only}
+    if all(results.get(n) for n in SETTINGS):
+        text = table(results, skip=1)
+        print(text)
+        (args.out / "rl_step_compare.md").write_text(text + "\n")
+    else:
+        print("[compare] a job gave no metrics: see its log in --out", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
