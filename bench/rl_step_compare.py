@@ -26,11 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-# Both sides lay the GPU out alike: the GPU handed between server and trainer, the server's pool at 0.8 of it, CUDA
+# Both sides lay the GPU out alike: the GPU handed between server and trainer, the server at 0.7 of it, CUDA
 # graphs and running requests up to the whole batch (scripts/gpu_run.sh's GSM8K job)
 JOB = ["+experiment=gsm8k_qwen3_0.6b", "model.path=null", "rollout.num_engines=1", "cluster.colocate=true",
        "cluster.engine_gpus=0.5", "cluster.trainer_gpus=0.5", "cluster.gpu_handoff=true",
-       "rollout.sglang.mem_fraction_static=0.8", "rollout.sglang.cuda_graph_max_bs=512",
+       "rollout.sglang.mem_fraction_static=0.7", "rollout.sglang.cuda_graph_max_bs=512",
        "rollout.sglang.max_running_requests=512", "checkpoint.every=0", "tracking.wandb_mode=disabled",
        "tracking.console=true"]
 SETTINGS = {

@@ -59,7 +59,7 @@ class RunConfig:
     top: TopConfig = field(default_factory=TopConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    cluster: ClusterConfig = field(default_factory=lambda: ClusterConfig(rollout_chunk=64))
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def as_dict(self) -> dict:
         return _plain(dataclasses.asdict(self))

@@ -37,6 +37,7 @@ from top_rl.weights import sglang_distributed
 from top_rl.rollout.base import SamplingParams
 from top_rl.rollout.sglang import SglangEngine, SglangEngineRestarted
 from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, check_logprob_source
+from tests.helpers import push_by_ipc
 
 
 def _live_error() -> str | None:
@@ -186,37 +187,47 @@ def _push_distributed(eng, sd) -> None:
     import torch.distributed as dist
 
     port, joined = _free_port(), {}
-    eng.cfg.weight_sync, eng.cfg.weight_group_name = "distributed", f"top_rl_live_{port}"
+    eng.cfg.weight_group_name = f"top_rl_live_{port}"
     t = threading.Thread(target=lambda: joined.update(r=eng.init_weights_update_group("127.0.0.1", port, 1, 2, "gloo")))
     t.start()
     group = sglang_distributed.init_trainer_group("127.0.0.1", port, 2, eng.cfg.weight_group_name, backend="gloo")
     t.join()
     assert joined["r"]["success"] is True, joined
-    try:
-        eng.set_broadcast_hook(functools.partial(sglang_distributed.broadcast_bucket, group=group,
-                                                 flattened=eng.cfg.flattened_buckets))
-        eng.update_weights(sd)
+    try:  # SglangDistributed's two ends without Ray: each bucket's receive on a thread, then rank 0's broadcast
+        version = str(eng.version + 1)
+        sglang_distributed.sync_distributed(
+            sd.items(), 512 << 20, lambda meta: _in_thread(eng.update_weights_from_distributed, meta),
+            functools.partial(sglang_distributed.broadcast_bucket, group=group, flattened=eng.cfg.flattened_buckets),
+            weight_version=version)
     finally:
         eng.destroy_weights_update_group()
         dist.destroy_process_group(group)
 
 
-def _push(eng, transport: str, model) -> None:
+def _in_thread(fn, meta: dict):
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.update(v=fn(**meta)), daemon=True)
+    t.start()
+    return t.join
+
+
+def _push(eng, transport: str, model, monkeypatch=None) -> None:
     sd = hf_state_dict(model)
     if transport == "distributed":
         _push_distributed(eng, sd)
-        return
-    eng.cfg.weight_sync = transport  # disk: written next to the server and reloaded; tensor: CUDA IPC handles
-    eng.update_weights(sd)
+    elif transport == "tensor":  # CUDA IPC handles of rank 0's flat buckets (top_rl.weights.sglang_ipc)
+        push_by_ipc(monkeypatch, eng, {k: v.cuda() for k, v in sd.items()}, eng.version + 1, 512 << 20)
+    else:  # disk: written next to the server and reloaded
+        eng.update_weights(sd)
 
 
 @pytest.mark.parametrize("transport", ["disk", "tensor", "distributed"])
-def test_weight_push_by_each_transport_is_bitwise_and_versioned(triton_server, transport):
+def test_weight_push_by_each_transport_is_bitwise_and_versioned(triton_server, transport, monkeypatch):
     eng, _ = triton_server
     new = _model({"disk": 11, "tensor": 12, "distributed": 13}[transport])
     before = eng.version
     t0 = time.monotonic()
-    _push(eng, transport, new)
+    _push(eng, transport, new, monkeypatch)
     seconds = time.monotonic() - t0
     assert eng.version == before + 1
     prompts, seeds = _prompts(12, 2), [7 + i for i in range(12)]

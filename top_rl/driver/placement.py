@@ -36,8 +36,9 @@ class ClusterConfig:
     placement_timeout_s: float = 60.0  # a placement Ray cannot satisfy fails after this, naming what is missing
     torch_threads: int = 0  # per actor; 0 = the machine's cores (rollout and training alternate)
     max_engine_restarts: int = 3  # rollout engines that die are replaced this many times per run
-    # Samples per engine call; a step's rollout is sent in waves of this size per engine so the progress
-    # bar moves. 0: one call per engine. Batch invariance makes the samples the same either way.
+    # Samples per engine call: a step's rollout is sent in waves of this size per engine. 0: one call per engine,
+    # the whole batch at once (an SGLang server then runs every sample concurrently; waves cap it at the wave's size).
+    # Batch invariance makes the samples the same either way.
     rollout_chunk: int = 0
 
 
