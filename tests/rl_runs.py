@@ -125,6 +125,37 @@ def baseline() -> Path:
     return _baseline["dir"]
 
 
+def fake_run(run_dir: Path, steps: tuple[int, ...] = (2,)) -> Path:
+    """A run_dir with a checkpoint per step that verifies (tiny stand-in files, a real manifest), metrics and a wandb
+    dir, for tests of what reads checkpoints without loading them (export, verification); the last checkpoint."""
+    from top_rl.run import manifest as checkpoint_manifest
+
+    for step in steps:
+        ckpt = Path(run_dir) / "checkpoints" / f"step_{step:06d}"
+        (ckpt / "hf").mkdir(parents=True)
+        (ckpt / "state.json").write_text(json.dumps({"format": 2, "step": step, "world": 1, "config": {"top": {}}}))
+        (ckpt / "trainer_rank000.pt").write_bytes(b"weights")
+        (ckpt / "driver.pt").write_bytes(b"rng")
+        (ckpt / "hf" / "config.json").write_text("{}")
+        (ckpt / "hf" / "model.safetensors").write_bytes(b"tensors %d" % step)
+        checkpoint_manifest.write(ckpt)
+    (Path(run_dir) / "metrics.jsonl").write_text("".join(f'{{"step": {s}}}\n' for s in range(1, max(steps) + 1)))
+    (Path(run_dir) / "wandb").mkdir()
+    (Path(run_dir) / "wandb" / "run.wandb").write_bytes(b"history")
+    return ckpt
+
+
+def manifest_through_links(ckpt: Path, extra: dict[str, Path] | None = None) -> None:
+    """What an attacker writes: a manifest listing every name under the checkpoint (links followed) and `extra`
+    names with the size and SHA-256 of the file each points at."""
+    names = {os.path.relpath(os.path.join(d, f), ckpt): Path(d) / f
+             for d, _, fs in os.walk(ckpt, followlinks=True) for f in fs if f != "manifest.json"}
+    names.update(extra or {})
+    files = {n: {"size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+             for n, p in names.items()}
+    (ckpt / "manifest.json").write_text(json.dumps({"format": 1, "algorithm": "sha256", "files": files}))
+
+
 def final_checkpoint(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints" / f"step_{STEPS:06d}"
 

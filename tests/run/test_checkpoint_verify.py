@@ -114,6 +114,68 @@ def test_resume_refuses_when_no_checkpoint_verifies_and_accepts_an_older_format(
     assert "has no manifest.json (written by an older top-rl): resuming without verifying it" in capsys.readouterr().out
 
 
+def _outside(tmp_path: Path) -> Path:
+    d = tmp_path / "outside"
+    d.mkdir()
+    (d / "secret.txt").write_text("not the run's")
+    return d
+
+
+def _link_unlisted(ckpt: Path, tmp_path: Path) -> tuple[str, str]:
+    (ckpt / "hf" / "notes.txt").symlink_to("/etc/passwd")
+    return "hf/notes.txt", "is a symbolic link (to /etc/passwd): top-rl writes only regular files into a checkpoint"
+
+
+def _link_to_a_directory_listed(ckpt: Path, tmp_path: Path) -> tuple[str, str]:
+    (ckpt / "hf" / "extra").symlink_to(_outside(tmp_path))
+    rl_runs.manifest_through_links(ckpt)  # hf/extra/secret.txt listed with its true size and hash
+    return "hf/extra", f"is a symbolic link (to {tmp_path / 'outside'})"
+
+
+def _link_replacing_a_listed_file(ckpt: Path, tmp_path: Path) -> tuple[str, str]:
+    (ckpt / "state.json").rename(tmp_path / "state.json")
+    (ckpt / "state.json").symlink_to(tmp_path / "state.json")  # same bytes, so the manifest still matches
+    return "state.json", f"is a symbolic link (to {tmp_path / 'state.json'})"
+
+
+def _checkpoint_itself_a_link(ckpt: Path, tmp_path: Path) -> tuple[str, str]:
+    ckpt.rename(tmp_path / "moved")
+    ckpt.symlink_to(tmp_path / "moved")
+    return ".", f"is a symbolic link (to {tmp_path / 'moved'})"
+
+
+def _entry_outside(ckpt: Path, tmp_path: Path) -> tuple[str, str]:
+    rl_runs.manifest_through_links(ckpt, {"../../../../../../../../../../etc/passwd": Path("/etc/passwd")})
+    return "manifest.json", "lists '../../../../../../../../../../etc/passwd', which is not a plain relative path"
+
+
+def _unlisted_file(ckpt: Path, tmp_path: Path) -> tuple[str, str]:
+    (ckpt / "hf" / "notes.txt").write_text("added later")
+    return "hf/notes.txt", "is not listed in manifest.json: top-rl lists every file it writes"
+
+
+TAMPERING = {f.__name__.strip("_"): f for f in (_link_unlisted, _link_to_a_directory_listed,
+                                                 _link_replacing_a_listed_file, _checkpoint_itself_a_link,
+                                                 _entry_outside, _unlisted_file)}
+
+
+@pytest.mark.parametrize("case", list(TAMPERING))
+def test_resume_refuses_a_checkpoint_someone_changed_and_reads_nothing_outside_it(run_dir, tmp_path, case):
+    """Issue 30: verification read through links (listed in the manifest or not) and manifest entries outside the
+    checkpoint, and ignored files the manifest does not list. Each is refused by name, and the resume stops rather
+    than falling back to the older checkpoints that verify."""
+    ckpt = _ckpt(run_dir, STEPS)
+    name, why = TAMPERING[case](ckpt, tmp_path)
+    before = rl_runs.tree_hash(run_dir)
+    with pytest.raises(ResumeRefused) as refused:
+        checkpoint.prepare(run_dir, _resume_cfg(run_dir))
+    msg = str(refused.value)
+    assert msg.startswith(f"resume refused: {ckpt / name}: {why}") and "Nothing was loaded" in msg, msg
+    assert "\n" not in msg and rl_runs.tree_hash(run_dir) == before
+    skipped = f"{why}" if name == "." else f"{name}: {why}"
+    assert f"{ckpt.name} fails verification, skipped: {skipped}" in checkpoint.resume_hint(run_dir)
+
+
 class _WritesAMarker:
     """A pickle payload: unpickling it runs Python code (exec) that creates the marker file."""
 

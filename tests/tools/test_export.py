@@ -65,45 +65,33 @@ def test_export_refusals(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_export_console_script_refuses_to_overwrite(tmp_path, capsys):
+def test_export_console_script_replaces_only_an_earlier_export(tmp_path, capsys):
     run_dir = rl_runs.baseline()
     out = tmp_path / "o"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     cmd = [sys.executable, "-c", "import sys; from top_rl.cli import export_main; sys.exit(export_main())",
            f"run_dir={run_dir}", f"out={out}", "step=5"]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    assert res.returncode == 2 and "pass overwrite=true" in res.stderr
+    for extra in ([], ["overwrite=true"]):  # a directory that is not an export is never replaced
+        res = subprocess.run(cmd + extra, capture_output=True, text=True)
+        assert res.returncode == 2 and "holds keep.txt and no top_rl_export.json" in res.stderr, res.stderr
+        assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
     assert (out / "keep.txt").read_text() == "mine"
-    assert export_main(cmd[3:] + ["overwrite=true"]) == 0
-    assert json.loads((out / "top_rl_export.json").read_text())["step"] == 5 and not (out / "keep.txt").exists()
-
-
-def _fake_run(run_dir: Path) -> Path:
-    """A run_dir with one checkpoint that verifies (tiny stand-in files), metrics and a wandb dir."""
-    from top_rl.run import manifest as checkpoint_manifest
-
-    ckpt = run_dir / "checkpoints" / "step_000002"
-    (ckpt / "hf").mkdir(parents=True)
-    (ckpt / "state.json").write_text(json.dumps({"format": 2, "step": 2, "world": 1, "config": {"top": {}}}))
-    (ckpt / "trainer_rank000.pt").write_bytes(b"weights")
-    (ckpt / "driver.pt").write_bytes(b"rng")
-    (ckpt / "hf" / "config.json").write_text("{}")
-    (ckpt / "hf" / "model.safetensors").write_bytes(b"tensors")
-    checkpoint_manifest.write(ckpt)
-    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
-    (run_dir / "wandb").mkdir()
-    (run_dir / "wandb" / "run.wandb").write_bytes(b"history")
-    return ckpt
+    (out / "keep.txt").unlink()
+    assert export_main(cmd[3:]) == 0  # an empty directory is written into
+    assert export_main(cmd[3:-1] + ["step=6"]) == 2
+    assert "holds an earlier export; pass overwrite=true to replace it" in capsys.readouterr().err
+    assert export_main(cmd[3:-1] + ["step=6", "overwrite=true"]) == 0
+    assert json.loads((out / "top_rl_export.json").read_text())["step"] == 6
 
 
 def test_export_refuses_an_out_that_is_holds_or_lies_inside_the_run(tmp_path, capsys):
     """Issue 24: `out=RUN overwrite=true` deleted the run it exported. Every out that overlaps the run (after
     symlinks), its checkpoints, or another run is refused before anything is touched."""
     run_dir = tmp_path / "runs" / "r"
-    ckpt = _fake_run(run_dir)
+    ckpt = rl_runs.fake_run(run_dir)
     other = tmp_path / "other_run"
-    _fake_run(other)
+    rl_runs.fake_run(other)
     (tmp_path / "link_to_run").symlink_to(run_dir)
     elsewhere = tmp_path / "ckpt_store"  # the run's checkpoints/ is a symlink to storage outside the run_dir
     linked_run = tmp_path / "linked_run"
@@ -128,15 +116,14 @@ def test_export_refuses_an_out_that_is_holds_or_lies_inside_the_run(tmp_path, ca
         err = capsys.readouterr().err
         assert code == 2 and why in err and "nothing was exported" in err, (out, err)
         assert {p: rl_runs.tree_hash(p) for p in before} == before, out
-    # an out outside every run still exports, also over an existing directory with overwrite=true
+    # an out outside every run still exports, also over an earlier export with overwrite=true
     out = tmp_path / "exported"
-    out.mkdir()
-    (out / "old.txt").write_text("old")
-    assert export_main([f"run_dir={run_dir}", f"out={out}", "overwrite=true"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "top_rl_export.json"]
+    for _ in range(2):
+        assert export_main([f"run_dir={run_dir}", f"out={out}", "overwrite=true"]) == 0
+        assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "top_rl_export.json"]
     # a staging directory that would be the run: out=<run_dir minus ".export-tmp">
     staged_run = tmp_path / "s.export-tmp"
-    _fake_run(staged_run)
+    rl_runs.fake_run(staged_run)
     assert export_main([f"run_dir={staged_run}", f"out={tmp_path / 's'}"]) == 2
     assert "staging directory is the run_dir" in capsys.readouterr().err
     assert (staged_run / "metrics.jsonl").exists()

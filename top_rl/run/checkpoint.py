@@ -13,8 +13,10 @@
 A checkpoint is written into `step_NNNNNN.tmp/` (then fsynced) and renamed when complete, so a
 crash mid-write leaves the previous one as the latest. A checkpoint is trusted only once it verifies
 against its manifest: resume takes the newest one that does and names each one skipped (and the file
-that failed); the stop message and `top-rl-export` do the same. Sampling seeds and data order are pure
-functions of (seed, step, position), so this is the whole state.
+that failed); the stop message and `top-rl-export` do the same. A checkpoint holding what top-rl never writes
+(a pickle that would run code, a link, a file the manifest does not list, an entry outside it: CheckpointUnsafe)
+stops the resume instead. Sampling seeds and data order are pure functions of (seed, step, position), so this
+is the whole state.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 
 from top_rl.run import manifest as checkpoint_manifest
 from top_rl.run import disk_full, fault_injection
-from top_rl.run.manifest import CheckpointInvalid
+from top_rl.run.manifest import CheckpointInvalid, CheckpointUnsafe
 from top_rl.tasks.base import DataPosition
 
 STEP_PREFIX = "step_"
@@ -60,11 +62,6 @@ class CheckpointConfig:
 
 class ResumeRefused(ValueError):
     pass
-
-
-class CheckpointUnsafe(CheckpointInvalid):
-    """A checkpoint file that would run code when loaded (top_rl.run.safe_load): never loaded, and a resume that
-    finds one stops rather than quietly falling back to an older checkpoint."""
 
 
 def _dir(run_dir: Path) -> Path:
@@ -170,6 +167,8 @@ def load_verified(ckpt: Path, driver: bool = True) -> dict:
     ckpt = Path(ckpt)
     if checkpoint_manifest.has_manifest(ckpt):
         checkpoint_manifest.verify(ckpt)
+    else:  # an older checkpoint, unverifiable: still never read through a link or a special file
+        checkpoint_manifest.files(ckpt)
     try:
         state = json.loads((ckpt / "state.json").read_text(encoding="utf-8"))
         step, world = int(state["step"]), int(state["world"])
@@ -214,7 +213,8 @@ def newest_verified(run_dir: Path, driver: bool = True) -> tuple[Path | None, di
 
 
 def describe_failed(failed: list[CheckpointInvalid]) -> str:
-    return "".join(f"\n  {e.ckpt.name} fails verification, skipped: {e.file}: {e.why}" for e in failed)
+    return "".join(f"\n  {e.ckpt.name} fails verification, skipped: {'' if e.file == '.' else e.file + ': '}{e.why}"
+                   for e in failed)
 
 
 def prepare(run_dir: Path, cfg) -> dict | None:
