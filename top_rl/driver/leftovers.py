@@ -8,21 +8,23 @@ lingered 60-90 s, listening on 127.0.0.1; after a SIGKILL of the driver's proces
 group of its own) and wandb-core (in a session of its own) lingered 30-60 s. Lowering Ray's timeouts would shorten
 that, never end it, and would change how a live run tolerates a slow GCS.
 
-So `watch()` (from `local_ray.start`, before Ray starts) starts one small watcher per driver: this file run by a
-plain interpreter (stdlib only), in a session of its own so that the signals sent to the driver's process group do
-not reach it. It waits on the driver's exit (a pidfd, or its parent pid changing), and then SIGKILLs the run's
-processes, found two ways, on Linux's /proc:
-- every process whose environment carries this driver's mark (MARK, set in the driver's environment before Ray
-  starts, so inherited by the GCS, the raylet, every worker, SGLang servers and wandb-core, whichever process group or
-  session they moved to), and
+So `marking()` (around `ray.init` in `local_ray.start`) starts one small watcher per driver: this file run by a plain
+interpreter (stdlib only), in a session of its own so that the signals sent to the driver's process group do not
+reach it. It waits on the driver's exit (a pidfd, or its parent pid changing), and then SIGKILLs the run's processes,
+found two ways, on Linux's /proc:
+- every process whose environment carries this driver's mark (MARK, in the driver's environment while Ray starts:
+  inherited by the GCS and the raylet, and from the raylet by every worker it starts later and the SGLang servers
+  those start, whichever process group or session they moved to), and
 - every process it saw descend from the driver since it started (recorded once a second): the raylet's agents, which
-  Ray starts with an environment of its own.
-With each of these, whatever it started. Processes the driver had started before `watch()` are not the run's and are
-left alone; so is anything that merely shares the driver's process group or session (the shell, `tee`, ...).
+  Ray starts with an environment of its own, and wandb-core.
+With each of these, whatever it started. Processes the driver had started before are not the run's and are left
+alone; so is anything that merely shares the driver's process group or session (the shell, `tee`, ...). The mark is
+taken out of the driver's environment again once Ray is up: what the driver starts later is not marked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -35,18 +37,32 @@ RECORD_EVERY_S = 1.0
 _started_for: int | None = None  # the pid whose watcher runs (a sweep starts Ray once per job, in one driver)
 
 
-def watch() -> None:
-    """Start this driver's watcher once (Linux only; elsewhere nothing happens) and mark the environment that Ray's
-    processes, and everything else the run starts from now on, inherit."""
-    global _started_for
-    if _started_for == os.getpid() or not os.path.isdir("/proc/self"):
+_mark: str | None = None
+
+
+@contextlib.contextmanager
+def marking():
+    """Start this driver's watcher (once; Linux only, elsewhere nothing happens) and, for the `with` body (Ray
+    starting), put the run's mark into the environment its processes inherit (module doc)."""
+    global _started_for, _mark
+    if not os.path.isdir("/proc/self"):
+        yield
         return
-    mark = f"{os.getpid()}.{time.time_ns()}"
-    env = {k: v for k, v in os.environ.items() if k != MARK}  # the watcher is not the run's: it must not kill itself
-    subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid()), mark], env=env,
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)  # stderr: the driver's
-    os.environ[MARK] = mark
-    _started_for = os.getpid()
+    if _started_for != os.getpid():
+        _mark = f"{os.getpid()}.{time.time_ns()}"
+        env = {k: v for k, v in os.environ.items() if k != MARK}  # the watcher is not the run's: it must not kill itself
+        subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid()), _mark], env=env,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)  # stderr: ours
+        _started_for = os.getpid()
+    before = os.environ.get(MARK)
+    os.environ[MARK] = _mark
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(MARK, None)
+        else:
+            os.environ[MARK] = before
 
 
 # ------------------------------------------------------------------------------------------- the watcher
@@ -146,9 +162,9 @@ def main(argv: list[str]) -> None:
         signal.signal(sig, signal.SIG_IGN)
     seen: dict[int, int] = {}
     _wait_for_exit(driver, seen)
-    ended = _reap(seen, f"\0{MARK}={mark}\0".encode())
+    ended = [n for n in _reap(seen, f"\0{MARK}={mark}\0".encode()) if n != "?"]  # "?": exiting anyway (GCS, raylet)
     if ended:  # on the driver's stderr: a driver that ended normally has stopped everything itself
-        kinds = sorted(set(ended) - {"?"})  # "?": one that was exiting anyway (the GCS, the raylet)
+        kinds = sorted(set(ended))
         try:
             print(f"top-rl: the run's driver (pid {driver}) is gone; ended the {len(ended)} processes it left behind "
                   f"({', '.join(kinds[:6])}{', ...' if len(kinds) > 6 else ''}). Continue the run with resume=true",

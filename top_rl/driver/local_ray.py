@@ -29,11 +29,11 @@ from top_rl.run.faults import STOP_SIGNALS as SHIELDED  # the driver handles the
 def start(**init_kwargs) -> None:
     """`ray.init(**init_kwargs)` for a local Ray whose processes do not see the stop signals and do not outlive the
     driver (module doc)."""
-    leftovers.watch()  # before Ray starts: its processes inherit the run's mark
     handlers = {sig: signal.getsignal(sig) for sig in SHIELDED}
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SHIELDED)
     try:
-        ray.init(**init_kwargs)
+        with leftovers.marking():  # Ray's processes carry the run's mark: none outlives this driver
+            ray.init(**init_kwargs)
     finally:
         # ray.init installs a SIGTERM handler that exits the driver at once (sys.exit): the run's own
         # handlers come back before a signal that came meanwhile (pending, blocked) is delivered.
