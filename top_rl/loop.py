@@ -72,7 +72,10 @@ def run(cfg: RunConfig) -> dict:
         start_step, position = checkpoint.resume_point(state)
         tracker = cleanup.enter_context(Tracker(str(run_dir), cfg.tracking, config=cfg.as_dict(),
                                                 run_id=state["run_id"] if state else None,
-                                                resume_from_step=start_step if state else None))
+                                                resume_from_step=start_step if state else None,
+                                                checkpoint_rows=checkpoint.saved_metrics(state),
+                                                checkpoint_name=Path(state["path"]).name if state else ""))
+        saved_step = start_step  # the last checkpoint's step: each checkpoint keeps the rows logged after it
         params = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, (task.eos_token_id,))
         n = cfg.rollout.n_samples
         last = {}
@@ -135,6 +138,8 @@ def run(cfg: RunConfig) -> dict:
             # Log before checkpointing: a crash in between replays this step on resume, never loses its row.
             tracker.log(step + 1, last)
             if checkpoint.due(cfg.checkpoint, step + 1, cfg.steps) or guard.stopping:
-                checkpoint.save(run_dir, cfg, step + 1, position, cluster, tracker.run_id, task)
+                checkpoint.save(run_dir, cfg, step + 1, position, cluster, tracker.run_id, task,
+                                tracker.rows_since(saved_step))
+                saved_step = step + 1
             guard.step_done(step + 1)  # stops here after SIGINT/SIGTERM
     return last

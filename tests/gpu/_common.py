@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -53,3 +55,48 @@ def decode_equals_extend_claimed(attention_backend: str) -> bool:
             compose([f"top.contract={name}", "top.kernels=sglang", f"top.attention_backend={attention_backend}",
                      "rollout.logprob_source=decode"])
     return claimed
+
+
+# A live SGLang server (`python -m sglang.launch_server`) and its scheduler import these beyond sglang itself
+# (scripts/gpu_bundle.sh's sglang_server group carries them; tests/repo/test_gpu_bundle.py checks the modules import):
+# a machine that lacks one starts a server that exits with code 1, so the live tests check first and skip naming it.
+SERVER_DEPENDENCIES = ("fastapi", "uvicorn", "uvloop", "zmq", "orjson", "multipart", "setproctitle", "openai_harmony",
+                       "sgl_kernel")
+BACKEND_DEPENDENCIES = {"flashinfer": ("flashinfer",)}
+SERVER_MODULES = ["sglang.launch_server", "sglang.srt.entrypoints.http_server", "sglang.srt.managers.scheduler",
+                  "sglang.srt.model_executor.model_runner", "sglang.srt.models.qwen3", "sglang.srt.layers.sampler",
+                  "sglang.srt.layers.attention.triton_backend", "sglang.srt.managers.detokenizer_manager",
+                  "sglang.srt.model_loader.loader"]
+
+_PROBE = r"""
+import importlib, json, sys
+for name in json.loads(sys.argv[1]):
+    try:
+        importlib.import_module(name)
+    except ImportError as e:  # a module a server could not import either (another failure is the test's to show)
+        print(json.dumps([getattr(e, "name", None) or name, f"{type(e).__name__}: {e}"]))
+        break
+else:
+    print("null")
+"""
+
+
+def missing_server_module(backend: str = "triton", python: str | None = None,
+                          env: dict[str, str] | None = None) -> tuple[str, str] | None:
+    """The first module a live SGLang server with `backend` attention needs that `python` (this interpreter by default,
+    as SglangEngineConfig.python) cannot import, and the error; None when all import. Imported in a child process, as
+    the server would, so nothing is loaded into this one."""
+    import json
+    import subprocess
+    import sys
+
+    extra = BACKEND_DEPENDENCIES.get(backend, ())
+    names = [*SERVER_DEPENDENCIES, *extra, *SERVER_MODULES,
+             *([f"sglang.srt.layers.attention.{backend}_backend"] if extra else [])]
+    env = dict(os.environ if env is None else env)
+    env.pop("SGLANG_USE_CPU_ENGINE", None)  # tests/sglang_cpu.py's CPU switch is no server's setting
+    out = subprocess.run([python or sys.executable, "-W", "ignore", "-c", _PROBE, json.dumps(names)],
+                         capture_output=True, text=True, timeout=600, env=env)
+    last = out.stdout.strip().splitlines()[-1:] or ["null"]
+    found = json.loads(last[0]) if out.returncode == 0 else None
+    return tuple(found) if found else None

@@ -1,5 +1,6 @@
 """A LIVE SGLang server (the contract's release, launched by top_rl's SglangEngine with the contract's flags) against
-the trainer's kernels on the same GPU. Skipped unless CUDA and a real `sgl_kernel` are importable, i.e. unless the
+the trainer's kernels on the same GPU. Skipped unless CUDA, a real `sgl_kernel` and every module the server imports
+are importable (the skip names the first missing one: tests/gpu/_common.py `missing_server_module`), i.e. unless the
 server's bundle is installed (`scripts/gpu_bundle.sh sglang_live`, two carries; scripts/gpu_run.sh).
 
 The trainer side is `sequence_logprobs` on the `sglang` kernels, which equal the Megatron trainer bit for bit
@@ -37,6 +38,7 @@ from top_rl.weights import sglang_distributed
 from top_rl.rollout.base import SamplingParams
 from top_rl.rollout.sglang import SglangEngine, SglangEngineRestarted
 from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, check_logprob_source
+from tests.gpu._common import missing_server_module
 from tests.helpers import push_by_ipc
 
 
@@ -55,6 +57,21 @@ def _live_error() -> str | None:
 
 _ERR = _live_error()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_ERR is not None, reason=_ERR or "")]
+
+
+def _skip_unless_a_server_can_start(backend: str) -> None:
+    """Issue 30: with sglang and sgl_kernel importable but the server's other dependencies absent, every live test
+    errored at setup with "server exited with code 1". Checked first (in a child process, as the server imports them),
+    the missing module is named in the skip."""
+    missing = missing_server_module(backend)
+    if missing is not None:
+        pytest.skip(f"a live SGLang server ({backend} attention) cannot start here: {missing[0]} is missing "
+                    f"({missing[1]}); carry scripts/gpu_bundle.sh sglang_live (scripts/gpu_run.sh)")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def server_can_start():
+    _skip_unless_a_server_can_start("triton")
 
 # Qwen3-0.6B's width (hidden 1024, 16/8 heads of 128, vocab 151936), 8 layers so the server starts quickly.
 ARCH = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=8,
@@ -292,10 +309,7 @@ def test_decode_source_stays_refused_where_decode_differs_from_extend_triton(tri
 def test_flashinfer_server_prefill_bitwise_and_decode_rate(tmp_path):
     from top_rl.kernels.sglang import attention as sglang_attention
 
-    try:
-        import flashinfer  # noqa: F401
-    except ImportError as e:
-        pytest.skip(f"flashinfer not installed: {e}")
+    _skip_unless_a_server_can_start("flashinfer")
     previous = sglang_attention.attention_backend()
     sglang_attention.set_attention_backend("flashinfer")  # the trainer side computes with the server's kernel
     eng = None

@@ -62,6 +62,49 @@ def test_jsonl_wandb_offline_console_and_resume(tmp_path, capsys):
     assert _wandb_steps(run_dir, rid)[1] == 2  # two attempts (a same-second one is "offline-run-...-<id>-1")
 
 
+def _six_rows_and_the_checkpoints_copy(run_dir):
+    """A run's metrics.jsonl with steps 1..6; the lines a step-6 checkpoint keeps (those after the step-3 one)."""
+    with Tracker(str(run_dir), TrackingConfig(wandb_mode="disabled", console=False)) as t:
+        for s in range(1, 7):
+            t.log(s, _row(s))
+        copy = t.rows_since(3)
+    assert [json.loads(line)["step"] for line in copy] == [4, 5, 6]
+    return (run_dir / "metrics.jsonl").read_text(), copy
+
+
+def test_resume_rewrites_a_torn_row_of_a_kept_step_from_the_checkpoint(tmp_path, capsys):
+    """Issue 30: 60 bytes cut off step 6's line (checkpoint at 6): the resume dropped the torn row and went on from
+    step 7, the record holding 1..5, 7, 8 and saying nothing. The row comes back byte for byte from the checkpoint's
+    copy, in one line that says so."""
+    run_dir = tmp_path / "run"
+    whole, copy = _six_rows_and_the_checkpoints_copy(run_dir)
+    path = run_dir / "metrics.jsonl"
+    path.write_bytes(path.read_bytes()[:-60])  # torn inside step 6's line
+    with Tracker(str(run_dir), TrackingConfig(wandb_mode="disabled", console=False), resume_from_step=6,
+                 checkpoint_rows=copy, checkpoint_name="step_000006") as t:
+        assert t.last_step == 6
+        t.log(7, _row(7))
+    assert path.read_text().splitlines()[:6] == whole.splitlines() and _steps(run_dir) == list(range(1, 8))
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("top-rl")]
+    assert said == [f"top-rl: {path}: step 6 rewritten from checkpoint step_000006's copy (line 6 not a whole row)"]
+
+
+def test_resume_names_a_lost_row_the_checkpoint_cannot_supply(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    whole, copy = _six_rows_and_the_checkpoints_copy(run_dir)
+    lines = whole.splitlines(keepends=True)
+    (run_dir / "metrics.jsonl").write_text("".join(lines[:2] + [lines[2][:40] + "\n"] + lines[3:]))  # step 3 torn
+    with Tracker(str(run_dir), TrackingConfig(wandb_mode="disabled", console=False), resume_from_step=6,
+                 checkpoint_rows=copy, checkpoint_name="step_000006"):
+        pass
+    assert _steps(run_dir) == [1, 2, 4, 5, 6]
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("top-rl")]
+    assert said == [f"top-rl: {run_dir / 'metrics.jsonl'} has no row for step 3 (line 3 not a whole row) and "
+                    "checkpoint step_000006 cannot "
+                    "supply it (it holds steps 4..6): the record goes on without it; a copy of metrics.jsonl from "
+                    "before the damage has it"]
+
+
 def test_fresh_run_replaces_and_modes(tmp_path, monkeypatch):
     run_dir = tmp_path / "r"
     run_dir.mkdir()

@@ -127,7 +127,8 @@ def test_the_test_doubles_do_not_ship():
 # The one reader of TOP_RL_* kernel switches is the KernelPlan builder; the fault hook is test-only (TOP_RL_FAULT, set
 # by the fault tests to kill a process at a named point), never a config switch. Other variables the package reads
 # (SGLANG_* contract checks, CUDA_VISIBLE_DEVICES, GLOO_SOCKET_IFNAME, WANDB_*, RAY_ADDRESS) are not TOP-RL settings.
-TOP_RL_ENV_READERS = {"top_rl/kernels/plan.py", "top_rl/run/fault_injection.py"}
+# The driver's watcher marks a local run's processes with TOP_RL_LOCAL_RUN (set, never read as a setting).
+TOP_RL_ENV_READERS = {"top_rl/kernels/plan.py", "top_rl/run/fault_injection.py", "top_rl/driver/leftovers.py"}
 
 
 def top_rl_env_readers(package: Path) -> list[str]:

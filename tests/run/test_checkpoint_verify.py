@@ -224,6 +224,90 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_never_loaded(run_dir, t
     assert torch.equal(safe_load.load(genuine)["rng"]["torch"], torch.load(genuine, weights_only=False)["rng"]["torch"])
 
 
+def _short_str(text: str) -> bytes:  # SHORT_BINUNICODE
+    data = text.encode()
+    return b"\x8c" + bytes([len(data)]) + data
+
+
+def _stack_global_from_the_memo(code: str) -> bytes:
+    """exec(code) with its name taken by STACK_GLOBAL from two memoized strings, the result popped."""
+    return (_short_str("builtins") + b"\x94" + _short_str("exec") + b"\x94" + b"00"  # MEMOIZE each, POP both
+            + b"h\x00h\x01\x93" + _short_str(code) + b"\x85R0")  # BINGET 0, 1, STACK_GLOBAL; TUPLE1 REDUCE POP
+
+
+def _inst(code: str) -> bytes:
+    """exec(code) by the INST opcode (MARK, the argument, INST module name), the result popped."""
+    return b"(V" + code.encode() + b"\nibuiltins\nexec\n0"
+
+
+def _prefix_data_pkl(path: Path, ops: bytes) -> None:
+    """The real torch zip at `path` with `ops` run first in its data.pkl, which then builds the genuine state."""
+    with zipfile.ZipFile(path) as z:
+        entries = [(i.filename, z.read(i)) for i in z.infolist()]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        for name, data in entries:
+            if name.endswith("/data.pkl"):
+                assert data[:2] == b"\x80\x02"  # PROTO 2, what torch.save writes
+                data = data[:2] + ops + data[2:]
+            z.writestr(name, data)
+
+
+def _legacy_with_payload(path: Path, marker: Path) -> None:
+    state = torch.load(path, weights_only=False)
+    state["payload"] = _WritesAMarker(marker)
+    torch.save(state, path, _use_new_zipfile_serialization=False)
+
+
+DISGUISES = {
+    "STACK_GLOBAL from the memo": lambda p, m: _prefix_data_pkl(p, _stack_global_from_the_memo(f"open({str(m)!r}, 'w').close()")),
+    "INST": lambda p, m: _prefix_data_pkl(p, _inst(f"open({str(m)!r}, 'w').close()")),
+    "legacy non-zip torch.save": _legacy_with_payload,
+}
+
+
+@pytest.mark.parametrize("name", ["driver.pt", "trainer_rank000.pt"])
+@pytest.mark.parametrize("disguise", list(DISGUISES))
+def test_a_disguised_payload_is_refused_by_name_not_skipped_as_unreadable(run_dir, tmp_path, disguise, name):
+    """Issue 30: a payload torch's GLOBAL-only scan cannot read (STACK_GLOBAL on memoized strings, INST, a legacy
+    non-zip file) was reported as "unreadable" and the resume went on from an older checkpoint. It is refused naming
+    the file and the object, and nothing runs. The payloads are live: torch.load(weights_only=False) runs them."""
+    from top_rl.run import manifest as checkpoint_manifest
+
+    ckpt = _ckpt(run_dir, STEPS)
+    live, marker = tmp_path / f"live_{name}", tmp_path / "payload_ran"
+    shutil.copy(ckpt / name, live)
+    DISGUISES[disguise](live, tmp_path / "live_ran")
+    assert "rng" in torch.load(live, weights_only=False) and (tmp_path / "live_ran").exists()  # the payload works
+    DISGUISES[disguise](ckpt / name, marker)
+    checkpoint_manifest.write(ckpt)  # recomputed: the manifest is a checksum, not a signature
+    with pytest.raises(Exception):  # what hid it: torch's own scan cannot read this pickle
+        torch.serialization.get_unsafe_globals_in_checkpoint(str(ckpt / name))
+    before = rl_runs.tree_hash(run_dir)
+    with pytest.raises(ResumeRefused) as refused:
+        checkpoint.prepare(run_dir, _resume_cfg(run_dir))
+    assert str(refused.value).startswith(
+        f"resume refused: {ckpt / name}: holds Python objects other than tensors and plain data (builtins.exec): "
+        "top-rl loads no code from a checkpoint. Nothing was loaded.")
+    assert not marker.exists() and rl_runs.tree_hash(run_dir) == before
+
+
+def test_a_torn_pickle_naming_nothing_stays_unreadable_and_skipped(run_dir, capsys):
+    """A damaged file that names no object cannot run anything: it is skipped as unreadable (manifest recomputed, so
+    only the pickle scan sees it), and the resume goes on from the checkpoint before."""
+    from top_rl.run import manifest as checkpoint_manifest
+
+    ckpt = _ckpt(run_dir, STEPS)
+    with zipfile.ZipFile(ckpt / "driver.pt") as z:
+        entries = [(i.filename, z.read(i)) for i in z.infolist()]
+    with zipfile.ZipFile(ckpt / "driver.pt", "w", zipfile.ZIP_STORED) as z:
+        for entry, data in entries:
+            z.writestr(entry, b"\x80\x02}q\x00(X" if entry.endswith("/data.pkl") else data)  # cut inside a string
+    checkpoint_manifest.write(ckpt)
+    state = checkpoint.prepare(run_dir, _resume_cfg(run_dir))
+    assert state["step"] == STEPS - 1
+    assert f"step_{STEPS:06d} fails verification, skipped: driver.pt: unreadable" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_the_cli_refuses_a_checkpoint_that_would_run_code_in_one_line(run_dir, tmp_path):
     marker = tmp_path / "payload_ran"

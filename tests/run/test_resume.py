@@ -73,6 +73,25 @@ def test_sigkill_after_step_3_then_resume_is_bitwise_the_straight_run(tmp_path, 
         ["step_000004", "step_000005", "step_000006"]  # checkpoint.keep=3
 
 
+@pytest.mark.slow
+def test_resume_after_a_torn_row_of_the_checkpoints_step_loses_no_step(tmp_path):
+    """Issue 30: 60 bytes cut off step 6's line of metrics.jsonl (checkpoint at 6), then `resume=true steps=8`: the
+    file held steps 1..5, 7, 8 and nothing was said. Step 6's row comes back exactly from the checkpoint's copy,
+    named in one line, and 7 and 8 follow: every step once."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(rl_runs.baseline(), run_dir)
+    path = run_dir / "metrics.jsonl"
+    whole = path.read_text().splitlines()
+    path.write_bytes(path.read_bytes()[:-60])
+    out = rl_runs.run(run_dir, *BASE, "steps=8", "resume=true")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    lines = path.read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(1, 9))
+    assert lines[:STEPS] == whole  # step 6's row byte for byte (its timings too): the one the run logged
+    said = [line for line in out.stderr.splitlines() if line.startswith("top-rl")]
+    assert said == [f"top-rl: {path}: step 6 rewritten from checkpoint step_000006's copy (line 6 not a whole row)"]
+
+
 def test_changed_setting_is_refused_naming_the_key_and_nothing_changes(tmp_path):
     """Refused before anything starts (in-process here; the CLI prints the same message, see test_bad_input)."""
     from top_rl import loop

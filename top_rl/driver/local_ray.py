@@ -5,8 +5,9 @@ process group (or of the job), not only the driver. Ray's GCS, raylet, agents an
 at once, so the driver could not finish its step and write the checkpoint it promises (top_rl.run.faults). So
 Ray's processes start with the stop signals blocked: a blocked signal mask is inherited across fork and exec
 (the raylet passes it on to the workers it starts), which is how Ray itself already keeps Ctrl-C (SIGINT)
-away from its processes. The driver alone receives them and stops the run in order; SIGKILL still ends
-everything, and a driver that dies takes Ray with it (Ray's parent-death signal).
+away from its processes. The driver alone receives them and stops the run in order. A driver that dies (SIGKILL
+included) takes every process of the run with it at once: Ray's GCS and raylet by Ray's parent-death signal, the rest
+by the watcher `start` sets up first (top_rl.driver.leftovers).
 
 The cost of the shield: Ray's shutdown asks its processes to stop with SIGTERM and waits up to 1 s for each
 before SIGKILL (~4 s at every exit), and the raylet's agents, never told to stop, would outlive it. Those
@@ -21,15 +22,18 @@ import signal
 
 import ray
 
+from top_rl.driver import leftovers
 from top_rl.run.faults import STOP_SIGNALS as SHIELDED  # the driver handles them (top_rl.run.faults)
 
 
 def start(**init_kwargs) -> None:
-    """`ray.init(**init_kwargs)` for a local Ray whose processes do not see the stop signals (module doc)."""
+    """`ray.init(**init_kwargs)` for a local Ray whose processes do not see the stop signals and do not outlive the
+    driver (module doc)."""
     handlers = {sig: signal.getsignal(sig) for sig in SHIELDED}
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SHIELDED)
     try:
-        ray.init(**init_kwargs)
+        with leftovers.marking():  # Ray's processes carry the run's mark: none outlives this driver
+            ray.init(**init_kwargs)
     finally:
         # ray.init installs a SIGTERM handler that exits the driver at once (sys.exit): the run's own
         # handlers come back before a signal that came meanwhile (pending, blocked) is delivered.

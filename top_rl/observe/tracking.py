@@ -8,18 +8,24 @@ import json
 import logging
 import math
 import os
+import sys
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from top_rl.atomic import write_file
+from top_rl.observe import metrics_resume
 
 log = logging.getLogger(__name__)
 
 # The keys docs/architecture.md promises in every row (tests/entry/test_loop_e2e.py checks the loop writes them).
 REQUIRED_KEYS = ("step", "train/train_rollout_logprob_abs_diff", "train/ess_ratio",
                  "train/train_rollout_kl", "rollout/reward_mean", "perf/step_time")
+# Rows a checkpoint keeps a copy of (those since the checkpoint before it, at most this many: the newest).
+CHECKPOINT_ROWS = 1000
 
 
 class WandbMode(StrEnum):
@@ -77,7 +83,9 @@ def _fmt(v: Any, exact: bool = False) -> str:
 class Tracker:
     """``log(step, metrics)`` once per step. Resume: pass the checkpoint's ``resume_from_step``
     and wandb ``run_id``; rows after that step (from the crashed attempt) are dropped so the
-    JSONL never holds a step twice. Without ``resume_from_step`` an existing JSONL is replaced.
+    JSONL never holds a step twice, and a damaged row of a kept step is rewritten from the checkpoint's
+    copy (``checkpoint_rows``; top_rl.observe.metrics_resume). Without ``resume_from_step`` an existing JSONL is
+    replaced.
 
     wandb on resume (top_rl.observe.wandb_history): the rows metrics.jsonl keeps that wandb never recorded
     (a crash loses wandb's buffered tail) are logged again from the JSONL, and steps wandb already
@@ -85,11 +93,15 @@ class Tracker:
     every step exactly once."""
 
     def __init__(self, run_dir: str, cfg: TrackingConfig = TrackingConfig(), config: Any = None,
-                 run_id: str | None = None, resume_from_step: int | None = None):
+                 run_id: str | None = None, resume_from_step: int | None = None,
+                 checkpoint_rows: Sequence[str] = (), checkpoint_name: str = "the checkpoint"):
+        """`checkpoint_rows`: on resume, the checkpoint's copy of its latest rows (`rows_since`), which repair a
+        damaged row of a kept step (top_rl.observe.metrics_resume)."""
         self.cfg, self.run_dir = cfg, run_dir
         os.makedirs(run_dir, exist_ok=True)
         self.path = os.path.join(run_dir, "metrics.jsonl")
-        self.last_step = self._prepare_jsonl(resume_from_step)
+        self._recent: deque[tuple[int, str]] = deque(maxlen=CHECKPOINT_ROWS)  # (step, line) as written
+        self.last_step = self._prepare_jsonl(resume_from_step, checkpoint_rows, checkpoint_name)
         self._f = open(self.path, "a", encoding="utf-8")
         self.mode = resolve_wandb_mode(cfg.wandb_mode)
         self.run = None
@@ -126,30 +138,34 @@ class Tracker:
         with open(self.path, encoding="utf-8") as f:
             return [json.loads(line) for line in f if line.strip()]
 
-    def _prepare_jsonl(self, resume_from_step: int | None) -> int | None:
-        rows = []
-        if resume_from_step is not None and os.path.exists(self.path):
-            with open(self.path, encoding="utf-8") as f:
-                for line in f:
-                    try:
-                        row = json.loads(line)
-                    except json.JSONDecodeError:
-                        continue  # a line torn by the crash we are resuming from
-                    if row.get("step", math.inf) <= resume_from_step:
-                        rows.append(line if line.endswith("\n") else line + "\n")
+    def _prepare_jsonl(self, resume_from_step: int | None, checkpoint_rows: Sequence[str], checkpoint_name: str
+                       ) -> int | None:
+        lines: list[str] = []
+        if resume_from_step is not None:
+            lines, note = metrics_resume.resumed_lines(Path(self.path), resume_from_step, checkpoint_rows,
+                                                       checkpoint_name)
+            if note:
+                print(f"top-rl: {note}", file=sys.stderr, flush=True)
         elif os.path.exists(self.path):
             log.warning("fresh run: replacing %s", self.path)
-        write_file(self.path, lambda tmp: Path(tmp).write_text("".join(rows), encoding="utf-8"))
-        return json.loads(rows[-1])["step"] if rows else None
+        write_file(self.path, lambda tmp: Path(tmp).write_text("".join(lines), encoding="utf-8"))
+        self._recent.extend((metrics_resume.step_of(line), line.rstrip("\n")) for line in lines)
+        return metrics_resume.step_of(lines[-1]) if lines else None
+
+    def rows_since(self, step: int) -> list[str]:
+        """The lines logged after `step` (at most CHECKPOINT_ROWS, the newest), as written: what a checkpoint keeps."""
+        return [line for s, line in self._recent if s > step]
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         if self.last_step is not None and step <= self.last_step:
             raise ValueError(f"step {step} already logged (last {self.last_step})")
         row = {"step": int(step), **{k: _plain(v) for k, v in metrics.items() if k != "step"}}
-        self._f.write(json.dumps(row) + "\n")
+        line = json.dumps(row)
+        self._f.write(line + "\n")
         self._f.flush()
         os.fsync(self._f.fileno())  # the JSONL is the run's record: survive a crash right after
         self.last_step = int(step)
+        self._recent.append((int(step), line))
         if self.run is not None and int(step) not in self._wandb_has:
             self.run.log(row, step=int(step))
         if self.cfg.console:

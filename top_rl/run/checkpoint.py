@@ -9,6 +9,8 @@
                        tokenizer), written by trainer rank 0: the exact weights the engines sample
                        with, so `top-rl-export` is a copy and needs neither the trainer nor its layout
   state.json           step, data position, wandb run id, resolved config
+  metrics_tail.jsonl   the metrics.jsonl lines logged since the checkpoint before it, as written: a resume rewrites
+                       a damaged row of a kept step from them (top_rl.observe.metrics_resume)
   manifest.json        size and SHA-256 of every file above (top_rl.run.manifest); written last
 A checkpoint is written into `step_NNNNNN.tmp/` (then fsynced) and renamed when complete, so a
 crash mid-write leaves the previous one as the latest. A checkpoint is trusted only once it verifies
@@ -27,6 +29,7 @@ import re
 import shlex
 import shutil
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +39,7 @@ from top_rl.run.manifest import CheckpointInvalid, CheckpointUnsafe
 from top_rl.tasks.base import DataPosition
 
 STEP_PREFIX = "step_"
+METRICS_TAIL = "metrics_tail.jsonl"
 _STEP_DIR = re.compile(r"step_(\d+)")
 FORMAT = 2  # 2: manifest.json (format-1 checkpoints have none and load unverified, with a note)
 # Keys a resume may change freely: they do not enter any computed number.
@@ -106,8 +110,10 @@ def _fsync_tree(path: Path) -> None:
     _fsync(path)
 
 
-def save(run_dir: Path, cfg, step: int, position: DataPosition, cluster, run_id: str | None, task) -> Path:
-    """Write the step-`step` checkpoint atomically and prune to the newest `checkpoint.keep`."""
+def save(run_dir: Path, cfg, step: int, position: DataPosition, cluster, run_id: str | None, task,
+         metrics_rows: Sequence[str] = ()) -> Path:
+    """Write the step-`step` checkpoint atomically and prune to the newest `checkpoint.keep`. `metrics_rows`: the
+    metrics lines logged since the checkpoint before (Tracker.rows_since), kept as METRICS_TAIL."""
     keep = cfg.checkpoint.keep  # >= 1: config.validate
     root = _dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -117,7 +123,7 @@ def save(run_dir: Path, cfg, step: int, position: DataPosition, cluster, run_id:
         shutil.rmtree(leftover, ignore_errors=True)  # from a write a crash interrupted (one writer per run)
     tmp.mkdir()
     try:
-        _write_files(tmp, cfg, step, position, cluster, run_id, task)
+        _write_files(tmp, cfg, step, position, cluster, run_id, task, metrics_rows)
     except Exception as e:
         if not (disk_full.is_no_space(e) or disk_full.free_space(root)[0] < disk_full.LOW_SPACE_BYTES):
             raise
@@ -135,7 +141,8 @@ def save(run_dir: Path, cfg, step: int, position: DataPosition, cluster, run_id:
     return final
 
 
-def _write_files(tmp: Path, cfg, step: int, position: DataPosition, cluster, run_id: str | None, task) -> None:
+def _write_files(tmp: Path, cfg, step: int, position: DataPosition, cluster, run_id: str | None, task,
+                 metrics_rows: Sequence[str] = ()) -> None:
     """Every file of the step-`step` checkpoint into `tmp`, manifest last, all fsynced."""
     cluster.save_trainer_states([str((tmp / _shard(r)).resolve()) for r in range(len(cluster.trainers))])
     import torch  # here, not at import: the run config imports CheckpointConfig without loading torch
@@ -154,6 +161,7 @@ def _write_files(tmp: Path, cfg, step: int, position: DataPosition, cluster, run
     task.save_tokenizer(str(tmp / "hf"))
     state = {"format": FORMAT, "step": step, "position": position.state_dict(), "run_id": run_id,
              "config": cfg.as_dict(), "world": len(cluster.trainers)}
+    _write(tmp / METRICS_TAIL, lambda f: f.write("".join(line + "\n" for line in metrics_rows).encode()))
     _write(tmp / "state.json", lambda f: f.write(json.dumps(state, indent=2).encode()))
     checkpoint_manifest.write(tmp)  # last: sizes and checksums of everything above
     _fsync_tree(tmp)
@@ -293,6 +301,13 @@ def check_compatible(saved: dict, current: dict, allow_changes: bool) -> list[st
         print("[top-rl] resuming with changed settings (resume_allow_changes=true):\n  " + "\n  ".join(diffs),
               flush=True)
     return diffs
+
+
+def saved_metrics(state: dict | None) -> list[str]:
+    """The metrics lines the resumed checkpoint keeps (METRICS_TAIL, verified with the rest of it; none from a
+    checkpoint written before checkpoints kept them)."""
+    path = Path(state["path"]) / METRICS_TAIL if state else None
+    return path.read_text(encoding="utf-8").splitlines() if path is not None and path.is_file() else []
 
 
 def resume_point(state: dict | None) -> tuple[int, DataPosition]:

@@ -6,7 +6,10 @@ signature) could run code when a run resumes. So driver.pt and the trainer shard
 `torch.load(weights_only=True)`, which builds only tensors, numbers, strings and containers, plus the few
 types named in ALLOWED: numpy's ndarray (the RNG state `np.random.get_state()` returns) and the compute-dtype
 enum of the model config. Anything else in a file is refused by name before it is loaded (`refuse_unsafe`,
-used by checkpoint verification before Ray starts) and could not be built by `load` either.
+used by checkpoint verification before Ray starts) and could not be built by `load` either. The names are read from
+the very pickles `torch.load` would unpickle (the zip's data.pkl, as torch's own reader finds it, or the pickles of a
+legacy non-zip file), whatever opcodes name them (top_rl.run.pickle_scan): a payload that hides its callable from
+torch's GLOBAL-only scan is named and refused like any other, never taken for an unreadable file.
 
 Saving checks the same list (`check_saved`): a state that resume could not load is a bug found at the
 first checkpoint, not at the resume that needs it.
@@ -14,6 +17,7 @@ first checkpoint, not at the resume that needs it.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -37,11 +41,44 @@ class UnsafeCheckpointFile(ValueError):
                          "top-rl loads no code from a checkpoint")
 
 
-def unsafe_globals(path: str | Path) -> list[str]:
-    """The functions and classes `path` would make the unpickler call that ALLOWED does not name (reads the
-    file's pickle without running it)."""
+# A legacy (non-zip) torch.save file: magic number, protocol, sys info, the object, its storage keys, then raw bytes.
+_LEGACY_PICKLES = 5
+
+
+def _named_objects(path: Path) -> tuple[list[str], str | None]:
+    """Every object the pickles `torch.load` would read from `path` name, and why they could not be read whole."""
+    from torch import serialization as ts
+
+    from top_rl.run import pickle_scan
+
+    with open(path, "rb") as f:
+        if not ts._is_zipfile(f):  # torch.load's own test: what it does not take for a zip it unpickles as legacy
+            return pickle_scan.named_objects(f, _LEGACY_PICKLES)
+        with ts._open_zipfile_reader(f) as archive:  # torch's reader: the data.pkl torch.load would read
+            if ts._is_torchscript_zip(archive):
+                return ["<TorchScript code (a torch.jit archive)>"], None
+            data = archive.get_record("data.pkl")
+    return pickle_scan.named_objects(io.BytesIO(data))
+
+
+def _allowed_names() -> set[str]:
+    """torch's weights_only allowlist (by its `module.name` strings) plus ALLOWED, as torch.load checks them."""
+    from torch import _weights_only_unpickler as allowlist
+
     with torch.serialization.safe_globals(_allowed()):
-        return torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
+        return set(allowlist._get_allowed_globals()) | set(allowlist._get_user_allowed_globals())
+
+
+def unsafe_globals(path: str | Path) -> list[str]:
+    """The functions and classes `path` would make the unpickler import that the allowlist does not name (reads the
+    file's pickles without running them). Raises ValueError for a file that names nothing and cannot be read whole
+    (truncated, not a torch file): it cannot run anything either, so it is merely unreadable."""
+    names, unreadable = _named_objects(Path(path))
+    allowed = _allowed_names()
+    unsafe = sorted({n for n in names if n not in allowed})
+    if unreadable is not None and not unsafe:
+        raise ValueError(unreadable)
+    return unsafe
 
 
 def refuse_unsafe(path: str | Path) -> None:
