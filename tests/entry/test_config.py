@@ -77,6 +77,12 @@ def test_settings_the_loop_cannot_run_are_refused_naming_the_key():
         compose(["algo.updates_per_rollout=1000"])
     with pytest.raises(ConfigError, match=r"trainer\.dp=0 must be >= 1"):
         compose(["trainer.dp=0"])
+    with pytest.raises(ConfigError, match=r"cluster\.gpu_handoff=true hands a GPU .* needs rollout\.engine=sglang, not "
+                                          r"native"):
+        compose(["cluster.gpu_handoff=true"])
+    with pytest.raises(ConfigError, match=r"cluster\.weight_transport=disk does not reach a native rollout engine; "
+                                          r"choose one of \['auto', 'broadcast', 'ipc', 'object_store'\]"):
+        compose(["cluster.weight_transport=disk"])
     with pytest.raises(ConfigError, match=r"cluster\.weight_transport=nccl.*expected one of \[auto, ipc, broadcast, object_store, disk\]"):
         compose(["cluster.weight_transport=nccl"])
 

@@ -103,3 +103,26 @@ def test_ipc_push_end_to_end(ckpt, flattened, monkeypatch):
         got = eng.generate([[3, 4, 5]], [7], params)
         want = NativeEngine(other).generate([[3, 4, 5]], [7], params)
         assert got[0].logprobs == want[0].logprobs and got[0].meta["weight_version"] == "4"
+
+
+@needs_sglang
+def test_a_released_server_refuses_until_resumed_and_pushed(ckpt, monkeypatch):
+    """cluster.gpu_handoff's engine side against the stand-in (its weights turn to NaN on release, as a real server's
+    paused memory holds nothing it can trust): release, resume, then the push restores the trainer's weights."""
+    from top_rl.rollout.sglang_client import SglangError
+
+    other = tiny_model(seed=5)
+    params = SamplingParams(max_new_tokens=3, temperature=1.0)
+    with StandinServer(str(ckpt)) as srv:
+        eng = SglangEngine(SglangEngineConfig(model_path=str(ckpt), port=srv.port), "fa3")
+        eng.generate([[3, 4, 5]], [7], params)
+        eng.release_memory()
+        with pytest.raises(SglangError, match=r"has released its GPU memory \(cluster.gpu_handoff\): resume_memory"):
+            eng.generate([[3, 4, 5]], [7], params)
+        eng.resume_memory()
+        with pytest.raises(SglangError, match="sync the trainer's weights again"):  # the weights are gone
+            eng.generate([[3, 4, 5]], [7], params)
+        push_by_ipc(monkeypatch, eng, hf_state_dict(other), 2, 1 << 20)
+        got = eng.generate([[3, 4, 5]], [7], params)
+        assert got[0].logprobs == NativeEngine(other).generate([[3, 4, 5]], [7], params)[0].logprobs
+        assert srv.scheduler.memory_events == [("release", True), ("resume", True)]

@@ -200,3 +200,16 @@ def test_rollout_sglang_is_typed_by_hydra_from_the_engine_config():
     with pytest.raises(ConfigError, match="Could not override 'rollout.sglang.mem_fractio_static'.*"
                                           "Key 'mem_fractio_static' not in 'SglangSettings'"):
         compose(["rollout=sglang", "rollout.sglang.mem_fractio_static=0.5"])
+
+
+def test_the_memory_saver_comes_from_cluster_gpu_handoff_and_is_refused_by_hand():
+    from top_rl.cli import compose
+    from top_rl.rollout.sglang_plan import engine_config
+
+    base = ["rollout=sglang", "model.path=/m"]
+    assert engine_config(compose(base)).enable_memory_saver is False
+    on = engine_config(compose([*base, "cluster.gpu_handoff=true"]))
+    assert on.enable_memory_saver is True
+    assert "--enable-memory-saver" in build_launch(on, on.attention_backend, base_env=ENV, check=False).argv
+    with pytest.raises(TopConfigError, match=r"rollout.sglang.enable_memory_saver=true is set by cluster.gpu_handoff"):
+        engine_config(compose([*base, "rollout.sglang.enable_memory_saver=true"]))

@@ -130,3 +130,23 @@ def test_the_gate_costs_no_extra_forward(tmp_path):
         handle.remove()
     assert report.violation is None
     assert len(calls) == report.micro_batches == 3  # 6 samples, 2 per micro-batch, one forward each
+
+
+@pytest.mark.parametrize("source", ["prefill", "decode"])
+def test_recomputed_old_log_probs_are_the_rollouts_under_top(source, tmp_path):
+    """algo.old_logprobs=recompute (verl's and slime's old-policy forward) under TOP: the trainer's sampler log-probs
+    are the engine's bit for bit, so the step and its new weights equal the rollout-log-prob step, at one more
+    forward's cost (timed as old_logprobs). Old log-probs that differ (a non-TOP engine) would change the ratios: a
+    recompute from a perturbed rollout still trains like the exact one, while taking the perturbed values does not."""
+    trainer, samples, adv = _setup(source)
+    exact = trainer.rl_step(_batch(samples, adv, source), RLStepConfig(dump_dir=str(tmp_path)))
+    want = _weights(trainer)
+    for old in ("recompute", "rollout"):
+        trainer, samples, adv = _setup(source)
+        off = [dataclasses.replace(s, sample_logprobs=[v + 0.05 for v in s.sample_logprobs]) for s in samples]
+        report = trainer.rl_step(_batch(off, adv, source), RLStepConfig(dump_dir=str(tmp_path), old_logprobs=old))
+        got = _weights(trainer)
+        same = all(torch.equal(want[k], got[k]) for k in want)
+        assert same == (old == "recompute"), old
+        if old == "recompute":
+            assert report.losses == exact.losses and report.timings["old_logprobs"] > 0

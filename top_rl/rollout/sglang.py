@@ -65,6 +65,7 @@ class SglangEngine(RolloutEngine):
         self.needs_sync = False  # a restart lost weights the engine cannot replay
         self.in_group = False  # joined trainer rank 0's broadcast group (lost on a restart)
         self.released = False  # its GPU memory given back (release_memory)
+        self.resumed_empty = False  # taken back, its weights not yet pushed again
         self.progress: Progress | None = None  # the rollout in flight (or the last one)
         self.last_stats: RolloutStats | None = None
 
@@ -139,6 +140,10 @@ class SglangEngine(RolloutEngine):
         if self.released:
             raise SglangError(f"the SGLang server on {self.cfg.url} has released its GPU memory (cluster.gpu_handoff): "
                               "resume_memory() and push the weights before the next request")
+        if self.needs_sync and self.resumed_empty:
+            raise SglangError(f"the SGLang server on {self.cfg.url} took its GPU memory back without weights "
+                              f"(cluster.gpu_handoff): push weight version {self.version + 1} before the next request; "
+                              "sync the trainer's weights again")
         if self.needs_sync:
             group = (" (its ranks left the broadcast group: call init_weights_update_group with the trainer again)"
                      if self.in_group else "")
@@ -239,7 +244,7 @@ class SglangEngine(RolloutEngine):
 
     # ------------------------------------------------------------------------------------ weights
     def _after_sync(self, version: str) -> None:
-        self.expected_weight_version = version
+        self.expected_weight_version, self.resumed_empty = version, False
         self.version = int(version) if version.isdigit() else self.version + 1
         self.needs_sync = False
         self.client.flush_cache(timeout_s=30.0)  # the update flushed already; this also covers a busy scheduler
@@ -312,7 +317,7 @@ class SglangEngine(RolloutEngine):
     def resume_memory(self) -> None:
         """Take the memory back, empty: the KV cache holds nothing and the weights come by the push that follows."""
         self.client.resume_memory_occupation()
-        self.released = False
+        self.released, self.resumed_empty = False, True
 
     def destroy_weights_update_group(self) -> dict:
         self.in_group = False

@@ -26,7 +26,7 @@ SGLANG_DEFAULT_CHUNK = 8192  # chunked_prefill_size SGLang picks on a large GPU 
 # What a trainer rank holds between steps, per parameter, after torch.cuda.empty_cache(): measured 19.9 GiB for the
 # Qwen3-0.6B shape (0.6 B parameters) on an H200 after its first optimizer step (18 B of weights, master weights,
 # gradients and Adam moments, plus Megatron's buffers, cuBLAS workspaces and what the allocator cannot return)
-RESIDENT_BYTES_PER_PARAM = 34
+RESIDENT_BYTES_PER_PARAM = 36  # 19.94 GiB / 596,049,920 parameters = 35.9
 
 
 def param_count(arch) -> int:
