@@ -1,4 +1,4 @@
-"""Request bodies and response parsing of SGLang 0.5.10.post1's /generate (docs/numerics.md §6.1, §8).
+"""Request bodies and response parsing of SGLang 0.5.11's /generate (docs/numerics.md §6.1, §8).
 
 Generation: a batch `input_ids` list with one sampling_params dict per sample (its own `sampling_seed`),
 `return_logprob`, `logprob_start_len = -1` (output tokens only). With `--skip-tokenizer-init` each answer is
