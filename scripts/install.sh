@@ -12,14 +12,8 @@ if ! command -v g++ >/dev/null 2>&1; then
 fi
 
 if [ ! -x .venv/bin/python ]; then
-  # The list is read whole before it is searched: `pyenv versions | grep -q` under pipefail fails at random (grep
-  # exits at the first match, pyenv then dies of SIGPIPE, and the pipeline's status is 141).
-  pyenv_versions=$(command -v pyenv >/dev/null 2>&1 && pyenv versions --bare 2>/dev/null || true)
-  if printf '%s\n' "$pyenv_versions" | grep -x '3.12.1' >/dev/null; then
-    PYENV_VERSION=3.12.1 python3.12 -m venv .venv
-  else
-    python3.12 -m venv .venv
-  fi
+  read -r -a PY312 <<<"$(bash scripts/find_python.sh)"  # pyenv's 3.12.1 where it has one
+  "${PY312[@]}" -m venv .venv
 fi
 PY=.venv/bin/python
 "$PY" -c 'import sys; assert sys.version_info[:2] == (3, 12), "TOP-RL needs Python 3.12, got " + sys.version'
