@@ -7,7 +7,8 @@ checkpoint verification last). `ready` collects what the checks loaded (task, mo
 state), so the run does not load it twice. A new refusal is one function and one line in CHECKS.
 Reading is all they do: the lock (top_rl.run.lock) is the run's first write, right after.
 `dry_run=true` runs CONFIG_CHECKS, those that need only the config (and model.path's config.json where this
-machine has it): the planning machine need not hold the data, the weights or the run's resources.
+machine has it): the planning machine need not hold the data, the weights or the run's resources. A sweep runs
+SWEEP_CHECKS on every job before its first job starts (top_rl.cli.SweepPrecheck).
 """
 
 from __future__ import annotations
