@@ -96,17 +96,19 @@ def _sweep_job_config(config, num: int, overrides: list[str]):
 
 def sweep_refusal(config) -> tuple[str, int] | None:
     """The first job of the sweep `config` (Hydra's multirun config) that the checks a config alone decides refuse
-    (top_rl.preflight.SWEEP_CHECKS): its message and exit code; None when every job passes."""
+    (top_rl.preflight.SWEEP_CHECKS; CONFIG_CHECKS for a dry run, as a dry run itself): its message and exit code; None
+    when every job passes."""
     from hydra.errors import CompactHydraException
 
-    from top_rl.preflight import REFUSALS, SWEEP_CHECKS, check
+    from top_rl.preflight import CONFIG_CHECKS, REFUSALS, SWEEP_CHECKS, check
 
     if config.hydra.sweeper.get("_target_") != BASIC_SWEEPER:  # another sweeper plugin makes its jobs its own way
         return None
     jobs = _sweep_jobs(config)
     for num, overrides in enumerate(jobs):
         try:
-            check(_sweep_job_config(config, num, overrides), SWEEP_CHECKS)
+            cfg = _sweep_job_config(config, num, overrides)
+            check(cfg, CONFIG_CHECKS if cfg.dry_run else SWEEP_CHECKS)  # dry_run=true alone checks only the config
         except (CompactHydraException, *REFUSALS) as e:
             why = hydra_error_line(e) if isinstance(e, CompactHydraException) else str(e)
             swept = [o for i, o in enumerate(overrides) if len({job[i] for job in jobs}) > 1] or overrides
