@@ -10,6 +10,8 @@ import signal
 import sys
 from pathlib import Path
 
+from hydra.experimental.callback import Callback
+
 from top_rl.observe import quiet
 
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")  # package data: ships in the wheel
@@ -18,10 +20,11 @@ CONF_DIR = str(Path(__file__).resolve().parent / "conf")  # package data: ships 
 # Hydra's own settings for `top-rl`, carried by the schema node that the config's defaults list starts with.
 # The app is named after the command (Hydra would name it after this file, "cli"), and a multirun
 # (`top-rl -m steps=1,2`) puts job N's run_dir at <run_dir>/N instead of sharing run_dir and writing
-# ./multirun/DATE/TIME into the working directory.
+# ./multirun/DATE/TIME into the working directory; before its first job starts, SweepPrecheck checks every job.
 HYDRA_SETTINGS = {
     "job": {"name": "top-rl"},
     "sweep": {"dir": "${run_dir}", "subdir": "${hydra.job.num}"},
+    "callbacks": {"sweep_precheck": {"_target_": "top_rl.cli.SweepPrecheck"}},
     "help": {"header": "${hydra.help.app_name}: true on-policy RL for dense Qwen3 (trainer log-probs bitwise equal to "
                        "the rollout engine's).\n\nusage: ${hydra.help.app_name} [key=value ...]     one run, in run_dir"
                        "\n       ${hydra.help.app_name} -m [key=a,b ...]    a sweep: job N runs in <run_dir>/N\n"},
@@ -55,6 +58,75 @@ def _job_run_dir(dict_cfg) -> None:
     if hydra_cfg.mode == RunMode.MULTIRUN:
         with open_dict(dict_cfg):
             dict_cfg.run_dir = hydra_cfg.runtime.output_dir
+
+
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def _sweep_jobs(config) -> list[list[str]]:
+    """Each job's overrides, as Hydra's basic sweeper will make them (its sweeper.params, then the command line's)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    task = list(OmegaConf.to_container(config.hydra.overrides.task, resolve=False))
+    parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+    return [job for batch in BasicSweeper.split_arguments(parser.parse_overrides(params + task), None) for job in batch]
+
+
+def _sweep_job_config(config, num: int, overrides: list[str]):
+    """Job `num`'s RunConfig, composed as Hydra's basic launcher will compose it, its run_dir <sweep dir>/<num>
+    (run_dir itself when that is empty, which validate refuses: Hydra would put the jobs in the working directory)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import open_dict
+
+    from top_rl.config import from_hydra
+
+    job = GlobalHydra.instance().config_loader().load_sweep_config(config, overrides)
+    with open_dict(job):
+        job.hydra.job.id = job.hydra.job.num = num
+        sweep_dir = str(job.hydra.sweep.dir)
+        run_dir = os.path.abspath(os.path.join(sweep_dir, str(job.hydra.sweep.subdir))) if sweep_dir.strip() else sweep_dir
+        del job["hydra"]
+        job.run_dir = run_dir
+    return from_hydra(job)
+
+
+def sweep_refusal(config) -> tuple[str, int] | None:
+    """The first job of the sweep `config` (Hydra's multirun config) that the checks a config alone decides refuse
+    (top_rl.preflight.SWEEP_CHECKS; CONFIG_CHECKS for a dry run, as a dry run itself): its message and exit code; None
+    when every job passes."""
+    from hydra.errors import CompactHydraException
+
+    from top_rl.preflight import CONFIG_CHECKS, REFUSALS, SWEEP_CHECKS, check
+
+    if config.hydra.sweeper.get("_target_") != BASIC_SWEEPER:  # another sweeper plugin makes its jobs its own way
+        return None
+    jobs = _sweep_jobs(config)
+    for num, overrides in enumerate(jobs):
+        try:
+            cfg = _sweep_job_config(config, num, overrides)
+            check(cfg, CONFIG_CHECKS if cfg.dry_run else SWEEP_CHECKS)  # dry_run=true alone checks only the config
+        except (CompactHydraException, *REFUSALS) as e:
+            why = hydra_error_line(e) if isinstance(e, CompactHydraException) else str(e)
+            swept = [o for i, o in enumerate(overrides) if len({job[i] for job in jobs}) > 1] or overrides
+            return (f"sweep refused before any job started: job {num} ({' '.join(swept)}): {why}",
+                    2 if isinstance(e, CompactHydraException) else getattr(e, "exit_code", 1))
+    return None
+
+
+class SweepPrecheck(Callback):
+    """`top-rl -m`: every job's config is composed and checked before the first job starts, so a bad value in the
+    last job costs no run of the first ones. Hydra calls this before it creates the sweep's directory and its
+    multirun.yaml, so a refused sweep leaves nothing behind. (A Hydra callback: hydra.callbacks, HYDRA_SETTINGS.)"""
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        refused = sweep_refusal(config)
+        if refused:
+            print(f"top-rl: {refused[0]}", file=sys.stderr, flush=True)
+            sys.exit(refused[1])
 
 
 def compose(overrides: list[str]):

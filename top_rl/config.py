@@ -145,6 +145,10 @@ def validate(cfg: RunConfig) -> RunConfig:
     errors = [f"{key}={v} must be a finite number" for key, v in _non_finite(cfg.as_dict())]
     if errors:  # the checks below would only repeat them
         raise ConfigError("invalid config: " + "; ".join(errors))
+    if not cfg.run_dir.strip():  # `run_dir=$UNSET`: Path("") is the working directory, which the run would fill
+        errors.append(f"run_dir={cfg.run_dir!r} is empty (an unset shell variable?): the run would write into the "
+                      "current directory; give it one, e.g. run_dir=runs/NAME")
+    errors += _model_errors(cfg.model)
     for key, allowed in _CHOICES.items():
         if _get(cfg, key) not in allowed:
             errors.append(f"{key}={_get(cfg, key)!r} is not allowed; choose one of: {', '.join(allowed)}")
@@ -200,6 +204,17 @@ def validate(cfg: RunConfig) -> RunConfig:
     if errors:
         raise ConfigError("invalid config: " + "; ".join(errors))
     return cfg
+
+
+def _model_errors(model) -> list[str]:
+    """A random model's sizes (model.*) are its family's shape (an unknown family is refused where it is built)."""
+    from top_rl.model import family as families
+
+    errors = [] if model.init_std >= 0 else [f"model.init_std={model.init_std} must be >= 0 (the random init's "
+                                              "standard deviation)"]
+    if model.family in families.FAMILIES:
+        errors += families.get(model.family).shape_errors(model, prefix="model.")
+    return errors
 
 
 def _dropped_keys(node, obj, prefix: str = ""):

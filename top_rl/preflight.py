@@ -7,7 +7,8 @@ checkpoint verification last). `ready` collects what the checks loaded (task, mo
 state), so the run does not load it twice. A new refusal is one function and one line in CHECKS.
 Reading is all they do: the lock (top_rl.run.lock) is the run's first write, right after.
 `dry_run=true` runs CONFIG_CHECKS, those that need only the config (and model.path's config.json where this
-machine has it): the planning machine need not hold the data, the weights or the run's resources.
+machine has it): the planning machine need not hold the data, the weights or the run's resources. A sweep runs
+SWEEP_CHECKS on every job before its first job starts (top_rl.cli.SweepPrecheck).
 """
 
 from __future__ import annotations
@@ -112,6 +113,8 @@ def run_dir_writable(cfg, ready: Ready) -> None:
     probe = run_dir
     while not probe.exists():  # the directory the run would create run_dir in
         probe = probe.parent
+    if not probe.is_dir():  # mkdir would fail under it (NotADirectoryError), after the checks passed
+        raise Refused(f"run_dir={run_dir} cannot be created: {probe} is a file, not a directory; pick another run_dir=")
     kw = {"effective_ids": True} if os.access in os.supports_effective_ids else {}
     targets = [probe] + [run_dir / n for n in ("checkpoints", "wandb", "metrics.jsonl") if (run_dir / n).exists()]
     for target in targets:
@@ -144,6 +147,32 @@ def model_fits_task(cfg, ready: Ready) -> None:
     t = cfg.trainer
     layout_rules.check(layout_rules.ModelShape.of(ready.model_cfg), t.tp, t.pp, t.cp, _k_chunk(cfg))
     ready.max_prompt_len = ready.model_cfg.max_position_embeddings - cfg.rollout.max_new_tokens
+
+
+def _arch_before_the_task(cfg):
+    """The model's config without the task: model.path's config.json (None where this machine lacks it), or the
+    random model's shape with a one-token vocabulary (its tokenizer's size is not known yet: a lower bound)."""
+    path = cfg.model.path
+    if path:
+        return family.config_from_dir(path) if (Path(path) / "config.json").is_file() else None
+    return cfg.model.arch_config(1, None)
+
+
+def host_memory(cfg, ready: Ready) -> None:
+    """The step's batch and, on a local run, the models of the actors computing on the CPU fit this host's memory
+    (lower bounds: top_rl/driver/host_memory.py); a sweep's check runs it before the task is loaded."""
+    from top_rl.driver import host_memory as host
+
+    r, c = cfg.rollout, cfg.cluster
+    models = None
+    if not (c.address or os.environ.get("RAY_ADDRESS")):  # a local run: every actor is on this host
+        arch = ready.model_cfg or _arch_before_the_task(cfg)
+        engines = r.num_engines if r.engine != "sglang" and not c.engine_gpus else 0
+        replicas = cfg.trainer.dp * cfg.trainer.cp if not c.trainer_gpus else 0
+        models = host.cpu_models(arch, cfg.model.dtype, engines, replicas) if arch is not None else None
+    refusal = host.refusal(r.prompts_per_step, r.n_samples, r.max_new_tokens, models, host.host_bytes())
+    if refusal:
+        raise Refused(refusal)
 
 
 def shared_gpu_memory(cfg, ready: Ready) -> None:
@@ -191,8 +220,11 @@ def resume_state(cfg, ready: Ready) -> None:
 
 
 CONFIG_CHECKS = (config_values, task_config, sglang_engines, trainer_layout)
-CHECKS = CONFIG_CHECKS + (resources, run_dir_writable, task_data, model_fits_task, shared_gpu_memory, prompt_lengths,
-                          resume_state)
+CHECKS = CONFIG_CHECKS + (resources, run_dir_writable, task_data, model_fits_task, host_memory, shared_gpu_memory,
+                          prompt_lengths, resume_state)
+# What a sweep checks for every job before its first job starts (top_rl.cli): the config's refusals and those this
+# machine decides from the config alone (run_dir, memory), not the data's or the checkpoints'.
+SWEEP_CHECKS = CONFIG_CHECKS + (run_dir_writable, host_memory)
 
 
 def check(cfg, checks=CHECKS) -> Ready:

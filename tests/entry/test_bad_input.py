@@ -93,6 +93,56 @@ def test_start_time_refusals_name_the_input_and_keep_the_run(saved_run, data):
     assert rl_runs.tree_hash(run_dir) == before
 
 
+def _edit_state(run_dir: Path, **changes) -> Path:
+    """The final checkpoint's state.json changed, and its manifest recomputed so that it still verifies (the manifest
+    is a checksum, not a signature). Returns state.json."""
+    from top_rl.run import manifest
+
+    ckpt = rl_runs.final_checkpoint(run_dir)
+    state = ckpt / "state.json"
+    state.write_text(json.dumps({**json.loads(state.read_text()), **changes}))
+    manifest.write(ckpt)
+    manifest.verify(ckpt)
+    return state
+
+
+@pytest.mark.slow
+def test_a_checkpoint_whose_state_contradicts_itself_is_refused_before_ray(saved_run):
+    """Issue 30: state.json with "world": 0 verified, passed the resume checks and failed once Ray and the trainers
+    had started, with a traceback. Now the resume's checks refuse it in one line naming the file and the key."""
+    run_dir, _ = saved_run
+    state = _edit_state(run_dir, world=0)
+    before = rl_runs.tree_hash(run_dir)
+    err = _refused(run_dir)
+    assert err.strip().splitlines() == [
+        f"top-rl: resume refused: {state}: world=0, but its trainer layout {{'dp': 1, 'tp': 1, 'pp': 1, 'cp': 1}} has 1 "
+        "rank(s), one trainer_rankNNN.pt each. The checkpoint verifies but contradicts itself (edited after it was "
+        "written?); restore it from a copy, or move it aside to resume from an earlier one."], err[-3000:]
+    assert rl_runs.tree_hash(run_dir) == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("changes, message", [
+    ({"world": True}, "world=True, but its trainer layout {'dp': 1, 'tp': 1, 'pp': 1, 'cp': 1} has 1 rank(s)"),
+    ({"world": "1"}, "world='1', but its trainer layout"),
+    ({"position": {"epoch": -1, "index": 0}}, "position={'epoch': -1, 'index': 0} must be {'epoch': E, 'index': I}, "
+                                              "whole numbers >= 0 (the data position)"),
+    ({"position": {"epoch": 0}}, "position={'epoch': 0} must be"),
+    ({"run_id": 7}, "run_id=7 must be a string or null (the wandb run id)"),
+    ({"config": {}}, "config.trainer is missing"),
+])
+def test_the_resume_checks_every_key_of_state_json_it_uses(saved_run, changes, message):
+    from top_rl.cli import compose
+    from top_rl.run import checkpoint
+
+    run_dir, _ = saved_run
+    state = _edit_state(run_dir, **changes)
+    cfg = compose([f"run_dir={run_dir}", *BASE, "steps=8", "resume=true", "resume_allow_changes=true"])
+    with pytest.raises(checkpoint.ResumeRefused) as refused:
+        checkpoint.prepare(run_dir, cfg)
+    assert str(refused.value).startswith(f"resume refused: {state}: {message}"), str(refused.value)
+
+
 @pytest.mark.slow
 def test_bad_rows_and_long_prompts_skipped_and_counted_then_a_long_prompt_stops_the_run(tmp_path, data):
     task = [f"task.path={data / 'rows.jsonl'}", f"task.tokenizer={data / 'tok'}"]

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _top_rl(*args, cwd=None):
     env = {**os.environ, "WANDB_MODE": "disabled",
            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    return subprocess.run([sys.executable, "-m", "top_rl.cli", *args], capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, "-m", "top_rl.cli", *args], capture_output=True, text=True, timeout=400,
                           env=env, cwd=cwd)
 
 
@@ -82,3 +82,41 @@ def test_multirun_jobs_get_their_own_run_dir(tmp_path):
     assert sorted((p["steps"], p["run_dir"]) for p in plans) == [(1, str(tmp_path / "sweep" / "0")),
                                                                   (2, str(tmp_path / "sweep" / "1"))]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]  # no ./multirun in the working directory
+
+
+@pytest.mark.parametrize("sweep, rc, message", [
+    # a real sweep: before, job 0 trained for its 2 steps, then job 1 was refused, leaving sweep/0 and sweep/1
+    (["steps=2", "rollout.temperature=1.0,nan"], 2,
+     "top-rl: sweep refused before any job started: job 1 (rollout.temperature=nan): invalid "
+     "config: rollout.temperature=nan must be a finite number"),
+    # refused by Hydra's own composition, but only after it wrote sweep/multirun.yaml
+    (["steps=abc,2"], 2, "top-rl: sweep refused before any job started: job 0 (steps=abc): invalid "
+                         "config: Error merging override steps=abc Value 'abc' of type 'str' could not be converted "
+                         "to Integer"),
+    (["steps=1,2", "model.num_key_value_heads=2,3"], 2, "top-rl: sweep refused before any job started: job 1 "
+     "(steps=1 model.num_key_value_heads=3): invalid config: model.num_attention_heads=4 is not a "
+     "multiple of model.num_key_value_heads=3 (each KV head serves a whole group of query heads)"),
+])
+def test_a_sweep_checks_every_job_before_the_first_starts(tmp_path, sweep, rc, message):
+    """Issue 30: every job's config is composed and checked before job 0 starts; a refused sweep leaves nothing."""
+    d = tmp_path / "sweep"
+    out = _top_rl("-m", f"run_dir={d}", *sweep, "cluster.torch_threads=1", cwd=tmp_path)
+    assert out.returncode == rc and out.stderr.splitlines() == [message.format(d=d)], out.stderr[-3000:]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sweep_with_an_empty_or_blocked_run_dir_is_refused(tmp_path):
+    """Issue 30: `-m run_dir=` (an unset variable) put the jobs in ./0, ./1; a run_dir under a file failed in Hydra's
+    mkdir with a traceback."""
+    out = _top_rl("-m", "run_dir=", "steps=1,2", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.splitlines() == [
+        "top-rl: sweep refused before any job started: job 0 (steps=1): invalid config: run_dir='' is empty "
+        "(an unset shell variable?): the run would write into the current directory; give it one, e.g. "
+        "run_dir=runs/NAME"], out.stderr[-3000:]
+    (tmp_path / "file").write_text("a regular file\n")
+    out = _top_rl("-m", f"run_dir={tmp_path / 'file' / 'sweep'}", "steps=1,2", cwd=tmp_path)
+    assert out.returncode == 1 and out.stderr.splitlines() == [
+        f"top-rl: sweep refused before any job started: job 0 (steps=1): "
+        f"run_dir={tmp_path / 'file' / 'sweep' / '0'} cannot be created: {tmp_path / 'file'} is a file, not a "
+        "directory; pick another run_dir="], out.stderr[-3000:]
+    assert [p.name for p in tmp_path.iterdir()] == ["file"]

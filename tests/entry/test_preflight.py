@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -97,6 +98,19 @@ def _gsm(data: Path, name: str) -> list[str]:
     # a placement this machine cannot hold suggests only layouts the model allows
     (["trainer.dp=64"], "Lower rollout.num_engines / trainer.{dp,tp,pp,cp} (this model allows trainer.tp 1 and "
      "trainer.pp 1, 2)"),
+    # Issue 30: sizes no model or host can hold (they passed, and failed in the actors or grew without end)
+    (["model.hidden_size=-64"], "invalid config: model.hidden_size=-64 must be a positive integer"),
+    (["model.num_hidden_layers=0"], "model.num_hidden_layers=0 must be a positive integer"),
+    (["model.num_key_value_heads=3"], "model.num_attention_heads=4 is not a multiple of model.num_key_value_heads=3"),
+    (["model.head_dim=15"], "model.head_dim=15 must be even for NeoX RoPE"),
+    (["model.rope_theta=0"], "model.rope_theta=0.0 must be > 0"),
+    (["model.init_std=-0.02"], "model.init_std=-0.02 must be >= 0"),
+    (["rollout.prompts_per_step=1000000000"], "of memory cannot hold the run: it needs at least "),
+    (["rollout.prompts_per_step=1000000000"], "for a step's batch on the driver (rollout.prompts_per_step=1000000000 "
+     "x rollout.n_samples=4 samples x (>= 1 prompt token x 16 B + rollout.max_new_tokens=3 x 96 B)). Lower "
+     "rollout.prompts_per_step (over "),
+    (["model.hidden_size=100000", "model.intermediate_size=100000"], "parameters x (1 engine(s) x 4 B + 1 trainer "
+     "replica(s) x 16 B)). A smaller model (model.*), or actors on GPUs"),
 ])
 def test_config_refusals_come_before_anything_starts(tmp_path, nothing_starts, overrides, message):
     run_dir = tmp_path / "run"
@@ -120,11 +134,35 @@ def test_dataset_refusals_name_the_file_and_line(tmp_path, nothing_starts, data)
         _refused(run_dir, *_gsm(data, "all_bad.jsonl"), "task.on_bad_row=skip")
     assert f"{data / 'latin1.jsonl'}:2: not UTF-8 text (byte b'\\xfc' at column " in \
         _refused(run_dir, *_gsm(data, "latin1.jsonl"))
-    assert f"Is a directory: '{data / 'adir.jsonl'}'" in _refused(run_dir, *_gsm(data, "adir.jsonl"))
+    assert f"task 'gsm8k': task.path={data / 'adir.jsonl'} is a directory, not a regular file: nothing was read " \
+        "from it; point task.path at a data file" in _refused(run_dir, *_gsm(data, "adir.jsonl"))
     n = len("Question: What is " + "1+" * 40 + "1?\nAnswer:")
     assert f"prompt 2 of task 'gsm8k' has {n} tokens; the model's context leaves 61 for a prompt" in \
         _refused(run_dir, *_gsm(data, "long.jsonl"), "model.max_position_embeddings=64")
     assert not run_dir.exists()
+
+
+def test_data_that_is_no_regular_file_is_refused_unread(tmp_path, nothing_starts, data):
+    """Issue 30: task.path=/dev/zero hung the checks (a line that never ends), a FIFO would wait for a writer."""
+    os.mkfifo(tmp_path / "fifo")
+    for path, kind in (("/dev/zero", "a character device"), (tmp_path / "fifo", "a FIFO")):
+        for task in ("gsm8k", "dapo"):
+            assert f"task.path={path} is {kind}, not a regular file: nothing was read from it" in \
+                _refused(tmp_path / "run", f"task={task}", f"task.path={path}", f"task.tokenizer={data / 'tok'}")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_dir_that_cannot_be_created_is_refused(tmp_path, nothing_starts):
+    """Issue 30: run_dir under a regular file passed the checks and failed in mkdir (NotADirectoryError); an empty
+    run_dir (an unset shell variable) ran in the working directory."""
+    (tmp_path / "file").write_text("not a directory\n")
+    assert _refused(tmp_path / "file" / "sub" / "run") == (
+        f"run_dir={tmp_path / 'file' / 'sub' / 'run'} cannot be created: {tmp_path / 'file'} is a file, not a "
+        "directory; pick another run_dir=")
+    with pytest.raises(preflight.REFUSALS, match=re.escape("invalid config: run_dir='' is empty (an unset shell "
+                                                           "variable?): the run would write into the current directory")):
+        compose(["run_dir=", *SMALL])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
 @contextlib.contextmanager

@@ -37,6 +37,9 @@ def models(tmp_path_factory):
         "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 18, "hidden_size": 64,
         "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 16, "max_position_embeddings": 64, "tie_word_embeddings": True, "eos_token_id": 2}))
+    (d / "zero_hidden").mkdir()
+    (d / "zero_hidden" / "config.json").write_text(json.dumps({
+        **json.loads((d / "no_weights" / "config.json").read_text()), "hidden_size": 0, "num_key_value_heads": 3}))
     return d
 
 
@@ -83,6 +86,9 @@ def test_malformed_or_incomplete_model_dirs(tmp_path, models):
     for extra in (["dry_run=true"], ["steps=1"]):
         _one_line(_run("-m", "top_rl.cli", f"run_dir={tmp_path / 'run'}", f"model.path={bad}", *extra), 1,
                   "top-rl: ", f"{bad / 'config.json'}:1: not valid JSON")
+    zero = models / "zero_hidden" / "config.json"  # Issue 30: a size no model has, in a checkpoint's config.json
+    _one_line(_run("-m", "top_rl.cli", f"run_dir={tmp_path / 'run'}", f"model.path={zero.parent}", "dry_run=true"), 1,
+              "top-rl: ", f"{zero}: hidden_size=0 must be a positive integer")
     out = _run("-m", "top_rl.cli", f"run_dir={tmp_path / 'run'}", f"model.path={models / 'no_weights'}", "steps=1")
     _one_line(out, 1, "top-rl: ", "has neither model.safetensors nor model.safetensors.index.json")  # before Ray
     assert not (tmp_path / "run").exists()
@@ -99,3 +105,40 @@ def test_tool_value_errors(models):
     assert out.returncode == 2 and out.stderr.startswith("top-rl-parity-probe: url='127.0.0.1:30000' needs its scheme")
     out = _run(*probe, "url=http://127.0.0.1:9", f"model={models / 'no_weights'}", "dtype=fp8")
     assert out.returncode == 2 and "dtype='fp8': expected one of" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from top_rl.tasks import ArithTask
+
+    d = tmp_path_factory.mktemp("tok")
+    ArithTask().save_tokenizer(str(d))
+    return d
+
+
+@pytest.mark.parametrize("overrides, rc, parts", [
+    (["run_dir="], 2, ["invalid config: run_dir='' is empty (an unset shell variable?): the run would write into "
+                       "the current directory; give it one, e.g. run_dir=runs/NAME"]),
+    (["run_dir={tmp}/file/sub"], 1, ["run_dir={tmp}/file/sub cannot be created: {tmp}/file is a file, not a "
+                                     "directory; pick another run_dir="]),
+    (["task=gsm8k", "task.path=/dev/zero", "task.tokenizer={tok}"], 1,
+     ["task 'gsm8k': task.path=/dev/zero is a character device, not a regular file: nothing was read from it"]),
+    (["rollout.prompts_per_step=1000000000"], 1, ["of memory cannot hold the run: it needs at least",
+                                                  "(rollout.prompts_per_step=1000000000 x rollout.n_samples=16",
+                                                  "Lower rollout.prompts_per_step (over "]),
+    (["model.hidden_size=-64"], 2, ["invalid config: model.hidden_size=-64 must be a positive integer"]),
+])
+def test_impossible_input_is_one_line_before_anything_starts(tmp_path, tokenizer, overrides, rc, parts):
+    """Issue 30: each of these started Ray (or hung, or wrote into the working directory) and failed later with a
+    traceback, or never: now one line, from a run that touches nothing (it runs in tmp_path, which stays as it was)."""
+    (tmp_path / "file").write_text("a regular file\n")
+    fill = lambda s: s.format(tmp=tmp_path, tok=tokenizer)  # noqa: E731
+    args = [fill(o) for o in overrides]
+    if not any(a.startswith("run_dir=") for a in args):
+        args.insert(0, f"run_dir={tmp_path / 'run'}")
+    env = {**os.environ, "WANDB_MODE": "disabled",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    out = subprocess.run([sys.executable, "-m", "top_rl.cli", *args, "cluster.torch_threads=1"], capture_output=True,
+                         text=True, timeout=300, env=env, cwd=tmp_path)
+    _one_line(out, rc, "top-rl: ", *map(fill, parts))
+    assert out.stdout == "" and sorted(p.name for p in tmp_path.iterdir()) == ["file"]

@@ -2,6 +2,7 @@
 one package, top_rl/model/<family>/, and its Megatron layer spec in the trainer (top_rl/train/trainer.py
 MEGATRON_SPECS); the rest of TOP-RL reaches it through this registry. A family package exposes:
   NAME, Config (frozen dataclass: from_hf_dict / from_dir / to_hf_dict, `family` = NAME), NotSupported,
+  shape_errors(cfg, prefix)       why a shape (a Config, or a run's model.* fields) is not one of the family's
   NativeModel(config, dtype)      the engine's model over the kernel seam (.load_hf, .hf_state_dict,
                                   .new_kv_cache, .init_random)
   hf_to_megatron, iter_megatron_to_hf, megatron_names, full_shape   HF <-> Megatron names and layouts

@@ -252,6 +252,11 @@ def prepare(run_dir: Path, cfg) -> dict | None:
     if not checkpoint_manifest.has_manifest(found):
         print(f"[top-rl] {found} has no manifest.json (written by an older top-rl): resuming without verifying it",
               flush=True)
+    inconsistent = state_refusal(found, state)
+    if inconsistent:
+        raise ResumeRefused(f"resume refused: {inconsistent}. The checkpoint verifies but contradicts itself (edited "
+                            "after it was written?); restore it from a copy, or move it aside to resume from an "
+                            "earlier one.")
     check_compatible(state["config"], cfg.as_dict(), cfg.resume_allow_changes)
     saved_layout = {k: state["config"]["trainer"].get(k, 1) for k in ("dp", "tp", "pp", "cp")}
     if saved_layout != {k: getattr(cfg.trainer, k) for k in ("dp", "tp", "pp", "cp")}:  # even with allow_changes
@@ -262,6 +267,34 @@ def prepare(run_dir: Path, cfg) -> dict | None:
     state["path"] = str(found)
     print(f"[top-rl] resuming from {found} (step {state['step']})", flush=True)
     return state
+
+
+_LAYOUT_KEYS = ("dp", "tp", "pp", "cp")
+
+
+def state_refusal(ckpt: Path, state: dict) -> str | None:
+    """What in state.json a resume cannot use, naming the file and key (None: nothing). A manifest is a checksum, not
+    a signature: a hand-edited state.json with its manifest recomputed verifies, and a world of 0 or a broken data
+    position would otherwise fail only once Ray and the trainers had started."""
+    where = Path(ckpt) / "state.json"
+    trainer = state["config"].get("trainer") if isinstance(state.get("config"), dict) else None
+    if not isinstance(trainer, dict):
+        return f"{where}: config.trainer is missing (the resolved config the checkpoint was written with)"
+    layout = {k: trainer.get(k, 1) for k in _LAYOUT_KEYS}
+    bad = [k for k, v in layout.items() if type(v) is not int or v < 1]
+    if bad:
+        return f"{where}: config.trainer.{bad[0]}={layout[bad[0]]!r} must be a whole number >= 1"
+    ranks = layout["dp"] * layout["tp"] * layout["pp"] * layout["cp"]
+    if type(state["world"]) is not int or state["world"] != ranks:
+        return (f"{where}: world={state['world']!r}, but its trainer layout {layout} has {ranks} rank(s), one "
+                "trainer_rankNNN.pt each")
+    position = state.get("position")
+    if not isinstance(position, dict) or any(type(position.get(k)) is not int or position[k] < 0
+                                             for k in ("epoch", "index")):
+        return f"{where}: position={position!r} must be {{'epoch': E, 'index': I}}, whole numbers >= 0 (the data position)"
+    if state.get("run_id") is not None and not isinstance(state["run_id"], str):
+        return f"{where}: run_id={state['run_id']!r} must be a string or null (the wandb run id)"
+    return None
 
 
 def check_compatible(saved: dict, current: dict, allow_changes: bool) -> list[str]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import abc
 import gzip
+import os
 import random
+import stat
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -175,12 +177,34 @@ def row_too_long(size: int, limit: int) -> ValueError:
                       "context holds a prompt that long); shorten or split it, or raise task.max_row_bytes")
 
 
+def _kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def check_regular_file(path: str, key: str = "task.path") -> None:
+    """Refuse a data path that is not a regular file, before reading it: /dev/zero has no line end to stop at (the
+    read would never return), a FIFO blocks until a writer comes, a directory fails with an OS error. A missing file
+    is left to the open that follows (its OSError names it); a symlink counts as what it points to."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{key}={path} is {_kind(mode)}, not a regular file: nothing was read from it; point {key} "
+                         "at a data file")
+
+
 def text_lines(path: str, max_bytes: int = MAX_ROW_BYTES):
     """(``"path:line"``, text) for each line of a text file, read line by line; a line that is not UTF-8, or longer
     than `max_bytes` (not counting its newline), comes as a ValueError naming why, so a bad row is reported at its
     file:line (decoding the whole file would name only an offset). Memory stays within a few times max_bytes."""
     if max_bytes < 1:
         raise ValueError(f"task.max_row_bytes={max_bytes} must be >= 1")
+    check_regular_file(path)
     opener = gzip.open if str(path).endswith(".gz") else open  # the shipped copies are gzipped (tasks/sources.py)
     with opener(path, "rb") as f:
         ln = 0

@@ -23,7 +23,7 @@ from typing import Any
 
 from top_rl.tasks import sources
 from top_rl.tasks.base import (MAX_ROW_BYTES, ON_BAD_ROW, HFTokenizerTask, PromptItem, TaskConfig, choice_errors,
-                               row_too_long, text_lines)
+                               check_regular_file, row_too_long, text_lines)
 from top_rl.tasks.gsm8k import _last_boxed
 
 HF_DATASET = "BytedTsinghua-SIA/DAPO-Math-17k"
@@ -120,6 +120,7 @@ def math_verify_equivalent(pred: str, gold: str) -> bool | None:
 # ------------------------------------------------------------------------------------ rows
 def _read_rows(path: str, max_bytes: int = MAX_ROW_BYTES) -> list[tuple[str, Any]]:
     """(where, row) pairs from .parquet, .jsonl (line by line, a row over `max_bytes` unparsed) or .json."""
+    check_regular_file(path)  # first: the .json and .parquet readers below would read a device or a FIFO forever
     p = Path(path)
     if p.suffix == ".parquet":
         try:

@@ -1,17 +1,17 @@
 """Dense Qwen3, the model family TOP-RL serves (contract qwen3_dense_top_v1): everything that knows Qwen3
 lives in this package (top_rl/model/family.py lists what a family exposes), except its Megatron layer
 spec, which is the trainer's (top_rl/train/qwen3_megatron.py).
-  config.py     Qwen3Config: HF config.json <-> the dataclass, with the contract's refusals
+  config.py     Qwen3Config: HF config.json <-> the dataclass, with the contract's refusals (shape_errors)
   native.py     the native model over the kernel seam (the engine's, and the reference the trainer equals)
   hf_names.py   HF tensor names <-> native fused layout and <-> Megatron names/layouts
 """
 
 from __future__ import annotations
 
-from top_rl.model.qwen3.config import NotDenseQwen3 as NotSupported, Qwen3Config as Config
+from top_rl.model.qwen3.config import NotDenseQwen3 as NotSupported, Qwen3Config as Config, shape_errors
 
 NAME = "qwen3"
-__all__ = ["NAME", "Config", "NotSupported", "NativeModel", "full_shape", "hf_to_megatron", "iter_megatron_to_hf",
+__all__ = ["NAME", "Config", "NotSupported", "shape_errors", "NativeModel", "full_shape", "hf_to_megatron", "iter_megatron_to_hf",
            "megatron_names", "serves"]
 
 

@@ -1,0 +1,64 @@
+"""Issue 30: a run whose sizes this host cannot hold is refused before it starts (top_rl/driver/host_memory.py), by
+bounds that are honest: below what the run really allocates, measured here on the real objects."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers import tiny_model  # noqa: E402
+
+from top_rl import kernels  # noqa: E402
+from top_rl.driver import host_memory  # noqa: E402
+from top_rl.rl.batch import RLBatch, RLSample  # noqa: E402
+from top_rl.rollout.base import SamplingParams  # noqa: E402
+from top_rl.rollout.native import NativeEngine  # noqa: E402
+
+
+@pytest.mark.parametrize("n_samples, max_new_tokens", [(32, 1), (16, 6)])
+def test_the_batch_bound_is_below_what_the_driver_holds(n_samples, max_new_tokens):
+    """Samples from the real engine, delivered as Ray delivers them (pickled), and the RLBatch the loop builds from them:
+    together they take more memory than the bound counts for a step of one-token prompts whose responses all run to
+    max_new_tokens (the step the bound describes)."""
+    with kernels.use_backend("reference"):
+        engine = NativeEngine(tiny_model(), "decode", eos_token_id=-1)  # no eos: every response runs to the limit
+        raw = engine.generate([[5]] * n_samples, list(range(n_samples)), SamplingParams(max_new_tokens, 1.0))
+    assert all(len(s.response_ids) == max_new_tokens for s in raw)
+    delivered = pickle.dumps(raw)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        samples = pickle.loads(delivered)
+        batch = RLBatch([RLSample.from_rollout(s, 0.5, i) for i, s in enumerate(samples)], 1.0, "decode", 1)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(batch.samples) == n_samples
+    assert held >= n_samples * host_memory.sample_bytes(max_new_tokens), held
+
+
+def test_the_refusal_names_the_largest_step_the_bound_allows():
+    host = host_memory.host_bytes()
+    per_prompt = 16 * host_memory.sample_bytes(2)
+    fits = host // per_prompt
+    assert host_memory.refusal(fits, 16, 2, None, host) is None
+    refusal = host_memory.refusal(fits + 1, 16, 2, None, host)
+    assert refusal.startswith(f"this host's {host / 2**30:,.1f} GiB of memory cannot hold the run: it needs at least ")
+    assert f"for a step's batch on the driver (rollout.prompts_per_step={fits + 1} x rollout.n_samples=16 samples x " \
+           "(>= 1 prompt token x 16 B + rollout.max_new_tokens=2 x 96 B)). Lower rollout.prompts_per_step (over " \
+           f"{fits:,} cannot fit here), rollout.n_samples or rollout.max_new_tokens" in refusal
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_engine_model_bound_is_below_the_real_model(dtype):
+    """An engine on the CPU holds at least param_count x model.dtype's bytes (its embedding and norms are fp32)."""
+    model = tiny_model(dtype)
+    real = sum(p.numel() * p.element_size() for p in model.parameters())
+    models = host_memory.cpu_models(model.cfg, dtype, engines=1, trainer_replicas=0)
+    assert sum(p.numel() for p in model.parameters()) == models.params
+    assert models.bytes <= real
