@@ -119,7 +119,14 @@ if [[ "$WHAT" == e2e ]]; then
     start=$(date +%s)
     if [[ $run == c ]]; then fault="kill_engine:${E2E_C_KILL_AT:-4}"; else fault=""; fi
     TOP_RL_FAULT="$fault" timeout "${E2E_TIMEOUT:-240}" "${JOB[@]}" run_dir="/tmp/e2e_$run" "${args[@]}" \
-      >"/tmp/e2e_$run.log" 2>&1
+      >"/tmp/e2e_$run.log" 2>&1 &
+    job=$!
+    while kill -0 "$job" 2>/dev/null; do  # the rows so far reach $OUT even if the call's own limit ends it
+      sleep 10
+      [ -f "/tmp/e2e_$run/metrics.jsonl" ] && cp "/tmp/e2e_$run/metrics.jsonl" "$OUT/metrics_$run.jsonl"
+      grep -E '^step [0-9]+ \|' "/tmp/e2e_$run.log" 2>/dev/null | tail -n 40 >"$OUT/steps_$run.log"
+    done
+    wait "$job"
     rc=$?
     echo "e2e $run: exit $rc in $(( $(date +%s) - start )) s: ${args[*]} ${fault:+TOP_RL_FAULT=$fault}" >>"$OUT/summary.md"
     { echo "===== e2e $run (exit $rc) ====="; grep -v -i "warn" "/tmp/e2e_$run.log" | tail -n 60; } >>"$OUT/e2e.log"

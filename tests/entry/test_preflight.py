@@ -242,7 +242,7 @@ def test_contract_breaking_extra_args_are_refused_before_ray(tmp_path, nothing_s
     assert message in refused and "\n" not in refused and not run_dir.exists()
     with pytest.raises(preflight.REFUSALS, match="contradicts the TOP contract|parser rejects"):
         preflight.check(compose([f"run_dir={run_dir}", *SGLANG, _extra(*extra)]), preflight.CONFIG_CHECKS)
-    preflight.check(compose([*SGLANG, _extra("--log-level", "warning", "--chunked-prefill-size", "8192")]),
+    preflight.check(compose([*SGLANG, _extra("--log-level", "warning", "--stream-interval", "2")]),
                     preflight.CONFIG_CHECKS)  # flags the contract leaves free pass
 
 
