@@ -88,3 +88,26 @@ def push_by_ipc(monkeypatch, eng, sd: dict, version: int, bucket_bytes: int) -> 
         remote=lambda kind, payload, v: SglangIpc.receive(actor, payload, v)))
     link = Link(Transport.sglang_ipc, eng.cfg.tp_size, None, eng.cfg.flattened_buckets)
     SglangIpc(handle, link).send(Outgoing(list(sd.items()), bucket_bytes), version)()
+
+
+def in_thread(fn, meta: dict):
+    """Start fn(**meta) on a thread (an SGLang receive returns only after the broadcast the caller makes next); the
+    waiter joins it and re-raises its error (what a Ray call on the engine's actor is to trainer rank 0)."""
+    import threading
+
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["value"] = fn(**meta)
+        except BaseException as e:  # noqa: BLE001 - re-raised by the waiter
+            result["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+
+    def wait() -> None:
+        t.join()
+        if "error" in result:
+            raise result["error"]
+    return wait

@@ -39,7 +39,7 @@ from top_rl.rollout.base import SamplingParams
 from top_rl.rollout.sglang import SglangEngine, SglangEngineRestarted
 from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, check_logprob_source
 from tests.gpu._common import missing_server_module
-from tests.helpers import push_by_ipc
+from tests.helpers import in_thread, push_by_ipc
 
 
 def _live_error() -> str | None:
@@ -213,19 +213,12 @@ def _push_distributed(eng, sd) -> None:
     try:  # SglangDistributed's two ends without Ray: each bucket's receive on a thread, then rank 0's broadcast
         version = str(eng.version + 1)
         sglang_distributed.sync_distributed(
-            sd.items(), 512 << 20, lambda meta: _in_thread(eng.update_weights_from_distributed, meta),
+            sd.items(), 512 << 20, lambda meta: in_thread(eng.update_weights_from_distributed, meta),
             functools.partial(sglang_distributed.broadcast_bucket, group=group, flattened=eng.cfg.flattened_buckets),
             weight_version=version)
     finally:
         eng.destroy_weights_update_group()
         dist.destroy_process_group(group)
-
-
-def _in_thread(fn, meta: dict):
-    box: dict = {}
-    t = threading.Thread(target=lambda: box.update(v=fn(**meta)), daemon=True)
-    t.start()
-    return t.join
 
 
 def _push(eng, transport: str, model, monkeypatch=None) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sglang_cpu  # noqa: E402
-from helpers import tiny_model  # noqa: E402
+from helpers import in_thread, tiny_model  # noqa: E402
 
 from top_rl.model import hf_state_dict, save_model  # noqa: E402
 from top_rl.weights import sglang_distributed  # noqa: E402
@@ -137,7 +137,7 @@ def test_distributed_sync_over_a_process_group(setup, tmp_path):
         for version, flattened in enumerate((True, False), 1):  # SglangDistributed's two ends, without Ray
             eng.cfg.flattened_buckets = flattened
             sglang_distributed.sync_distributed(
-                hf_state_dict(other).items(), 0, functools.partial(_in_thread, eng.update_weights_from_distributed),
+                hf_state_dict(other).items(), 0, functools.partial(in_thread, eng.update_weights_from_distributed),
                 functools.partial(sglang_distributed.broadcast_bucket, group=group, flattened=flattened),
                 weight_version=str(version))
             got = eng.generate(PROMPTS, SEEDS, PARAMS)
@@ -179,24 +179,3 @@ def test_server_sees_stop_signals_even_when_its_launcher_blocks_them(setup, tmp_
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
         eng.shutdown()
-
-
-def _in_thread(fn, meta: dict):
-    """Start fn(**meta) on a thread (the server's receive returns only after the broadcast made next); the waiter
-    joins it and re-raises its error (what a Ray call on the engine's actor is to trainer rank 0)."""
-    result: dict = {}
-
-    def run() -> None:
-        try:
-            result["value"] = fn(**meta)
-        except BaseException as e:  # noqa: BLE001 - re-raised by the waiter
-            result["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-
-    def wait() -> None:
-        t.join()
-        if "error" in result:
-            raise result["error"]
-    return wait

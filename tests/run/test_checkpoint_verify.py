@@ -39,6 +39,16 @@ def _ckpt(run_dir: Path, step: int) -> Path:
 def _resume_cfg(run_dir: Path):
     return compose([f"run_dir={run_dir}", *BASE, f"steps={STEPS}", "resume=true"])
 
+def _refused_naming_exec(run_dir, path):
+    """The resume refuses before loading anything, naming the file and the object its pickle names."""
+    with pytest.raises(ResumeRefused) as refused:
+        checkpoint.prepare(run_dir, _resume_cfg(run_dir))
+    assert str(refused.value).startswith(
+        f"resume refused: {path}: holds Python objects other than tensors and plain data (builtins.exec): "
+        "top-rl loads no code from a checkpoint. Nothing was loaded.")
+    return refused
+
+
 
 def _truncate(path: Path) -> None:
     with open(path, "r+b") as f:
@@ -207,11 +217,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_never_loaded(run_dir, t
     ckpt = _ckpt(run_dir, STEPS)
     _plant_payload(ckpt, name, marker)
     before = rl_runs.tree_hash(run_dir)
-    with pytest.raises(ResumeRefused) as refused:
-        checkpoint.prepare(run_dir, _resume_cfg(run_dir))
-    assert str(refused.value).startswith(
-        f"resume refused: {ckpt / name}: holds Python objects other than tensors and plain data (builtins.exec): "
-        "top-rl loads no code from a checkpoint. Nothing was loaded.")
+    _refused_naming_exec(run_dir, ckpt / name)
     assert not marker.exists()
     from top_rl.run import safe_load
 
@@ -283,11 +289,7 @@ def test_a_disguised_payload_is_refused_by_name_not_skipped_as_unreadable(run_di
     with pytest.raises(Exception):  # what hid it: torch's own scan cannot read this pickle
         torch.serialization.get_unsafe_globals_in_checkpoint(str(ckpt / name))
     before = rl_runs.tree_hash(run_dir)
-    with pytest.raises(ResumeRefused) as refused:
-        checkpoint.prepare(run_dir, _resume_cfg(run_dir))
-    assert str(refused.value).startswith(
-        f"resume refused: {ckpt / name}: holds Python objects other than tensors and plain data (builtins.exec): "
-        "top-rl loads no code from a checkpoint. Nothing was loaded.")
+    _refused_naming_exec(run_dir, ckpt / name)
     assert not marker.exists() and rl_runs.tree_hash(run_dir) == before
 
 

@@ -105,8 +105,9 @@ def run_chunks(chunks: list[range], generate: Callable[[range], list], score: Ca
         with lock:
             ends["gen"].append(t)
             if score is not None:
-                ends["score"].append(time.perf_counter() - t)
-                ends["score_end"].append(time.perf_counter())
+                done = time.perf_counter()
+                ends["score"].append(done - t)
+                ends["score_end"].append(done)
         progress.add(len(r), sum(len(g.output_ids) for g in gens))
         return gens, scores
 
