@@ -68,6 +68,24 @@ def test_a_decode_step_makes_no_synchronizing_call(model, batch, monkeypatch):
     assert all(len(s.response_ids) == NEW for s in samples)
 
 
+def _prefill_logits(model, prompts):
+    engine = NativeEngine(model, "decode", eos_token_id=-1, cuda_graphs=False)
+    with torch.no_grad():
+        cache = model.new_kv_cache(len(prompts), max(map(len, prompts)) + NEW)
+        return engine._prefill(prompts, cache, model.lm_head_weight())
+
+
+def test_prefill_repeats_bitwise_before_and_after_a_capture(model, batch):
+    """Where graph vs eager differed on the H200 (issue 30 item 12: position 0's sampler log-prob, which both compute
+    by the same eager prefill): the same prefill twice, then again after a CUDA-graph generate call, torch.equal."""
+    prompts, seeds = batch
+    first, second = _prefill_logits(model, prompts), _prefill_logits(model, prompts)
+    assert torch.equal(first, second), f"prefill differs run to run: {(first != second).sum().item()} logits"
+    _generate(model, prompts[:8], seeds[:8], graphs=True)
+    after = _prefill_logits(model, prompts)
+    assert torch.equal(first, after), f"prefill differs after a graph capture: {(first != after).sum().item()} logits"
+
+
 def test_graph_steps_equal_eager_steps(model, batch, eager):
     assert decode_graph.wanted(torch.device("cuda")), "the audited path should capture by default"
     _same(_generate(model, *batch, graphs=None), eager, "graph vs eager (decode source)")
