@@ -1,6 +1,7 @@
 """The native engine's decode loop on the GPU (Qwen3-0.6B shape with its 151936-token vocabulary, bf16, `sglang`
 kernels, triton attention):
 - a decode step makes no synchronizing CUDA call (torch's sync debug mode raises on one);
+- the prefill's logits repeat bitwise, also after a CUDA-graph capture;
 - CUDA-graph steps and eager steps give torch.equal tokens, sampler log-probs and prefill log-probs;
 - a sample alone (batch 1) equals the same sample inside a batch of 64, graphs on;
 - a capture that fails falls back to eager steps after one warning, with the same tokens."""
