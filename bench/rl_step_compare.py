@@ -18,8 +18,10 @@ medians. Prints one table: each part's median seconds per setting and TOP / non-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -46,21 +48,48 @@ PARTS = [("rollout", "perf/rollout_time"), ("  of it: re-score tail", "perf/roll
 
 
 def run_job(name: str, extra: list[str], args, out: Path) -> list[dict]:
-    run_dir = Path(args.run_root) / name.replace(" ", "_")
-    cmd = [sys.executable, "-m", "top_rl.cli", f"run_dir={run_dir}", f"steps={args.steps}",
-           f"rollout.max_new_tokens={args.max_new_tokens}", *JOB, *extra, *args.overrides]
-    log = out / f"compare_{name.replace(' ', '_')}.log"
+    """One job to its end or its --job-timeout (then stopped: SIGTERM, SIGKILL after a grace); its rows are kept
+    either way, and its server's last log lines go into its log in --out (a server that died says why there)."""
+    slug = name.replace(" ", "_")
+    run_dir = Path(args.run_root) / slug
+    server_log = run_dir.parent / f"{slug}.sglang.log"  # beside run_dir: a fresh run_dir must not exist yet
+    server_log.unlink(missing_ok=True)
+    cmd = [*args.launcher, f"run_dir={run_dir}", f"steps={args.steps}",
+           f"rollout.max_new_tokens={args.max_new_tokens}", f"rollout.sglang.log_path={server_log}", *JOB, *extra,
+           *args.overrides]
+    log = out / f"compare_{slug}.log"
     t0 = time.perf_counter()
     with open(log, "w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=args.job_timeout).returncode \
-            if args.job_timeout else subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=args.job_timeout or None)
+        except subprocess.TimeoutExpired:
+            rc = stop(proc)
+            print(f"[compare] {name}: stopped at --job-timeout {args.job_timeout:g} s (exit {rc})", flush=True)
+    if server_log.exists():
+        tail = server_log.read_text(errors="replace").splitlines()[-60:]
+        with open(log, "a") as f:
+            f.write(f"\n[compare] the server's last {len(tail)} log lines ({server_log}):\n" + "\n".join(tail) + "\n")
     metrics = run_dir / "metrics.jsonl"
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
     print(f"[compare] {name}: exit {rc} after {time.perf_counter() - t0:.0f} s, {len(rows)} steps ({' '.join(extra)})",
           flush=True)
     if rows:
-        (out / f"metrics_{name.replace(' ', '_')}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (out / f"metrics_{slug}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return rows
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 45.0) -> int:
+    """SIGTERM to the job's process group (top-rl stops after the step in flight and shuts its cluster down), then
+    SIGKILL to what is left: the next job needs the GPU."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 15.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            return proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+    return proc.returncode if proc.returncode is not None else -9
 
 
 def medians(rows: list[dict], skip: int) -> dict[str, float]:
@@ -93,7 +122,15 @@ def table(results: dict[str, list[dict]], skip: int) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def partial_table(name: str, rows: list[dict], skip: int) -> str:
+    """One setting's parts alone (the other job failed): medians over the steps after the first, or step 1's."""
+    med = medians(rows, skip)
+    lines = [f"### {name} alone, {len(rows)} steps (median seconds{' after the first' if len(rows) > skip else ''})",
+             "", "| part | seconds |", "|---|---|", *(f"| {label} | {med[key]:.2f} |" for label, key in PARTS)]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--run-root", default="/tmp/rl_step_compare")
@@ -101,17 +138,24 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=512)
     ap.add_argument("--job-timeout", type=float, default=0, help="seconds per job (0: none)")
     ap.add_argument("--only", choices=sorted(SETTINGS), action="append", help="run these settings only")
+    ap.add_argument("--launcher", nargs="+", default=[sys.executable, "-m", "top_rl.cli"],
+                    help="the command that runs a job (tests give a stand-in)")
     ap.add_argument("overrides", nargs="*", help="more top-rl overrides for both jobs (after --)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     results = {name: run_job(name, extra, args, args.out) for name, extra in SETTINGS.items()
                if not args.only or name in args.only}
-    if all(results.get(n) for n in SETTINGS):
+    if all(len(results.get(n) or []) >= 2 for n in SETTINGS):  # a warm-up step and at least one timed
         text = table(results, skip=1)
         print(text)
         (args.out / "rl_step_compare.md").write_text(text + "\n")
     else:
-        print("[compare] a job gave no metrics: see its log in --out", file=sys.stderr)
+        for name, rows in results.items():  # what did run still reaches --out, part by part
+            if rows:
+                text = partial_table(name, rows, skip=1)
+                print(text)
+                (args.out / f"rl_step_compare_{name.replace(' ', '_')}.md").write_text(text + "\n")
+        print("[compare] a job gave fewer than 2 steps: no side-by-side table; see its log in --out", file=sys.stderr)
         sys.exit(1)
 
 

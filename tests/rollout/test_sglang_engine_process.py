@@ -26,6 +26,7 @@ from top_rl.weights import sglang_distributed  # noqa: E402
 from top_rl.rollout.base import SamplingParams  # noqa: E402
 from top_rl.rollout.native import NativeEngine  # noqa: E402
 from top_rl.rollout.sglang import SglangEngine, SglangEngineRestarted  # noqa: E402
+from top_rl.rollout.sglang_client import SglangUnavailable  # noqa: E402
 from top_rl.rollout.sglang_config import SglangEngineConfig  # noqa: E402
 from top_rl.rollout.sglang_server import SglangStartupError  # noqa: E402
 
@@ -86,6 +87,21 @@ def test_launch_restart_and_retry_with_disk_weights(setup, tmp_path):
     finally:
         eng.shutdown()
     assert eng.server.proc is None
+
+
+def test_a_dead_server_is_named_with_its_exit_code_and_log_tail(setup, tmp_path):
+    """A server that dies where no restart may help (here: before the memory handoff's release) is reported with its
+    exit code and the last lines of its log, where the cause is (an out-of-memory at resume, say)."""
+    eng = SglangEngine(_cfg(setup, tmp_path, restart_on_failure=False), "fa3")
+    try:
+        eng.start()
+        _kill(eng)
+        with pytest.raises(SglangUnavailable, match=r"(?s)POST /release_memory_occupation.*exited with code -9; "
+                                                    r"last log lines .*top-rl start #1"):
+            eng.release_memory()
+        assert not eng.released  # nothing recorded as released
+    finally:
+        eng.shutdown()
 
 
 def _fake_server(tmp_path, launch_body: str) -> Path:

@@ -56,3 +56,11 @@ def test_a_failed_call_is_raised_after_the_others_end():
     with pytest.raises(ConnectionError, match="server gone"):
         run_chunks([range(0, 2), range(2, 4)], gen, None, Progress(samples=4), LoadPoller(no_loads))
     assert ended == [2]
+
+
+def test_rescore_seconds_are_wall_time_not_a_sum_over_concurrent_chunks():
+    from top_rl.rollout.sglang_rollout import union_seconds
+
+    assert union_seconds([]) == 0.0
+    assert union_seconds([(0.0, 2.0), (1.0, 3.0), (1.5, 2.5)]) == 3.0  # overlapping: 0..3, not 2 + 2 + 1
+    assert union_seconds([(5.0, 6.0), (0.0, 1.0), (0.5, 0.75)]) == 2.0  # disjoint spans add, contained ones do not

@@ -155,12 +155,20 @@ class SglangEngine(RolloutEngine):
         self.server.stop()
         self.client.close()
 
+    def _explained(self, e: SglangUnavailable) -> SglangUnavailable:
+        """A request our own server did not answer because it died: say so, with its exit code and last log lines
+        (the cause, e.g. an out-of-memory at resume, is only in the server's log)."""
+        if self.server.proc is None or self.server.alive():
+            return e
+        return SglangUnavailable(f"{e}; the server process exited with code {self.server.proc.returncode}; last log "
+                                 f"lines ({self.server.log_path}):\n{self.server.log_tail()}", e.endpoint, e.status)
+
     def _call(self, fn: Callable, idempotent: bool):
         try:
             return fn()
-        except SglangUnavailable:
+        except SglangUnavailable as e:
             if not (idempotent and self.cfg.restart_on_failure and self.server.proc is not None):
-                raise
+                raise self._explained(e) from None
             if self.health():
                 raise  # the server is up: the failure was not a dead server, so a restart would not help
             self.restart()
@@ -311,12 +319,12 @@ class SglangEngine(RolloutEngine):
     def release_memory(self) -> None:
         """Give the GPU back while the trainer on it trains (cluster.gpu_handoff): weights, KV pool and CUDA graphs.
         Until `resume_memory` and the next weight push every request is refused (the weights are gone)."""
-        self.client.release_memory_occupation()
+        self._call(self.client.release_memory_occupation, idempotent=False)  # no restart: the step would lose it
         self.released, self.needs_sync = True, True
 
     def resume_memory(self) -> None:
         """Take the memory back, empty: the KV cache holds nothing and the weights come by the push that follows."""
-        self.client.resume_memory_occupation()
+        self._call(self.client.resume_memory_occupation, idempotent=False)
         self.released, self.resumed_empty = False, True
 
     def destroy_weights_update_group(self) -> dict:

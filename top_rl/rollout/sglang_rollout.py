@@ -73,7 +73,8 @@ class RolloutStats:
     """One rollout's timings (seconds of wall time from its start) and the server's peaks."""
 
     generate_s: float  # until the last /generate call returned
-    rescore_s: float  # the re-score calls' own seconds, summed (they overlap generation)
+    rescore_s: float  # wall seconds in which some re-score ran (the union of their spans: they overlap each other
+                      # and generation, so their sum would count one second many times)
     rescore_tail_s: float  # from the last generation's return to the last re-score's: what the re-score added
     peak_running_requests: int | None
     peak_kv_use: float | None
@@ -89,13 +90,23 @@ class RolloutStats:
         return out
 
 
+def union_seconds(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of [start, end] spans: the wall time in which at least one of them ran."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 def run_chunks(chunks: list[range], generate: Callable[[range], list], score: Callable[[range, list], list] | None,
                progress: Progress, poller: LoadPoller) -> tuple[list, list, RolloutStats]:
     """Every chunk generated concurrently, each re-scored (`score`, None: the decode source needs none) right after.
     Returns the generations and the gate's scores in sample order, and the stats. The first failure is raised once
     every call has ended (the caller's retry then repeats the whole rollout: seeds make it the same)."""
     start = time.perf_counter()
-    ends: dict[str, list[float]] = {"gen": [], "score_end": [], "score": []}
+    ends: dict[str, list] = {"gen": [], "score_end": [], "score": []}
     lock = threading.Lock()
 
     def one(r: range):
@@ -106,7 +117,7 @@ def run_chunks(chunks: list[range], generate: Callable[[range], list], score: Ca
             ends["gen"].append(t)
             if score is not None:
                 done = time.perf_counter()
-                ends["score"].append(done - t)
+                ends["score"].append((t, done))
                 ends["score_end"].append(done)
         progress.add(len(r), sum(len(g.output_ids) for g in gens))
         return gens, scores
@@ -117,7 +128,7 @@ def run_chunks(chunks: list[range], generate: Callable[[range], list], score: Ca
     gens = [g for part, _ in results for g in part]
     scores = [s for _, part in results for s in part] if score is not None else None
     last_gen = max(ends["gen"], default=start)
-    stats = RolloutStats(generate_s=last_gen - start, rescore_s=sum(ends["score"]),
+    stats = RolloutStats(generate_s=last_gen - start, rescore_s=union_seconds(ends["score"]),
                          rescore_tail_s=max(ends["score_end"], default=last_gen) - last_gen,
                          peak_running_requests=poller.peak_running, peak_kv_use=poller.peak_kv_use)
     return gens, scores, stats
