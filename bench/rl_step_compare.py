@@ -28,11 +28,13 @@ import sys
 import time
 from pathlib import Path
 
-# Both sides lay the GPU out alike: the GPU handed between server and trainer, the server at 0.7 of it, CUDA
-# graphs and running requests up to the whole batch (scripts/gpu_run.sh's GSM8K job)
+# Both sides lay the GPU out alike: the GPU handed between server and trainer, CUDA graphs and running requests up to
+# the whole batch (scripts/gpu_run.sh's GSM8K job), the server at 0.6 of the GPU: at 0.7 the server beside the
+# trainer's resident memory (37 GiB seen in session 10, before the trainer's first-step empty_cache) ran out of memory
+# in a re-score at step 3; the KV pool at 0.6 still holds the whole batch at 512 new tokens
 JOB = ["+experiment=gsm8k_qwen3_0.6b", "model.path=null", "rollout.num_engines=1", "cluster.colocate=true",
        "cluster.engine_gpus=0.5", "cluster.trainer_gpus=0.5", "cluster.gpu_handoff=true",
-       "rollout.sglang.mem_fraction_static=0.7", "rollout.sglang.cuda_graph_max_bs=512",
+       "rollout.sglang.mem_fraction_static=0.6", "rollout.sglang.cuda_graph_max_bs=512",
        "rollout.sglang.max_running_requests=512", "checkpoint.every=0", "tracking.wandb_mode=disabled",
        "tracking.console=true"]
 SETTINGS = {
@@ -118,15 +120,27 @@ def table(results: dict[str, list[dict]], skip: int) -> str:
     lines += ["", f"TOP: {len(par)} steps, abs_diff == 0 on every step: {all(d == 0.0 for d in par)}, ess == 1 on "
                   f"every step: {all(e == 1.0 for e in ess)}; non-TOP abs_diff (median): "
                   f"{statistics.median(r.get('train/train_rollout_logprob_abs_diff', 0.0) for r in results['non-TOP']):.3g}",
-              f"generated tok/s (median): TOP {gen(results['TOP']):,.0f}, non-TOP {gen(results['non-TOP']):,.0f}"]
+              f"generated tok/s (median): TOP {gen(results['TOP']):,.0f}, non-TOP {gen(results['non-TOP']):,.0f}",
+              *(f"{name}: " + memory_line(rows, skip) for name, rows in results.items())]
     return "\n".join(lines)
+
+
+def memory_line(rows: list[dict], skip: int) -> str:
+    """The GPU's memory beside the seconds (medians): what the trainer keeps between steps and its step's peak, and
+    the server's peak KV-pool use (a layout that does not fit shows here before it fails)."""
+    timed = rows[skip:] or rows
+    med = lambda key: statistics.median(r.get(key, float("nan")) for r in timed)  # noqa: E731
+    return (f"trainer resident after the step {med('perf/trainer/gpu_resident_gib'):.1f} GiB, trainer peak "
+            f"{med('perf/trainer/gpu_peak_gib'):.1f} GiB, server peak KV-pool use {med('perf/rollout_peak_kv_use'):.2f}, "
+            f"peak running requests {med('perf/rollout_peak_running_requests'):.0f}")
 
 
 def partial_table(name: str, rows: list[dict], skip: int) -> str:
     """One setting's parts alone (the other job failed): medians over the steps after the first, or step 1's."""
     med = medians(rows, skip)
     lines = [f"### {name} alone, {len(rows)} steps (median seconds{' after the first' if len(rows) > skip else ''})",
-             "", "| part | seconds |", "|---|---|", *(f"| {label} | {med[key]:.2f} |" for label, key in PARTS)]
+             "", "| part | seconds |", "|---|---|", *(f"| {label} | {med[key]:.2f} |" for label, key in PARTS),
+             "", memory_line(rows, skip)]
     return "\n".join(lines)
 
 

@@ -128,6 +128,7 @@ def run(cfg: RunConfig) -> dict:
                 "train/tokens": report.tokens,
                 "train/lr": cfg.trainer.lr,
                 **{f"perf/trainer/{k}_s": v for k, v in report.timings.items()},
+                **{f"perf/trainer/gpu_{k}_gib": v for k, v in report.gpu_memory.items()},
                 "perf/rollout_time": t_rollout,
                 "perf/train_time": t_train,
                 "perf/weight_push_time": t_push,

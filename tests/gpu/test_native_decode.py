@@ -2,6 +2,7 @@
 kernels, triton attention):
 - a decode step makes no synchronizing CUDA call (torch's sync debug mode raises on one);
 - the prefill's logits repeat bitwise, also after a CUDA-graph capture;
+- eager steps repeat bitwise and a sample alone equals it in the batch, no graphs;
 - CUDA-graph steps and eager steps give torch.equal tokens, sampler log-probs and prefill log-probs;
 - a sample alone (batch 1) equals the same sample inside a batch of 64, graphs on;
 - a capture that fails falls back to eager steps after one warning, with the same tokens."""
@@ -46,11 +47,29 @@ def eager(model, batch):
     return _generate(model, *batch, graphs=False)
 
 
+def _where(x, y) -> str:
+    """Where two samples' log-prob lists differ: how many positions, the first few, and the largest gap."""
+    a, b = torch.tensor(x), torch.tensor(y)
+    if a.shape != b.shape:
+        return f"lengths {a.numel()} vs {b.numel()}"
+    bad = (a != b).nonzero().flatten().tolist()
+    return (f"{len(bad)}/{a.numel()} positions differ, first {bad[:8]}, max |diff| "
+            f"{(a - b).abs().max().item():.3g}") if bad else ""
+
+
 def _same(a, b, what):
+    """torch.equal tokens, sampler log-probs and gate log-probs of every sample; a failure names every sample that
+    differs and where (issue 30 item 12: which positions tell a prefill cause from a decode-step cause)."""
+    report = []
     for i, (x, y) in enumerate(zip(a, b)):
-        assert x.response_ids == y.response_ids, f"{what}: sample {i} tokens differ"
-        assert torch.equal(torch.tensor(x.sample_logprobs), torch.tensor(y.sample_logprobs)), f"{what}: sample {i}"
-        assert torch.equal(torch.tensor(x.logprobs), torch.tensor(y.logprobs)), f"{what}: sample {i} gate log-probs"
+        if x.response_ids != y.response_ids:
+            first = next((j for j, (s, t) in enumerate(zip(x.response_ids, y.response_ids)) if s != t), None)
+            report.append(f"sample {i}: tokens differ from position {first}")
+        for name in ("sample_logprobs", "logprobs"):
+            where = _where(getattr(x, name), getattr(y, name))
+            if where:
+                report.append(f"sample {i} {name}: {where}")
+    assert not report, f"{what}: {len(report)} differences:\n" + "\n".join(report[:20])
 
 
 def test_a_decode_step_makes_no_synchronizing_call(model, batch, monkeypatch):
@@ -85,6 +104,15 @@ def test_prefill_repeats_bitwise_before_and_after_a_capture(model, batch):
     _generate(model, prompts[:8], seeds[:8], graphs=True)
     after = _prefill_logits(model, prompts)
     assert torch.equal(first, after), f"prefill differs after a graph capture: {(first != after).sum().item()} logits"
+
+
+def test_eager_steps_repeat_and_a_sample_alone_equals_it_in_the_batch_without_graphs(model, batch, eager):
+    """The eager path alone: the same batch twice, and samples alone against the batch of 64 (no graph anywhere), so
+    a graph-vs-eager failure below is told apart from an eager path that varies run to run or with the batch."""
+    prompts, seeds = batch
+    _same(_generate(model, *batch, graphs=False), eager, "eager vs eager, the same batch again")
+    for i in (0, 17, N - 1):
+        _same(_generate(model, [prompts[i]], [seeds[i]], graphs=False), [eager[i]], f"eager: sample {i} alone vs batch 64")
 
 
 def test_graph_steps_equal_eager_steps(model, batch, eager):

@@ -116,6 +116,16 @@ class EngineActor:
         self.engine.shutdown()
 
 
+def gpu_memory_gib() -> dict[str, float]:
+    """What this rank holds on its GPU after a step, in GiB: `resident` (reserved by the caching allocator: what a
+    server sharing the GPU cannot have), `allocated` (live tensors) and the step's `peak` (allocated; reset here)."""
+    gib = float(1 << 30)
+    out = {"resident": torch.cuda.memory_reserved() / gib, "allocated": torch.cuda.memory_allocated() / gib,
+           "peak": torch.cuda.max_memory_allocated() / gib}
+    torch.cuda.reset_peak_memory_stats()
+    return out
+
+
 @ray.remote
 class TrainerActor:
     """One trainer rank (Megatron-core over the kernel seam). Calls are SPMD: the driver sends each call to
@@ -169,6 +179,8 @@ class TrainerActor:
         report = self.trainer.rl_step(batch, self.step_cfg)
         if self.release_cache and torch.cuda.is_available():
             torch.cuda.empty_cache()  # the step's activations: the server resuming on this GPU takes them (gpu_handoff)
+        if report is not None and torch.cuda.is_available():
+            report.gpu_memory = gpu_memory_gib()
         return report
 
     # ------------------------------------------------------------------ weights to engines

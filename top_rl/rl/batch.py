@@ -60,6 +60,7 @@ class StepReport:
     trainer_step: int  # optimizer steps the trainer has taken, this one included
     micro_batches: int  # forward/backward micro-batches this rank ran
     tokens: int  # prompt + response tokens of the batch
+    gpu_memory: dict[str, float] = field(default_factory=dict)  # rank 0's GiB after the step (top_rl.driver.actors)
 
     @property
     def violation(self) -> str | None:
