@@ -177,6 +177,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         errors.append(f"cluster.gpu_handoff=true hands a GPU between SGLang servers and the trainer rank they share it "
                       f"with (SGLang's release/resume_memory_occupation): it needs rollout.engine=sglang, not "
                       f"{cfg.rollout.engine}")
+    errors += _policy_lag_errors(cfg)
     transport_refusal = weight_transport.refusal(cfg.cluster.weight_transport, cfg.rollout.engine)
     if transport_refusal:
         errors.append(transport_refusal)
@@ -204,6 +205,25 @@ def validate(cfg: RunConfig) -> RunConfig:
     if errors:
         raise ConfigError("invalid config: " + "; ".join(errors))
     return cfg
+
+
+def _policy_lag_errors(cfg: RunConfig) -> list[str]:
+    """rollout.policy_lag: 0 or 1 (one rollout in flight: the push of the next version waits for it, so a larger lag
+    would need several versions on the engines at once), and what it cannot run with."""
+    lag = cfg.rollout.policy_lag
+    if lag not in (0, 1):
+        return [f"rollout.policy_lag={lag} must be 0 (synchronous) or 1 (the next rollout generates while this step "
+                "trains): one rollout is in flight at a time"]
+    errors = []
+    if lag and cfg.cluster.gpu_handoff:
+        errors.append("rollout.policy_lag=1 with cluster.gpu_handoff=true: the server must stay resident to generate "
+                      "the next batch while the trainer trains, and the handoff gives its GPU memory to the trainer "
+                      "for the step; set cluster.gpu_handoff=false or rollout.policy_lag=0")
+    if lag and cfg.algo.old_logprobs == "recompute":
+        errors.append("rollout.policy_lag=1 with algo.old_logprobs=recompute: under a lag PPO's old policy is the "
+                      "behaviour policy's log-probs, computed and proven by the gate's forward under its weights; "
+                      "recompute would take the current weights' instead; set algo.old_logprobs=rollout")
+    return errors
 
 
 def _model_errors(model) -> list[str]:

@@ -1,7 +1,13 @@
 """The RL loop, top to bottom: prompts -> rollout -> rewards -> advantages -> the trainer's RL step (its
 training forward is the gate's recompute; the gate is decided before the optimizer step) -> weights pushed
-by the trainer to the engines -> metrics -> checkpoint. Synchronous: each stage is one call on the cluster.
-The driver holds no weights and computes no log-probs."""
+by the trainer to the engines -> metrics -> checkpoint. The driver holds no weights and computes no log-probs.
+
+rollout.policy_lag=0: synchronous, each stage one call on the cluster. rollout.policy_lag=1: step k collects its
+rollout (generated under weight version k, one update behind the trainer's k + 1), has the trainer push version
+k + 1, submits step k + 1's rollout under it, and trains while it generates: the push never meets a rollout in flight,
+and the trainer proves each batch against its own copy of the version that sampled it (top_rl.train.snapshots). A
+checkpoint holds that copy and the data position before the rollout in flight, which a resume generates again
+under the same version (a rollout is a pure function of prompts, seeds and weights)."""
 
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ from top_rl.driver.cluster import Cluster
 from top_rl import kernels
 from top_rl.atomic import write_file
 from top_rl.config import RunConfig
-from top_rl.rl import gate, grpo_advantages
+from top_rl.rl import gate, grpo_advantages, versions
 from top_rl.rl.batch import RLBatch, RLSample
 from top_rl.rollout.base import SamplingParams, sample_seed
 from top_rl.observe.tracking import Tracker
@@ -44,11 +50,36 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
+def _overlap(cluster, pending) -> float:
+    """Seconds of the rollout hidden behind the trainer's step: the engines' generate time (the slowest engine's,
+    over its waves) less the time the driver waited for it."""
+    return max(0.0, cluster.generate_seconds() - pending.waited_s)
+
+
 def _kernel_metrics(run_dir: Path, reports: list[dict]) -> dict:
     """Every actor's kernel report (the paths its ops took, its fallbacks) to run_dir/kernels.json; the counts as
     step metrics."""
     write_file(run_dir / "kernels.json", lambda tmp: Path(tmp).write_text(json.dumps(reports, indent=1) + "\n"))
     return kernels.step_metrics(reports)
+
+
+def behaviour_version(step: int, policy_lag: int) -> int:
+    """The weight version step `step`'s batch (0-based) is generated under: the trainer's (step + 1) synchronously;
+    one behind it with a lag, except the first step's, which nothing precedes (version 1, the initial policy)."""
+    return step + 1 if policy_lag == 0 else max(step, 1)
+
+
+class _Rollout:
+    """A step's rollout: its prompts' items (one per sample), their counts, the submitted call."""
+
+    def __init__(self, cluster, task, cfg: RunConfig, step: int, position, max_prompt_len: int, params):
+        n = cfg.rollout.n_samples
+        items, self.position, self.prompt_counts = prompts.next_prompts(
+            task, cfg.rollout.prompts_per_step, cfg.seed, position, max_prompt_len, cfg.rollout.on_long_prompt)
+        self.group_items = [it for it in items for _ in range(n)]  # sample i belongs to prompt i // n
+        self.pending = cluster.submit_generate([it.prompt_ids for it in self.group_items],
+                                               [sample_seed(cfg.seed, step, i) for i in range(len(self.group_items))],
+                                               params)
 
 
 def run(cfg: RunConfig) -> dict:
@@ -66,10 +97,12 @@ def run(cfg: RunConfig) -> dict:
         cluster = Cluster(plan)
         cleanup.callback(cluster.shutdown)
         guard.catch_signals()  # after Ray started (it installs a SIGTERM handler of its own)
-        if state is not None:  # engines get the resumed weights before the first rollout
-            cluster.load_trainer_states(state["trainer"])  # each rank: its weights, optimizer and RNG
-            cluster.push_weights()
+        lag = cfg.rollout.policy_lag
         start_step, position = checkpoint.resume_point(state)
+        if state is not None:  # engines get the resumed weights before the first rollout
+            cluster.load_trainer_states(state["trainer"], start_step + 1)  # each rank: weights, optimizer, RNG
+            # under a lag, the version the rollout in flight at the checkpoint was generated under: generated again
+            cluster.push_weights(version=behaviour_version(start_step, lag))
         tracker = cleanup.enter_context(Tracker(str(run_dir), cfg.tracking, config=cfg.as_dict(),
                                                 run_id=state["run_id"] if state else None,
                                                 resume_from_step=start_step if state else None,
@@ -83,15 +116,22 @@ def run(cfg: RunConfig) -> dict:
             print(f"[top-rl] {run_dir} is already at step {start_step} (steps={cfg.steps}): nothing to do", flush=True)
         if state is not None:  # the driver's RNG as the run that never stopped had it after this step
             rng.restore(state["driver"]["rng"])
+        next_rollout = None  # policy_lag=1: the next step's rollout, generating while this step trains
         for step in range(start_step, cfg.steps):
             t0 = time.perf_counter()
-            items, position, prompt_counts = prompts.next_prompts(task, cfg.rollout.prompts_per_step, cfg.seed,
-                                                                  position, max_prompt_len, cfg.rollout.on_long_prompt)
-            group_items = [it for it in items for _ in range(n)]  # sample i belongs to prompt i // n
-            samples = cluster.generate([it.prompt_ids for it in group_items],
-                                       [sample_seed(cfg.seed, step, i) for i in range(len(group_items))], params)
+            rollout = next_rollout or _Rollout(cluster, task, cfg, step, position, max_prompt_len, params)
+            position = rollout.position
+            samples = cluster.collect(rollout.pending)
             t_rollout = time.perf_counter() - t0
+            overlap = _overlap(cluster, rollout.pending) if lag else 0.0  # before the next rollout starts
+            # Every sample from the version the rollout was submitted under, the one this step expects.
+            behaviour = versions.check_batch([s.weight_version for s in samples], rollout.pending.version, step + 1)
+            if behaviour != behaviour_version(step, lag):  # the loop's own order, checked: never trained past
+                raise versions.VersionMismatch(f"weight version check at step {step + 1}: the rollout was submitted "
+                                               f"under weight version {behaviour}, expected version "
+                                               f"{behaviour_version(step, lag)}", step + 1)
             engine_metrics = cluster.rollout_metrics()  # the engines' own: generation, re-score, server peaks
+            group_items = rollout.group_items
             rewards = torch.tensor([task.reward(it, task.response_text(s.response_ids))
                                     for it, s in zip(group_items, samples)])
             advantages = grpo_advantages(rewards, n, cfg.algo.normalize_std)
@@ -100,7 +140,17 @@ def run(cfg: RunConfig) -> dict:
             # step on a batch where it differs (top_rl.train.rl_step).
             batch = RLBatch([RLSample.from_rollout(s, float(a), it.uid)
                              for s, a, it in zip(samples, advantages, group_items)],
-                            cfg.rollout.temperature, cfg.rollout.logprob_source, step + 1, cfg.algo.updates_per_rollout)
+                            cfg.rollout.temperature, cfg.rollout.logprob_source, step + 1, cfg.algo.updates_per_rollout,
+                            behaviour_version=behaviour if lag else None)
+            t_push = 0.0
+            next_rollout = None
+            if lag:  # the trainer's version to the engines, now that nothing generates; then the next rollout
+                t2 = time.perf_counter()
+                if cluster.weight_version != step + 1:
+                    cluster.push_weights(version=step + 1)
+                t_push = time.perf_counter() - t2
+                if step + 1 < cfg.steps:
+                    next_rollout = _Rollout(cluster, task, cfg, step + 1, position, max_prompt_len, params)
             t_handoff = 0.0
             if cfg.cluster.gpu_handoff:  # the servers give the GPU to the trainer for its step (top_rl.driver.cluster)
                 t_handoff = _timed(cluster.release_engine_memory)
@@ -111,16 +161,21 @@ def run(cfg: RunConfig) -> dict:
                 gate.act(report.verdict, step + 1, cfg.top)
             if cfg.cluster.gpu_handoff:  # ... and take it back, empty: the push below restores their weights
                 t_handoff += _timed(cluster.resume_engine_memory)
-            t2 = time.perf_counter()
-            cluster.push_weights()
-            t_push = time.perf_counter() - t2
+            if not lag:
+                t2 = time.perf_counter()
+                cluster.push_weights(version=report.policy_version + int(report.updated))
+                t_push = time.perf_counter() - t2
+            lagged = {}
+            if lag:
+                lagged = {"train/policy_lag": report.policy_version - behaviour, "train/behaviour_version": behaviour,
+                          "perf/overlap_s": overlap}
 
             last = {
                 **report.parity,
                 "rollout/reward_mean": float(rewards.mean()),
                 **rollout_metrics(samples, t_rollout),
                 **engine_metrics,
-                **prompt_counts,
+                **rollout.prompt_counts,
                 "data/rows_skipped": getattr(task, "skipped", 0),
                 **{f"train/{k}": v for k, v in report.losses.items()},
                 "train/step": report.trainer_step,
@@ -133,14 +188,16 @@ def run(cfg: RunConfig) -> dict:
                 "perf/train_time": t_train,
                 "perf/weight_push_time": t_push,
                 **({"perf/gpu_handoff_time": t_handoff} if cfg.cluster.gpu_handoff else {}),
+                **lagged,
                 "perf/step_time": time.perf_counter() - t0,
                 **_kernel_metrics(run_dir, cluster.kernel_reports()),
             }
             # Log before checkpointing: a crash in between replays this step on resume, never loses its row.
             tracker.log(step + 1, last)
             if checkpoint.due(cfg.checkpoint, step + 1, cfg.steps) or guard.stopping:
+                # the data position before the rollout in flight (policy_lag=1): a resume generates it again
                 checkpoint.save(run_dir, cfg, step + 1, position, cluster, tracker.run_id, task,
-                                tracker.rows_since(saved_step))
+                                tracker.rows_since(saved_step), behaviour_version(step + 1, lag))
                 saved_step = step + 1
             guard.step_done(step + 1)  # stops here after SIGINT/SIGTERM
     return last

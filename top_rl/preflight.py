@@ -251,7 +251,8 @@ def run_plan(cfg, ready: Ready) -> RunPlan:
     trainer = TrainerSpec(world=cfg.trainer.world, trainer_cfg=dataclasses.replace(cfg.trainer, dtype=cfg.model.dtype),
                           step_cfg=RLStepConfig(loss=cfg.algo.loss, gate=cfg.top,
                                                 dump_dir=str((run_dir / "parity").resolve()),
-                                                old_logprobs=str(cfg.algo.old_logprobs)),
+                                                old_logprobs=str(cfg.algo.old_logprobs),
+                                                policy_lag=cfg.rollout.policy_lag),
                           model_cfg=cfg.model, arch=ready.model_cfg, vocab_size=ready.task.vocab_size,
                           eos_token_id=ready.task.eos_token_id, release_cache_after_step=cfg.cluster.gpu_handoff)
     return RunPlan(

@@ -81,3 +81,23 @@ def test_gpu_handoff_releases_the_server_for_the_step_and_the_push_restores_it(t
         assert r["perf/gpu_handoff_time"] > 0
     events = [line.split("stand-in memory: ", 1)[1] for line in log.read_text().splitlines() if "stand-in memory: " in line]
     assert events == ["release idle=True", "resume idle=True"] * 3
+
+
+def test_a_lagged_run_on_an_sglang_engine_is_gated_under_the_servers_reported_versions(tmp_path):
+    """rollout.policy_lag=1 against the stand-in server: the samples' versions are the server's own weight_version
+    (SGLang's meta_info), each batch is one version behind the trainer, and the gate holds under the trainer's copy
+    of that version (the server's prefill re-scores are the numbers compared)."""
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "WANDB_MODE": "disabled", "WANDB_SILENT": "true"}
+    out = subprocess.run(
+        [sys.executable, "-m", "top_rl.cli", f"run_dir={run_dir}", "steps=3", "rollout=sglang", "rollout.policy_lag=1",
+         "rollout.max_new_tokens=2", "rollout.prompts_per_step=4", "rollout.n_samples=4", "cluster.torch_threads=1",
+         f"rollout.sglang.python={_wrapper(tmp_path)}", f"rollout.sglang.weights_dir={tmp_path / 'weights'}"],
+        capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert r["train/train_rollout_logprob_abs_diff"] == 0.0 and r["train/ess_ratio"] == 1.0, r
+    assert [r["train/policy_lag"] for r in rows] == [0, 1, 1]
+    assert [r["train/behaviour_version"] for r in rows] == [1, 1, 2]

@@ -10,6 +10,7 @@ it made for each engine when it connected to it; the driver never holds them.
 from __future__ import annotations
 
 import os
+import time
 
 import ray
 import torch
@@ -49,6 +50,7 @@ class EngineActor:
         engine's and the SGLang server's alike."""
         _setup_process(kernel_plan, threads)
         self.kind, self.version, self.group = spec.kind, -1, None
+        self.generate_s = 0.0
         if spec.kind == "native":
             from top_rl.model import family
             from top_rl.rollout.native import NativeEngine
@@ -71,7 +73,21 @@ class EngineActor:
         return kernels.report()
 
     def generate(self, prompts, seeds, params):
-        return self.engine.generate(prompts, seeds, params)
+        """The samples, each stamped with the weight version it was generated under: SGLang's own report where the
+        server gives one (it checks every answer against the version it was last sent), else the version of the last
+        push this engine took."""
+        t = time.perf_counter()
+        samples = self.engine.generate(prompts, seeds, params)
+        self.generate_s += time.perf_counter() - t
+        for s in samples:
+            reported = str(s.meta.get("weight_version", ""))
+            s.weight_version = int(reported) if reported.isdigit() else self.version
+        return samples
+
+    def generate_seconds(self) -> float:
+        """Seconds spent in generate since the last ask (a rollout's waves add up), then zero."""
+        seconds, self.generate_s = self.generate_s, 0.0
+        return seconds
 
     def progress(self) -> dict | None:
         """The rollout in flight (samples and tokens done), asked while generate runs: the actor serves two calls at
@@ -156,6 +172,7 @@ class TrainerActor:
 
         from top_rl.run import rng
         from top_rl.train import Trainer
+        from top_rl.train.snapshots import PolicySnapshots
         from top_rl.train.parallel import init_process_group
 
         rng.seed(spec.trainer_cfg.seed)  # every RNG this rank checkpoints starts from a known state
@@ -168,6 +185,7 @@ class TrainerActor:
             init_process_group()
         self.arch = spec.arch
         self.trainer = Trainer(spec.arch, spec.trainer_cfg)
+        self.trainer.snapshots = PolicySnapshots(keep=spec.step_cfg.policy_lag)
         self.step_cfg = spec.step_cfg
         self.release_cache = spec.release_cache_after_step
         if spec.model_cfg.path:
@@ -202,8 +220,11 @@ class TrainerActor:
 
     def push_weights(self, indices: list[int], version: int, bucket_bytes: int) -> list[tuple[int, str | None]]:
         """Every rank gathers; rank 0 sends `version` to each engine in `indices` by its transport. Returns, on rank 0,
-        (engine index, error or None) per engine: a dead engine is the driver's to restart."""
-        named = list(self.trainer.iter_hf_weights())  # collectives on every rank
+        (engine index, error or None) per engine: a dead engine is the driver's to restart. A version older than the
+        live weights goes from this rank's copy of it (top_rl.train.snapshots; refused, naming the versions, if it
+        holds none)."""
+        with self.trainer.snapshots.swapped_in(self.trainer.model, version, f"the weight push of version {version}"):
+            named = list(self.trainer.iter_hf_weights())  # collectives on every rank (each tensor a copy)
         if self.rank != 0:
             return []
         return senders.push([(i, self.transports[i]) for i in indices], named, version, bucket_bytes)
@@ -221,12 +242,19 @@ class TrainerActor:
             torch.save(state, f)
         safe_load.check_saved(path)
 
-    def load_checkpoint(self, path: str) -> None:
+    def load_checkpoint(self, path: str, version: int) -> None:
+        """This rank's shard; `version`: the weight version the driver resumes at (the checkpoint's step + 1)."""
         from top_rl.run import rng
         from top_rl.run import safe_load
 
         state = safe_load.load(path)  # tensors and plain data only: a checkpoint runs no code
         self.trainer.load_state_dict(state["trainer"])
+        saved = state["trainer"].get("policy_versions")
+        if saved is None:  # a shard from before weight versions were recorded
+            self.trainer.snapshots.current = version
+        elif self.trainer.snapshots.current != version:
+            raise ValueError(f"{path} holds weight version {self.trainer.snapshots.current}, the resume expects "
+                             f"version {version} (its step + 1)")
         rng.restore(state["rng"])
 
     def save_hf(self, path: str) -> None:

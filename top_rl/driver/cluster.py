@@ -16,6 +16,8 @@ is a pure function of prompts, seeds and weights, so the repeat returns what the
 from __future__ import annotations
 
 import os
+import time
+from dataclasses import dataclass, field
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -34,6 +36,20 @@ from top_rl.run.stopped import ActorFailed
 from top_rl.driver.placement import ClusterConfig, PlacementError
 
 WEIGHT_BUCKET_BYTES = 512 << 20
+
+
+@dataclass
+class PendingRollout:
+    """A submitted rollout (Cluster.submit_generate): its waves of (prompts, seeds), the weight version the engines
+    held when it was submitted, the calls of its first wave, and, once collected, how long the driver waited."""
+
+    waves: list
+    params: object
+    version: int
+    total: int
+    first: list = field(default_factory=list)
+    submitted: float = field(default_factory=time.perf_counter)
+    waited_s: float = 0.0
 
 
 def _threads(cfg: ClusterConfig) -> int:
@@ -145,19 +161,22 @@ class Cluster:
         return ray.get(refs)
 
     # ---------------------------------------------------------------- engines
-    def _on_engines(self, submit, what: str, fault: str | None = None, poll=None) -> list:
+    def _on_engines(self, submit, what: str, fault: str | None = None, poll=None, refs=None) -> list:
         """`submit(i, engine) -> ref` on every engine; a dead engine is replaced and the call repeated. `poll()` runs
-        every second while the calls are out (the rollout's progress line)."""
+        every second while the calls are out (the rollout's progress line). `refs`: the calls already submitted (an
+        asynchronous rollout's; `submit` repeats them after a restart)."""
         while True:
-            refs = [submit(i, e) for i, e in enumerate(self.engines)]
-            if fault:
-                fault_injection.inject(fault, actor=self.engines[0])
+            if refs is None:
+                refs = [submit(i, e) for i, e in enumerate(self.engines)]
+                if fault:
+                    fault_injection.inject(fault, actor=self.engines[0])
             try:
                 return self._get(refs, [f"rollout engine {i}" for i in range(len(refs))], what, poll)
             except ActorFailed as e:
                 if not e.died:
                     raise
                 self._replace_engine(e.index, str(e), what)
+                refs = None
 
     def _replace_engine(self, i: int, failure: str, what: str) -> None:
         name = f"rollout engine {i}"
@@ -177,21 +196,48 @@ class Cluster:
         """Split samples over engines (in waves of cluster.rollout_chunk per engine); a sample's result
         depends only on its prompt, seed and the weights, never on its engine or batch. A rollout longer than a few
         seconds shows its progress on the console (top_rl.observe.progress)."""
+        return self.collect(self.submit_generate(prompts, seeds, params))
+
+    def submit_generate(self, prompts, seeds, params) -> "PendingRollout":
+        """Start a rollout and return at once (rollout.policy_lag: it generates while the trainer steps); `collect`
+        waits for it. Its first wave is submitted now (the whole rollout with cluster.rollout_chunk=0), the others
+        when it is collected. No weight push may come between the two: the engines would sample the rest of it
+        with other weights (the loop pushes only after collecting; the samples' versions prove it)."""
         n_eng = len(self.engines)
         wave = self.rollout_chunk * n_eng if self.rollout_chunk > 0 else len(prompts)
+        waves = [(prompts[w : w + wave], seeds[w : w + wave]) for w in range(0, len(prompts), wave)]
+        pending = PendingRollout(waves, params, self.weight_version, len(prompts))
+        if waves:
+            pending.first = [self._wave_call(waves[0], params)(i, e) for i, e in enumerate(self.engines)]
+            fault_injection.inject("kill_engine", actor=self.engines[0])
+        return pending
+
+    def _wave_call(self, wave, params):
+        p, s = wave
+        chunk = -(-len(p) // len(self.engines))
+
+        def submit(i, engine):
+            return engine.generate.remote(p[i * chunk : (i + 1) * chunk], s[i * chunk : (i + 1) * chunk], params)
+        return submit
+
+    def collect(self, pending: "PendingRollout") -> list:
+        """The samples of a submitted rollout, in order (an engine that died is restarted with the version the rollout
+        was submitted under and its call repeated). `pending.waited_s`: how long the driver waited here."""
+        t0 = time.perf_counter()
         out = []
-        with RolloutProgress(len(prompts), self._engine_progress) as shown:
-            for w in range(0, len(prompts), wave):
-                p, s = prompts[w : w + wave], seeds[w : w + wave]
-                chunk = -(-len(p) // n_eng)
-
-                def submit(i, engine, p=p, s=s, chunk=chunk):
-                    return engine.generate.remote(p[i * chunk : (i + 1) * chunk], s[i * chunk : (i + 1) * chunk], params)
-
-                out += [x for part in self._on_engines(submit, "rollout", fault="kill_engine", poll=shown.poll)
+        with RolloutProgress(pending.total, self._engine_progress) as shown:
+            for k, wave in enumerate(pending.waves):
+                refs = pending.first if k == 0 else None
+                out += [x for part in self._on_engines(self._wave_call(wave, pending.params), "rollout",
+                                                       fault="kill_engine", poll=shown.poll, refs=refs)
                         for x in part]
-                shown.wave_done(len(p), sum(len(x.response_ids) for x in out))
+                shown.wave_done(len(wave[0]), sum(len(x.response_ids) for x in out))
+        pending.waited_s = time.perf_counter() - t0
         return out
+
+    def generate_seconds(self) -> float:
+        """The engines' generate seconds since the last ask: the slowest engine's (rollout.policy_lag's overlap)."""
+        return max(self._on_engines(lambda i, e: e.generate_seconds.remote(), "generate timing"), default=0.0)
 
     def _engine_progress(self) -> list[dict | None]:
         """Each engine's rollout in flight (samples and tokens done), asked beside its generate call."""
@@ -214,13 +260,16 @@ class Cluster:
         """... and takes it back before the weight push (which restores its weights)."""
         self._on_engines(lambda i, e: e.resume_memory.remote(), "memory resume")
 
-    def push_weights(self, only: list[int] | None = None, connect: bool = False) -> None:
-        """Trainer rank 0 sends the current policy to the engines (all, or `only`); the driver holds none of it.
-        `connect`: rank 0 connects to those engines first (at start, after a restart), in the same submission: rank 0
-        runs its calls in order. An engine that died meanwhile is restarted (and sent the weights itself)."""
+    def push_weights(self, only: list[int] | None = None, connect: bool = False, version: int | None = None) -> None:
+        """Trainer rank 0 sends weight version `version` (default: the next) to the engines (all, or `only`: they get
+        the version the others hold); the driver holds none of it. Rank 0 sends its live weights, or its copy of an
+        older version (top_rl.train.snapshots: a lagged run's resume, a restart while the trainer is one version
+        ahead). `connect`: rank 0 connects to those engines first (at start, after a restart), in the same
+        submission: rank 0 runs its calls in order. An engine that died meanwhile is restarted (and sent the weights
+        itself)."""
         indices = list(range(len(self.engines))) if only is None else only
         if only is None:
-            self.weight_version += 1
+            self.weight_version = self.weight_version + 1 if version is None else version
         setup, names = [], []
         for i in indices if connect else []:
             refs, who = self._connect(i)
@@ -254,10 +303,12 @@ class Cluster:
         """Each rank writes its shard (Trainer.state_dict() and its RNG) to its path: no state via the driver."""
         self._on_trainers("save_checkpoint", [(p,) for p in paths], "checkpoint save")
 
-    def load_trainer_states(self, paths: list[str]) -> None:
+    def load_trainer_states(self, paths: list[str], version: int) -> None:
+        """Each rank loads its shard; `version`: the weight version of its weights (the step's + 1), which a shard
+        that records its own must agree with."""
         if len(paths) != len(self.trainers):
             raise ValueError(f"checkpoint has {len(paths)} trainer shards, this run has {len(self.trainers)} ranks")
-        self._on_trainers("load_checkpoint", [(p,) for p in paths], "checkpoint load")
+        self._on_trainers("load_checkpoint", [(p, version) for p in paths], "checkpoint load")
 
     def save_hf(self, path: str) -> None:
         """The policy as an HF checkpoint, written by trainer rank 0."""

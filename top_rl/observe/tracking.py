@@ -181,8 +181,12 @@ class Tracker:
                                   ("rollout/truncated_frac", "truncated", False)):
             if key in row:
                 parts.append(f"{label} {_fmt(row[key], exact)}")
+        if "train/policy_lag" in row:  # rollout.policy_lag: how far behind the trainer the batch's weights were
+            parts.append(f"lag {row['train/policy_lag']} (v{row.get('train/behaviour_version')})")
         times = [f"{k[5:-5]} {row[k]:.2f}s" for k in row
                  if k.startswith("perf/") and k.endswith("_time") and isinstance(row[k], (int, float))]
+        if isinstance(row.get("perf/overlap_s"), (int, float)):  # the rollout time hidden behind training
+            times.append(f"overlap {row['perf/overlap_s']:.2f}s")
         if isinstance(row.get("perf/rollout_tokens_per_s"), (int, float)):
             times.append(f"{row['perf/rollout_tokens_per_s']:.0f} tok/s")
         return " | ".join(parts + times)

@@ -45,6 +45,10 @@ class RLBatch:
     logprob_source: str  # "prefill" | "decode": which engine number rollout_logprobs holds (the gate's kind)
     step: int  # 1-based step number, for reports and dumps
     updates: int = 1  # optimizer steps over this batch: consecutive equal mini-batches, in order
+    # rollout.policy_lag > 0: the weight version the samples were generated under (checked by the driver: rl/versions),
+    # older than the trainer's; the gate and PPO's old policy come from one forward under that version's weights.
+    # None: the synchronous loop (the samples are the trainer's live version; its training forward is the gate's).
+    behaviour_version: int | None = None
 
 
 @dataclass
@@ -60,6 +64,7 @@ class StepReport:
     trainer_step: int  # optimizer steps the trainer has taken, this one included
     micro_batches: int  # forward/backward micro-batches this rank ran
     tokens: int  # prompt + response tokens of the batch
+    policy_version: int = 1  # the trainer's weight version when the step began (its update makes the next one)
     gpu_memory: dict[str, float] = field(default_factory=dict)  # rank 0's GiB after the step (top_rl.driver.actors)
 
     @property
@@ -76,3 +81,4 @@ class RLStepConfig:
     gate: GateConfig = field(default_factory=GateConfig)
     dump_dir: str | None = None  # where rank 0 writes a violation's dump (run_dir/parity)
     old_logprobs: str = "rollout"  # algo.old_logprobs: rollout | recompute (top_rl.rl.config.OldLogprobs)
+    policy_lag: int = 0  # rollout.policy_lag: older versions' weights each rank keeps (top_rl.train.snapshots)

@@ -45,6 +45,10 @@ class RolloutSample:
     finish_reason: Literal["stop", "length"]
     seed: int
     meta: dict = field(default_factory=dict)
+    # The weight version the engine held when it generated this sample (the native engine: the version of the last
+    # push it took; SGLang: the server's reported weight_version): the driver refuses a batch not of the version it
+    # expects (top_rl.rl.versions), and the trainer proves it against that version's weights.
+    weight_version: int | None = None
 
 
 class RolloutEngine(abc.ABC):

@@ -80,4 +80,8 @@ class RolloutConfig:
     temperature: float = 1.0
     logprob_source: LogprobSource = LogprobSource.prefill  # the gate compares the trainer against this source
     on_long_prompt: OnLongPrompt = OnLongPrompt.error
+    # 0: synchronous (the rollout of step k+1 starts after step k's weights are pushed). 1: one step off: the rollout
+    # of step k+1 is generated under the weights before step k's update while step k trains; the trainer proves it
+    # against those weights (a snapshot of them) and uses their log-probs as PPO's old policy (docs/architecture.md)
+    policy_lag: int = 0
     sglang: SglangSettings = field(default_factory=SglangSettings)  # one SGLang engine's settings (rollout=sglang)

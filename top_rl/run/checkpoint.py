@@ -8,7 +8,10 @@
   hf/                  the policy as a Hugging Face checkpoint (config.json, safetensors,
                        tokenizer), written by trainer rank 0: the exact weights the engines sample
                        with, so `top-rl-export` is a copy and needs neither the trainer nor its layout
-  state.json           step, data position, wandb run id, resolved config
+  state.json           step, data position, wandb run id, resolved config, and the weight version the next step's
+                       rollout is generated under (rollout.policy_lag=1: the version before the trainer's, whose
+                       copy the trainer shards hold; the data position is the one before that rollout, which a
+                       resume generates again rather than storing it)
   metrics_tail.jsonl   the metrics.jsonl lines logged since the checkpoint before it, as written: a resume rewrites
                        a damaged row of a kept step from them (top_rl.observe.metrics_resume)
   manifest.json        size and SHA-256 of every file above (top_rl.run.manifest); written last
@@ -111,7 +114,7 @@ def _fsync_tree(path: Path) -> None:
 
 
 def save(run_dir: Path, cfg, step: int, position: DataPosition, cluster, run_id: str | None, task,
-         metrics_rows: Sequence[str] = ()) -> Path:
+         metrics_rows: Sequence[str] = (), behaviour_version: int | None = None) -> Path:
     """Write the step-`step` checkpoint atomically and prune to the newest `checkpoint.keep`. `metrics_rows`: the
     metrics lines logged since the checkpoint before (Tracker.rows_since), kept as METRICS_TAIL."""
     keep = cfg.checkpoint.keep  # >= 1: config.validate
@@ -123,7 +126,7 @@ def save(run_dir: Path, cfg, step: int, position: DataPosition, cluster, run_id:
         shutil.rmtree(leftover, ignore_errors=True)  # from a write a crash interrupted (one writer per run)
     tmp.mkdir()
     try:
-        _write_files(tmp, cfg, step, position, cluster, run_id, task, metrics_rows)
+        _write_files(tmp, cfg, step, position, cluster, run_id, task, metrics_rows, behaviour_version)
     except Exception as e:
         if not (disk_full.is_no_space(e) or disk_full.free_space(root)[0] < disk_full.LOW_SPACE_BYTES):
             raise
@@ -142,7 +145,7 @@ def save(run_dir: Path, cfg, step: int, position: DataPosition, cluster, run_id:
 
 
 def _write_files(tmp: Path, cfg, step: int, position: DataPosition, cluster, run_id: str | None, task,
-                 metrics_rows: Sequence[str] = ()) -> None:
+                 metrics_rows: Sequence[str] = (), behaviour_version: int | None = None) -> None:
     """Every file of the step-`step` checkpoint into `tmp`, manifest last, all fsynced."""
     cluster.save_trainer_states([str((tmp / _shard(r)).resolve()) for r in range(len(cluster.trainers))])
     import torch  # here, not at import: the run config imports CheckpointConfig without loading torch
@@ -161,6 +164,8 @@ def _write_files(tmp: Path, cfg, step: int, position: DataPosition, cluster, run
     task.save_tokenizer(str(tmp / "hf"))
     state = {"format": FORMAT, "step": step, "position": position.state_dict(), "run_id": run_id,
              "config": cfg.as_dict(), "world": len(cluster.trainers)}
+    if cfg.rollout.policy_lag:  # the rollout in flight: generated again on resume, under this version
+        state["behaviour_version"] = behaviour_version
     _write(tmp / METRICS_TAIL, lambda f: f.write("".join(line + "\n" for line in metrics_rows).encode()))
     _write(tmp / "state.json", lambda f: f.write(json.dumps(state, indent=2).encode()))
     checkpoint_manifest.write(tmp)  # last: sizes and checksums of everything above

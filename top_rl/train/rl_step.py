@@ -9,6 +9,10 @@ Order (top_rl/rl/batch.py says what goes in and out):
   3. the gate, on every rank from the same gathered numbers, before any `optimizer.step()`: a violation
      under `halt` applies no update;
   4. the optimizer step, then mini-batches 2.. (forward, backward, step each).
+A lagged batch (rollout.policy_lag=1: `batch.behaviour_version` older than the trainer's version) replaces 1 and the
+gate's half of 2 with one forward without gradients under the behaviour version's weights (top_rl.train.snapshots):
+it gives every sample's gate numbers and its sampler log-probs, and those proven numbers are PPO's old policy, so the
+ratio is pi_theta / pi_v exactly. The training forwards then run under the live weights and feed only the loss.
 Loss metrics are reduced over ranks: summed / token-weighted over DP, taken where the logits are (last PP
 stage, TP and CP rank 0), so every layout reports them.
 """
@@ -60,11 +64,21 @@ def run(trainer, batch: RLBatch, cfg: RLStepConfig) -> StepReport | None:
     parts = minibatches(len(samples), batch.updates)
     clock = _Clock(trainer.device)
     t = time.perf_counter()
+    versions = trainer.snapshots
+    policy_version = versions.current
+    versions.record(trainer.model)  # the live weights, for the batches sampled under them (none without a lag)
 
     # 1. Gate values of later mini-batches, under the weights the engine sampled with.
     gate_lps: list[torch.Tensor | None] = [None] * len(samples)
+    old = [torch.tensor(s.old_logprobs, dtype=torch.float32) for s in samples]
     later = [i for part in parts[1:] for i in part]
-    if later:
+    lagged = batch.behaviour_version is not None and batch.behaviour_version != policy_version
+    if lagged:  # every sample's gate numbers and old log-probs: one forward under the behaviour version's weights
+        with versions.swapped_in(trainer.model, batch.behaviour_version, f"the batch of step {batch.step}"):
+            behaviour, gate_lps = trainer.logprobs_and_gate(seqs)
+        old = [lp.float() for lp in behaviour]
+        t = clock.lap("behaviour_forward", t)
+    elif later:
         scored = trainer.logprobs([TrainSequence(seqs[i].tokens, seqs[i].prompt_len, None if prefill_gate else T)
                                    for i in later])
         for i, lp in zip(later, scored):
@@ -72,8 +86,7 @@ def run(trainer, batch: RLBatch, cfg: RLStepConfig) -> StepReport | None:
         t = clock.lap("scoring", t)
 
     # algo.old_logprobs=recompute: PPO's old policy from one forward-only pass under the weights that sampled
-    old = [torch.tensor(s.old_logprobs, dtype=torch.float32) for s in samples]
-    if cfg.old_logprobs == "recompute":
+    if cfg.old_logprobs == "recompute" and not lagged:  # (config.validate refuses it with a lag)
         old = [lp.float() for lp in trainer.logprobs([TrainSequence(s.tokens, s.prompt_len, T) for s in samples])]
         t = clock.lap("old_logprobs", t)
 
@@ -81,15 +94,22 @@ def run(trainer, batch: RLBatch, cfg: RLStepConfig) -> StepReport | None:
     meter = _LossMeter(trainer.device)
     first = _forward_backward(trainer, seqs, old, samples, parts[0], cfg.loss, meter)
     t = clock.lap("forward_backward", t)
-    for i, lp in zip(parts[0], first):
-        gate_lps[i] = lp
+    if not lagged:  # the training forward is the gate's recompute (a lagged batch's came from its behaviour forward)
+        for i, lp in zip(parts[0], first):
+            gate_lps[i] = lp
 
     # 3. The gate, before any optimizer step.
     trainer_side = [lp.to(torch.float32 if prefill_gate else trainer.compute_dtype) for lp in gate_lps]
     rollout_side = [torch.tensor(s.rollout_logprobs, dtype=lp.dtype) for s, lp in zip(samples, trainer_side)]
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
     verdict = gate.evaluate(trainer_side, rollout_side, batch.step, cfg.gate, cfg.dump_dir if rank0 else None,
-                            sample_ids=[s.uid for s in samples], tokens=[s.tokens for s in samples])
+                            sample_ids=[s.uid for s in samples], tokens=[s.tokens for s in samples],
+                            metadata=None if batch.behaviour_version is None else
+                            {"behaviour_version": batch.behaviour_version, "policy_version": policy_version})
+    if verdict.message is not None and batch.behaviour_version is not None:  # which weights the gate ran under
+        verdict = gate.Verdict(verdict.metrics, f"{verdict.message} (the batch was generated under weight version "
+                               f"{batch.behaviour_version}; the gate computed under version {batch.behaviour_version}'s "
+                               f"weights, the trainer is at version {policy_version})", verdict.dump_path)
     t = clock.lap("gate", t)
     halt = verdict.message is not None and cfg.gate.on_violation == "halt"
 
@@ -105,6 +125,8 @@ def run(trainer, batch: RLBatch, cfg: RLStepConfig) -> StepReport | None:
             t = clock.lap("forward_backward", t)
             grad_norms.append(trainer.optimizer_step())
             t = clock.lap("optimizer", t)
+    if not halt:
+        versions.advance()  # the live weights are the next version now
     losses = meter.reduce()
     losses["loss"] = losses["loss/pg_loss"]  # the whole objective: kl_coef is 0 (config.validate)
     if grad_norms:
@@ -114,7 +136,7 @@ def run(trainer, batch: RLBatch, cfg: RLStepConfig) -> StepReport | None:
     parity = verdict.metrics.to_dict(prefix="train/") if verdict.metrics is not None else {}
     return StepReport(parity=parity, losses=losses, timings=clock.times, updated=not halt, verdict=verdict,
                       trainer_step=trainer.step, micro_batches=meter.micro_batches,
-                      tokens=sum(len(s.tokens) for s in samples))
+                      tokens=sum(len(s.tokens) for s in samples), policy_version=policy_version)
 
 
 def _forward_backward(trainer, seqs, olds, samples, part: list[int], loss_cfg: PolicyLossConfig,

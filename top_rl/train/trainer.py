@@ -25,6 +25,7 @@ from top_rl.train.config import TrainerConfig
 from top_rl.train.logprobs import make_output_processor, split_per_sample
 from top_rl.train.optim import CpuAdamW, MegatronAdam
 from top_rl.train.schedule import StageRunner
+from top_rl.train.snapshots import PolicySnapshots
 
 # Each model family's Megatron layer spec (transformer_config, build_gpt_model), by family name: the trainer's
 # side of a family (top_rl/model/family.py), kept here so the model package never imports Megatron.
@@ -65,6 +66,8 @@ class Trainer:
         self.runner = StageRunner(self.optimizer.forward_module or self.model, self.model, self.layout,
                                   model_cfg.hidden_size, processor, self.device)
         self.step = 0
+        # the live weights' version and copies of older ones a lagged batch needs (rollout.policy_lag; none at 0)
+        self.snapshots = PolicySnapshots(keep=0)
 
     # ---------------------------------------------------------------- weights
     @torch.no_grad()
@@ -150,25 +153,43 @@ class Trainer:
     def logprobs(self, batch: Sequence[TrainSequence]) -> list[torch.Tensor]:
         """Per-sample log-probs of tokens[prompt_len:] (forward only, eval mode), each by its kind's
         engine formula: fp32 prefill scores, or compute-dtype sampler@T log-probs."""
+        flats, _ = self._forward_scores(batch, gates=False)
+        out = []
+        for flat, s in zip(flats, batch):
+            dtype = torch.float32 if s.temperature is None else self.compute_dtype
+            out.append(flat.to(dtype).cpu())
+        return out
+
+    @torch.no_grad()
+    def logprobs_and_gate(self, batch: Sequence[TrainSequence]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """One forward only: per sample, the loss's log-probs (as `logprobs` gives them) and the gate's numbers
+        (float64, as the training forward gathers them: `TrainSequence.gate_prefill` rows hold the fp32 prefill
+        log-probs of the same logits). The behaviour forward of a lagged step (top_rl.train.rl_step)."""
+        flats, gates = self._forward_scores(batch, gates=True)
+        return ([flat.to(torch.float32 if s.temperature is None else self.compute_dtype).cpu()
+                 for flat, s in zip(flats, batch)], [g.cpu() for g in gates])
+
+    def _forward_scores(self, batch, gates: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per sample, the forward's scored log-probs (and with `gates` its gate numbers), float64, from every rank."""
         self.model.eval()
         mbs = list(self._micro_batches(batch))
-        flats = self.runner.forward_only(mbs)
+        outs = self.runner.forward_only(mbs)
         sizes = [s.num_scored for s in batch]
         starts = [0]
         for n in sizes:
             starts.append(starts[-1] + n)
-        total = torch.zeros(starts[-1], dtype=torch.float64, device=self.device)
+        total = torch.zeros((2 if gates else 1) * starts[-1], dtype=torch.float64, device=self.device)
         if self._owns_results():
-            for mb, (flat, _) in zip(mbs, flats):
-                for i, part in zip(mb.indices, flat.split(mb.scored_sizes)):
+            for mb, (flat, gate) in zip(mbs, outs):
+                for i, part, g in zip(mb.indices, flat.split(mb.scored_sizes), gate.split(mb.scored_sizes)):
                     total[starts[i] : starts[i + 1]] = part.double()
+                    if gates:
+                        total[starts[-1] + starts[i] : starts[-1] + starts[i + 1]] = g.double()
         if dist.get_world_size() > 1:
             dist.all_reduce(total)  # one contributing rank per entry: exact
-        out = []
-        for i, s in enumerate(batch):
-            dtype = torch.float32 if s.temperature is None else self.compute_dtype
-            out.append(total[starts[i] : starts[i + 1]].to(dtype).cpu())
-        return out
+        flats = [total[starts[i] : starts[i + 1]] for i in range(len(batch))]
+        gate_parts = [total[starts[-1] + starts[i] : starts[-1] + starts[i + 1]] for i in range(len(batch))] if gates else []
+        return flats, gate_parts
 
     def train_step(self, batch: Sequence[TrainSequence], loss_fn: LossFn) -> dict[str, float]:
         """One optimizer step over `batch`. For each micro-batch, `loss_fn(logprobs, indices)` gets the
@@ -238,6 +259,7 @@ class Trainer:
         step, layout). Save one per rank; restore on the same layout."""
         return {"model": {n: p.detach().clone() for n, p in self.model.named_parameters()},
                 "optimizer": self.optimizer.state_dict(), "step": self.step,
+                "policy_versions": self.snapshots.state_dict(),
                 "layout": dataclasses.asdict(self.layout), "model_config": dataclasses.asdict(self.model_cfg)}
 
     @torch.no_grad()
@@ -251,6 +273,8 @@ class Trainer:
             p.copy_(sd["model"][n])
         self.optimizer.load_state_dict(sd["optimizer"])
         self.step = sd["step"]
+        if "policy_versions" in sd:  # shards before rollout.policy_lag have none (the driver sets the version)
+            self.snapshots.load_state_dict(sd["policy_versions"], self.device)
 
 
 def _arch(c) -> tuple:
