@@ -100,7 +100,7 @@ def installed_sglang_version(python: str | None = None) -> str | None:
     return out.stdout.strip() or None
 
 
-def check_sglang_version(cfg: SglangEngineConfig, top: contract.TopContract = contract.DEFAULT) -> None:
+def check_sglang_version(cfg: SglangEngineConfig, top: contract.TopContract) -> None:
     if cfg.skip_version_check:
         return
     have = installed_sglang_version(cfg.python)
@@ -114,7 +114,7 @@ def check_sglang_version(cfg: SglangEngineConfig, top: contract.TopContract = co
 
 
 def check_attention_backend(engine_backend: str, trainer_backend: str,
-                            top: contract.TopContract = contract.DEFAULT) -> None:
+                            top: contract.TopContract) -> None:
     if engine_backend not in top.attention_backends:
         raise TopConfigError(
             f"attention_backend={engine_backend!r} is not allowed by the TOP contract; choose one of "
@@ -128,7 +128,7 @@ def check_attention_backend(engine_backend: str, trainer_backend: str,
         )
 
 
-def check_radix_cache(cfg: SglangEngineConfig, top: contract.TopContract = contract.DEFAULT) -> None:
+def check_radix_cache(cfg: SglangEngineConfig, top: contract.TopContract) -> None:
     if not cfg.disable_radix_cache and cfg.attention_backend in top.radix_cache_required_off:
         raise TopConfigError(
             f"attention_backend={cfg.attention_backend!r} needs the radix cache disabled (its decode and prefill "
@@ -136,12 +136,12 @@ def check_radix_cache(cfg: SglangEngineConfig, top: contract.TopContract = contr
         )
 
 
-def check_tp(cfg: SglangEngineConfig) -> None:
+def check_tp(cfg: SglangEngineConfig, top: contract.TopContract) -> None:
     if cfg.tp_size < 1:
         raise TopConfigError(f"tp_size={cfg.tp_size} must be >= 1")
     if cfg.top and cfg.tp_size != 1:
         raise TopConfigError(
-            f"tp_size={cfg.tp_size}: SGLang {contract.DEFAULT.sglang_version} has no TP>1 parity contract (bf16 "
+            f"tp_size={cfg.tp_size}: SGLang {top.sglang_version} has no TP>1 parity contract (bf16 "
             f"partial sums are all-reduced, §4.8/§11.7); use tp_size=1 and more engines, or top=false for a baseline"
         )
 
@@ -151,7 +151,7 @@ _LOGIT_CHANGERS = ("logit_bias", "json_schema", "regex", "ebnf", "structural_tag
 _ALLOWED_SAMPLING = {"max_new_tokens", "temperature", "stop_token_ids", "sampling_seed", "ignore_eos"}
 
 
-def check_sampling(params: Mapping, top: contract.TopContract = contract.DEFAULT) -> None:
+def check_sampling(params: Mapping, top: contract.TopContract) -> None:
     """Refuse sampling_params under which the returned log-probs are not the contract's (§6.3-§6.4)."""
     t = params.get("temperature", 1.0)
     if contract.temperature_refusal(t):
@@ -178,7 +178,7 @@ def check_sampling(params: Mapping, top: contract.TopContract = contract.DEFAULT
         )
 
 
-def check_logprob_source(cfg: SglangEngineConfig, top: contract.TopContract = contract.DEFAULT) -> None:
+def check_logprob_source(cfg: SglangEngineConfig, top: contract.TopContract) -> None:
     """`decode` gates the sampler's decode-step log-probs against the trainer's prefill recompute: that holds
     only where the attention backend's decode kernel is proven to equal its extend kernel (the contract's set)."""
     refusal = top.decode_refusal(cfg.attention_backend) if cfg.logprob_source == "decode" else None
@@ -191,7 +191,7 @@ def check_logprob_source(cfg: SglangEngineConfig, top: contract.TopContract = co
         )
 
 
-def check_env(env: Mapping[str, str], where: str, top: contract.TopContract = contract.DEFAULT) -> None:
+def check_env(env: Mapping[str, str], where: str, top: contract.TopContract) -> None:
     """Forbidden variables set, or a pinned variable set to another value, in `env`."""
     for key in top.forbidden_env:
         if env.get(key):
@@ -207,7 +207,7 @@ def check_env(env: Mapping[str, str], where: str, top: contract.TopContract = co
 
 
 def check_config(cfg: SglangEngineConfig, trainer_attention_backend: str,
-                 top: contract.TopContract = contract.DEFAULT, base_env: Mapping[str, str] | None = None,
+                 top: contract.TopContract, base_env: Mapping[str, str] | None = None,
                  check_version: bool = True) -> None:
     """Every refusal that needs no GPU and no server, in the order a user would fix them. `check_version=False`
     defers the installed-release check to where the server is launched (the engine's start())."""
@@ -221,7 +221,7 @@ def check_config(cfg: SglangEngineConfig, trainer_attention_backend: str,
             f"{MAX_PORT}; set rollout.sglang.port so that port + num_engines - 1 <= {MAX_PORT} (e.g. 30000)")
     if check_version:
         check_sglang_version(cfg, top)
-    check_tp(cfg)
+    check_tp(cfg, top)
     if cfg.top:
         check_attention_backend(cfg.attention_backend, trainer_attention_backend, top)
         check_radix_cache(cfg, top)
