@@ -44,12 +44,13 @@ class TopConfig(GateConfig):
 # (tests/entry/test_config.py checks they agree). A component's own dataclass keeps its library defaults.
 @dataclass
 class RunConfig:
+    # everything the run writes: metrics.jsonl, kernels.json, checkpoints/, wandb/, parity/
     run_dir: str = "runs/default"
-    steps: int = 70
-    seed: int = 0
-    resume: bool = False
+    steps: int = 70  # RL steps (rollout, gate, update, weight push) the run makes
+    seed: int = 0  # the driver's seed: the prompt order and every sampling seed (seed, step, sample)
+    resume: bool = False  # continue run_dir from its newest checkpoint that verifies (refused when there is none)
     resume_allow_changes: bool = False  # resume even if determinism-relevant settings changed
-    dry_run: bool = False
+    dry_run: bool = False  # print the launch plan as JSON (engines, trainer layout, contract) and exit
     model: ModelConfig = field(default_factory=lambda: ModelConfig(  # conf/model/tiny.yaml
         dtype=ComputeDtype.float32, max_position_embeddings=64, rope_theta=10000.0))
     # The task group's config (a TaskConfig subclass: top_rl.tasks.TASKS); Hydra's task group picks which.

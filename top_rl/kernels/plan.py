@@ -37,6 +37,7 @@ class FastPaths:
     fused_head_mean: bool = True  # per-head RMSNorm mean of rows of 128 in one Triton pass (off: mean_BI)
     fused_backward: bool = True  # compiled / Triton elementwise backwards (off: eager formulas)
     flashinfer_lse: bool = True  # the flash backward reuses flashinfer's forward LSE (off: re-runs the forward)
+    # the attention backward: flash (aten's FlashAttention-2) | efficient (memory-efficient)
     attention_backward: AttentionBackward = AttentionBackward.flash
     decode_graphs: bool = True  # the native engine's decode step as a CUDA graph where audited (off: eager)
 

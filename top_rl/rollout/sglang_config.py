@@ -37,9 +37,9 @@ class TopConfigError(ValueError):
 class SglangEngineConfig:
     model_path: str = ""  # HF checkpoint dir (or hub id) the server loads at start
     attention_backend: str = "fa3"  # fa3 | flashinfer | triton; must equal the trainer's
-    tp_size: int = 1
-    host: str = "127.0.0.1"
-    port: int = 30000
+    tp_size: int = 1  # the server's tensor parallelism (1 under TOP: no TP>1 contract)
+    host: str = "127.0.0.1"  # the address the server binds
+    port: int = 30000  # engine i's server listens on port + i (<= 55535: SGLang adds 10000 for gRPC)
     mem_fraction_static: float | None = 0.7  # None: SGLang's own default
     disable_radix_cache: bool = True  # the contract's flag; False only outside flashinfer
     extra_args: list[str] = field(default_factory=list)  # more `sglang.launch_server` flags
@@ -48,11 +48,11 @@ class SglangEngineConfig:
     weights_dir: str = ""  # disk: where versions are written (must be visible to the server)
     keep_weight_versions: int = 2  # disk: older version dirs are deleted
     flattened_buckets: bool = True  # ipc / broadcast: one uint8 buffer per bucket (SGLang's FlattenedTensorBucket)
-    weight_group_name: str = "top_rl_weight_sync"
+    weight_group_name: str = "top_rl_weight_sync"  # broadcast: the process group's name
     startup_timeout_s: float = 900.0  # model load + CUDA graph capture
     request_timeout_s: float = 1800.0  # one HTTP call (a whole generate batch)
     max_retries: int = 3  # transient failures of idempotent calls (5xx, connection reset)
-    retry_backoff_s: float = 1.0
+    retry_backoff_s: float = 1.0  # retry n waits n times this many seconds
     restart_on_failure: bool = True  # dead server -> restart -> retry once (idempotent calls only)
     # Samples per /generate call. The calls of a rollout run concurrently and each call's samples are re-scored as
     # soon as it returns, so the re-score overlaps the others' generation (0: all samples in one call, then one
@@ -62,13 +62,14 @@ class SglangEngineConfig:
     # 8192-token prefill chunks on an H200): a rollout of N concurrent samples runs at the engine's pace when
     # max_running_requests and cuda_graph_max_bs reach N and the KV pool holds them (mem_fraction_static)
     cuda_graph_max_bs: int | None = None
-    max_running_requests: int | None = None
-    chunked_prefill_size: int | None = None
+    max_running_requests: int | None = None  # --max-running-requests (None: SGLang's own)
+    chunked_prefill_size: int | None = None  # --chunked-prefill-size (None: SGLang's own)
     # --enable-memory-saver (torch_memory_saver): the server can give its weights, KV pool and CUDA graphs back while
     # the trainer on its GPU trains. Set by cluster.gpu_handoff, not by hand.
     enable_memory_saver: bool = False
     python: str = sys.executable  # interpreter that has the pinned sglang installed
     log_path: str = ""  # server stdout+stderr; default <weights_dir or tmp>/sglang-<port>.log
+    # prefill | decode, as rollout.logprob_source (None: the run's)
     logprob_source: Literal["prefill", "decode"] = "prefill"
     extra_sampling: dict = field(default_factory=dict)  # more /generate sampling_params (checked)
     top: bool = True  # False: the non-TOP baseline (no determinism flags, no TOP refusals)
