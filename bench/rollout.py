@@ -112,6 +112,7 @@ def sglang_rows(model, name, batches, prompt_len, new, runs, python, native_toke
     alone (the engine's prefill re-scoring, which the gate reads, is not timed: the native rows do not score either);
     `tokens = native` counts the rows whose tokens equal the native engine's."""
     from top_rl.model import save_model
+    from top_rl import kernels
     from top_rl.rollout.sglang import SglangEngine, SglangEngineConfig
     from top_rl.rollout.sglang_protocol import generate_payload, items, parse_generation
     from top_rl.rollout.sglang_config import free_port
@@ -126,7 +127,7 @@ def sglang_rows(model, name, batches, prompt_len, new, runs, python, native_toke
         cfg = SglangEngineConfig(model_path=ckpt, attention_backend="triton", python=python, weights_dir=ckpt,
                                  port=free_port(), mem_fraction_static=0.5, log_path=os.path.join(ckpt, "server.log"),
                                  extra_sampling={"ignore_eos": True})  # no EOS, as the native rows
-        engine = SglangEngine(cfg, "triton")
+        engine = SglangEngine(cfg, "triton", kernels.current_plan().top)  # the contract the native rows ran under
         t0 = time.monotonic()
         engine.start()
         print(f"[bench] {name}: SGLang server up in {time.monotonic() - t0:.0f} s", flush=True)

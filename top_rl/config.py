@@ -32,7 +32,9 @@ class TopConfig(GateConfig):
     what both sides run: the contract, its kernels and the attention backend. enabled=false is the non-TOP
     baseline (plain kernels both sides, parity logged, no gate)."""
 
-    contract: str = contract.DEFAULT.name  # a name in top_rl.contract.CONTRACTS
+    # A name in top_rl.contract.CONTRACTS: the run's contract, decided here once and passed to everything below as an
+    # argument (the KernelPlan carries it to the actors).
+    contract: str = contract.fallback().name
     kernels: KernelBackend = KernelBackend.reference  # reference (CPU/any device) | sglang (GPU); plain is the baseline's
     attention_backend: AttentionBackend = AttentionBackend.triton  # = the SGLang engines' --attention-backend
     fast_paths: FastPathsConfig = field(default_factory=FastPathsConfig)  # speed switches, same numbers (plan.py)
@@ -42,12 +44,13 @@ class TopConfig(GateConfig):
 # (tests/entry/test_config.py checks they agree). A component's own dataclass keeps its library defaults.
 @dataclass
 class RunConfig:
+    # everything the run writes: metrics.jsonl, kernels.json, checkpoints/, wandb/, parity/
     run_dir: str = "runs/default"
-    steps: int = 70
-    seed: int = 0
-    resume: bool = False
+    steps: int = 70  # RL steps (rollout, gate, update, weight push) the run makes
+    seed: int = 0  # the driver's seed: the prompt order and every sampling seed (seed, step, sample)
+    resume: bool = False  # continue run_dir from its newest checkpoint that verifies (refused when there is none)
     resume_allow_changes: bool = False  # resume even if determinism-relevant settings changed
-    dry_run: bool = False
+    dry_run: bool = False  # print the launch plan as JSON (engines, trainer layout, contract) and exit
     model: ModelConfig = field(default_factory=lambda: ModelConfig(  # conf/model/tiny.yaml
         dtype=ComputeDtype.float32, max_position_embeddings=64, rope_theta=10000.0))
     # The task group's config (a TaskConfig subclass: top_rl.tasks.TASKS); Hydra's task group picks which.
@@ -100,8 +103,6 @@ class ConfigError(ValueError):
 # Choices an enum cannot state: the enum-typed fields are checked by OmegaConf when the config composes.
 _CHOICES = {
     "top.kernels": tuple(k.value for k in KernelBackend if k != KernelBackend.plain),
-    "top.contract": tuple(contract.CONTRACTS),
-    "top.attention_backend": contract.DEFAULT.attention_backends,
 }
 _POSITIVE = ("steps", "rollout.prompts_per_step", "rollout.n_samples", "rollout.max_new_tokens",
              "rollout.num_engines", "trainer.dp", "trainer.tp", "trainer.pp", "trainer.cp", "checkpoint.keep",
@@ -149,9 +150,13 @@ def validate(cfg: RunConfig) -> RunConfig:
         errors.append(f"run_dir={cfg.run_dir!r} is empty (an unset shell variable?): the run would write into the "
                       "current directory; give it one, e.g. run_dir=runs/NAME")
     errors += _model_errors(cfg.model)
-    for key, allowed in _CHOICES.items():
+    chosen = contract.CONTRACTS.get(cfg.top.contract)  # None: refused just below, by name
+    choices = {**_CHOICES, "top.contract": tuple(contract.CONTRACTS)}  # the registry as it is now
+    if chosen is not None:  # the backends the run's contract allows (another contract may allow others)
+        choices["top.attention_backend"] = chosen.attention_backends
+    for key, allowed in choices.items():
         if _get(cfg, key) not in allowed:
-            errors.append(f"{key}={_get(cfg, key)!r} is not allowed; choose one of: {', '.join(allowed)}")
+            errors.append(f"{key}={_plain(_get(cfg, key))!r} is not allowed; choose one of: {', '.join(allowed)}")
     for key in _POSITIVE:
         if _get(cfg, key) < 1:
             errors.append(f"{key}={_get(cfg, key)} must be >= 1")
@@ -185,7 +190,6 @@ def validate(cfg: RunConfig) -> RunConfig:
     if cfg.algo.updates_per_rollout > batch:
         errors.append(f"algo.updates_per_rollout={cfg.algo.updates_per_rollout} exceeds the {batch} samples of a step "
                       "(rollout.prompts_per_step x rollout.n_samples): each update needs at least one")
-    chosen = contract.CONTRACTS.get(cfg.top.contract)
     refusal = chosen and chosen.decode_refusal(cfg.top.attention_backend)
     if cfg.top.enabled and kernel_backend(cfg) == "sglang" and cfg.rollout.logprob_source == "decode" and refusal:
         proven = ", ".join(chosen.decode_equals_extend)
@@ -195,7 +199,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     if cfg.top.enabled and chosen is not None and chosen.gemm == "deepgemm" and kernel_backend(cfg) != "sglang":
         errors.append(f"top.contract={cfg.top.contract} names DeepGEMM, which only top.kernels=sglang runs (the "
                       f"{kernel_backend(cfg)} kernels compute their own GEMM); set top.kernels=sglang (a Hopper GPU "
-                      f"with deep_gemm) or top.contract={contract.DEFAULT.name}")
+                      f"with deep_gemm) or top.contract={' | '.join(contract.with_gemm(chosen, 'triton_persistent'))}")
     if cfg.trainer.megatron_rope and kernel_backend(cfg) == "sglang":
         errors.append("trainer.megatron_rope=true with top.kernels=sglang: Megatron's eager RoPE is not bitwise the "
                       "engine's (SGLang's rl mode compiles its RoPE, which the sglang kernels reproduce; "

@@ -205,7 +205,23 @@ QWEN3_DENSE_TOP_V1_DEEPGEMM = dataclasses.replace(QWEN3_DENSE_TOP_V1, name="qwen
                                                   gemm="deepgemm")
 
 CONTRACTS = {c.name: c for c in (QWEN3_DENSE_TOP_V1, QWEN3_DENSE_TOP_V1_DEEPGEMM)}  # what top.contract may choose
+# The contract where nothing names one. Below the entry layer (cli.py, preflight.py) nothing reads it: every function
+# takes the run's contract (top.contract, decided once from the config) as an argument, or the installed KernelPlan's
+# in a kernel process, so a second contract that differs is honoured everywhere or refused. The few places that
+# must fill in a name when none is given ask `fallback()` (tests/repo/test_contract_argument.py lists them).
 DEFAULT = QWEN3_DENSE_TOP_V1
+
+
+def fallback() -> TopContract:
+    """The contract taken where nothing names one: the run config's default (config.TopConfig.contract), a process
+    with no KernelPlan installed (a test, a bench: kernels.plan.build), a tool's `contract` argument left out. Never a
+    default argument of a function a run calls: those take the run's contract."""
+    return DEFAULT
+
+
+def with_gemm(top: TopContract, gemm: str) -> list[str]:
+    """The names of the contracts for `top`'s SGLang release that run `gemm` (what a refusal of top's GEMM suggests)."""
+    return [c.name for c in CONTRACTS.values() if c.sglang_version == top.sglang_version and c.gemm == gemm]
 
 
 # SGLang turns a temperature <= 1e-6 into greedy decoding with fp32 unscaled log-probs (§6.2): another log-prob kind.

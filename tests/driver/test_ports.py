@@ -77,8 +77,9 @@ from top_rl.driver.actors import TrainerActor
 from top_rl.driver.cluster import start_ray
 from top_rl.driver.placement import ClusterConfig
 start_ray(ClusterConfig(num_cpus=2))  # as the loop starts a local run
+from top_rl import contract
 from top_rl.kernels.plan import KernelPlan
-rank0 = TrainerActor.options(num_cpus=0).remote(0, 2, KernelPlan(), 1)
+rank0 = TrainerActor.options(num_cpus=0).remote(0, 2, KernelPlan(contract=contract.DEFAULT.name), 1)
 host, port = ray.get(rank0.free_address.remote())
 time.sleep(2)
 me = psutil.Process()

@@ -157,3 +157,29 @@ def test_importing_the_config_loads_no_runtime():
     code = "import sys, top_rl.config; print(sorted(m for m in ('torch', 'ray', 'megatron') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _leaves(tree, prefix=""):
+    for k, v in tree.items():
+        yield from _leaves(v, f"{prefix}{k}.") if isinstance(v, dict) and v else [(prefix + k, v)]
+
+
+@pytest.mark.parametrize("experiment", _shipped("experiment"))
+def test_an_experiment_states_only_the_model_keys_it_changes(experiment):
+    """A model shape lives in its model group (conf/model/qwen3_0.6b.yaml), not copied into each experiment: every
+    model.* an experiment sets differs from what its groups alone compose to."""
+    from omegaconf import OmegaConf
+
+    body = OmegaConf.to_container(OmegaConf.load(CONF / "experiment" / f"{experiment}.yaml"))
+    groups = [f"{k.split()[-1].lstrip('/')}={v}" for d in body.get("defaults", []) for k, v in d.items()]
+    base = compose(groups).model
+    same = [f"model.{key}={v}" for key, v in _leaves(body.get("model") or {})
+            if getattr(getattr(base, key), "value", getattr(base, key)) == v]
+    assert same == [], f"{experiment}.yaml restates what its groups already set: {same}"
+    shape = sorted(set(body.get("model") or {}) & _SHAPE)
+    assert shape == [], f"{experiment}.yaml writes out a model shape ({shape}): select a conf/model group instead"
+
+
+# An architecture's fields: a model group's (conf/model/*.yaml). An experiment may still set its context length.
+_SHAPE = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+          "head_dim", "tie_word_embeddings", "rope_theta"}

@@ -41,6 +41,8 @@ from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, che
 from tests.gpu._common import missing_server_module
 from tests.helpers import in_thread, push_by_ipc
 
+V1 = contract.DEFAULT  # the contract these engines run under
+
 
 def _live_error() -> str | None:
     if not torch.cuda.is_available():
@@ -113,7 +115,7 @@ def _start(tmp, backend: str, model_seed: int = 0, **kw) -> tuple[SglangEngine, 
                              mem_fraction_static=0.3, weights_dir=str(tmp / f"weights_{backend}"),
                              log_path=str(tmp / f"server_{backend}.log"), startup_timeout_s=420,
                              extra_args=["--cuda-graph-max-bs", "64"], **kw)
-    eng = SglangEngine(cfg, backend)
+    eng = SglangEngine(cfg, backend, top=V1)
     t0 = time.monotonic()
     eng.start()
     _report(event="server_up", backend=backend, seconds=round(time.monotonic() - t0, 1))
@@ -290,7 +292,8 @@ def _assert_decode_refusal_matches(backend: str, rate: float) -> None:
     if rate < 1.0:
         assert not proven, f"the contract lists {backend} in decode_equals_extend, but {rate:.4f} of its tokens agree"
         with pytest.raises(TopConfigError, match="logprob_source='decode'"):
-            check_logprob_source(SglangEngineConfig(model_path="/m", attention_backend=backend, logprob_source="decode"))
+            check_logprob_source(SglangEngineConfig(model_path="/m", attention_backend=backend, logprob_source="decode"),
+                                 top=V1)
 
 
 def test_decode_source_stays_refused_where_decode_differs_from_extend_triton(triton_server):

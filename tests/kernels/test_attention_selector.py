@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.helpers import with_plan
+from top_rl import contract
 from top_rl.kernels import packed_batch as pb
 from top_rl.kernels import plan as kplan
 from top_rl.kernels.sglang import attention as attn
@@ -45,6 +46,8 @@ def test_backend_outside_contract_refused(monkeypatch):
     with pytest.raises(ValueError, match="contract"):
         kplan.build(environ={kplan.ATTENTION_ENV: "trtllm_mha"})
     assert set(attn.BACKENDS) == {"fa3", "flashinfer", "triton"}
+    for top in contract.CONTRACTS.values():  # every backend a contract allows has its kernels here
+        assert set(top.attention_backends) <= set(attn.BACKENDS), top.name
 
 
 def test_token_indices():

@@ -8,7 +8,7 @@ import pickle
 import pytest
 import torch
 
-from top_rl import config, kernels
+from top_rl import config, contract, kernels
 from top_rl.kernels import fallback
 from top_rl.kernels import plan as kplan
 
@@ -83,7 +83,7 @@ def test_install_and_report(monkeypatch):
     assert list(report["fallbacks"]) == ["rms_norm"] and "no PTX" in report["fallbacks"]["rms_norm"]
     assert kernels.step_metrics([report, report, {"fallbacks": {}}]) == {"kernels/fallbacks": 2}
     with pytest.raises(ValueError, match="unknown kernel backend"):
-        kernels.install(kplan.KernelPlan(backend="cutlass"))
+        kernels.install(kplan.KernelPlan(contract=contract.DEFAULT.name, backend="cutlass"))
 
 
 def test_a_resume_may_change_the_fast_paths():

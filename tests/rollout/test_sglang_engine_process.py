@@ -25,10 +25,13 @@ from top_rl.model import hf_state_dict, save_model  # noqa: E402
 from top_rl.weights import sglang_distributed  # noqa: E402
 from top_rl.rollout.base import SamplingParams  # noqa: E402
 from top_rl.rollout.native import NativeEngine  # noqa: E402
+from top_rl import contract  # noqa: E402
 from top_rl.rollout.sglang import SglangEngine, SglangEngineRestarted  # noqa: E402
 from top_rl.rollout.sglang_client import SglangUnavailable  # noqa: E402
 from top_rl.rollout.sglang_config import SglangEngineConfig  # noqa: E402
 from top_rl.rollout.sglang_server import SglangStartupError  # noqa: E402
+
+V1 = contract.DEFAULT  # the contract these engines run under
 
 _ERR = sglang_cpu.import_error()
 pytestmark = pytest.mark.skipif(_ERR is not None, reason=_ERR or "")
@@ -69,7 +72,7 @@ def _kill(eng: SglangEngine) -> None:
 
 @pytest.mark.slow  # over 30 s (--durations, issue 25)
 def test_launch_restart_and_retry_with_disk_weights(setup, tmp_path):
-    eng = SglangEngine(_cfg(setup, tmp_path), "fa3")
+    eng = SglangEngine(_cfg(setup, tmp_path), "fa3", top=V1)
     try:
         info = eng.start()
         assert info["stand_in"] is True and info["version"] == sglang_cpu.SGLANG_VERSION
@@ -114,14 +117,15 @@ def _fake_server(tmp_path, launch_body: str) -> Path:
 
 def test_startup_error_carries_the_log_tail(setup, tmp_path):
     fake = _fake_server(tmp_path, 'echo "Load weight begin."\necho "torch.OutOfMemoryError: CUDA out of memory" >&2\nexit 1')
-    eng = SglangEngine(_cfg(setup, tmp_path, python=str(fake)), "fa3")
+    eng = SglangEngine(_cfg(setup, tmp_path, python=str(fake)), "fa3", top=V1)
     with pytest.raises(SglangStartupError, match=r"(?s)exited with code 1 during startup; last log lines .*"
                                                  r"--attention-backend fa3.*Load weight begin.*CUDA out of memory"):
         eng.start()
 
 
 def test_startup_timeout(setup, tmp_path):
-    eng = SglangEngine(_cfg(setup, tmp_path, python=str(_fake_server(tmp_path, "exec sleep 60")), startup_timeout_s=2), "fa3")
+    eng = SglangEngine(_cfg(setup, tmp_path, python=str(_fake_server(tmp_path, "exec sleep 60")), startup_timeout_s=2),
+                       "fa3", top=V1)
     with pytest.raises(SglangStartupError, match="did not answer GET /health within 2s .*startup_timeout_s"):
         eng.start()
     assert eng.server.proc is None  # the silent server was stopped
@@ -133,7 +137,7 @@ def test_distributed_sync_over_a_process_group(setup, tmp_path):
     import torch.distributed as dist
 
     cfg = _cfg(setup, tmp_path, restart_on_failure=True)
-    eng = SglangEngine(cfg, "fa3")
+    eng = SglangEngine(cfg, "fa3", top=V1)
     group = None
     try:
         eng.start()
@@ -183,7 +187,7 @@ def test_server_sees_stop_signals_even_when_its_launcher_blocks_them(setup, tmp_
     import time
 
     stop = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-    eng = SglangEngine(_cfg(setup, tmp_path), "fa3")
+    eng = SglangEngine(_cfg(setup, tmp_path), "fa3", top=V1)
     before = signal.pthread_sigmask(signal.SIG_BLOCK, stop)
     try:
         eng.start()

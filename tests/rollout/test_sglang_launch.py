@@ -49,9 +49,9 @@ def _commands():
 @pytest.mark.parametrize("cfg", _commands(), ids=lambda c: f"{c.attention_backend}-tp{c.tp_size}-top{int(c.top)}"
                          f"-radix{int(not c.disable_radix_cache)}-x{len(c.extra_args)}")
 def test_every_command_parses_and_carries_the_contract(cfg):
-    spec = build_launch(cfg, cfg.attention_backend, base_env=ENV, check=cfg.top)
+    spec = build_launch(cfg, cfg.attention_backend, base_env=ENV, check=cfg.top, top=C)
     assert spec.argv[:3] == [sys.executable, "-m", MODULE]
-    ns = validate_argv(spec.argv, cfg)  # SGLang's parser + contract checks on the parsed values
+    ns = validate_argv(spec.argv, cfg, top=C)  # SGLang's parser + contract checks on the parsed values
     assert ns.attention_backend == cfg.attention_backend and ns.tensor_parallel_size == cfg.tp_size
     assert ns.port == cfg.port and ns.host == cfg.host and ns.model_path == cfg.model_path
     assert ns.skip_tokenizer_init is True and ns.dtype == "bfloat16" and ns.kv_cache_dtype == "auto"
@@ -75,12 +75,12 @@ def test_every_command_parses_and_carries_the_contract(cfg):
 
 def test_builder_needs_no_sglang_and_strips_forbidden_env():
     cfg = _cfg(attention_backend="triton", env={"NCCL_DEBUG": "WARN"})
-    spec = build_launch(cfg, "triton", base_env={**ENV, "SGLANG_RETURN_ORIGINAL_LOGPROB": ""}, check=False)
+    spec = build_launch(cfg, "triton", base_env={**ENV, "SGLANG_RETURN_ORIGINAL_LOGPROB": ""}, check=False, top=C)
     assert "SGLANG_RETURN_ORIGINAL_LOGPROB" not in spec.env
     assert spec.env_removed == ("SGLANG_RETURN_ORIGINAL_LOGPROB",)
     assert spec.env["NCCL_DEBUG"] == "WARN" and spec.env_set["NCCL_DEBUG"] == "WARN"
     assert "PATH" not in spec.describe()["env"]  # the plan shows what TOP-RL sets, not the whole environment
-    assert engine_flags(_cfg(top=False)) == [f for f in C.engine_flags
+    assert engine_flags(_cfg(top=False), top=C) == [f for f in C.engine_flags
                                              if f not in ("--enable-deterministic-inference", "--rl-on-policy-target", "fsdp")]
 
 
@@ -88,7 +88,7 @@ def test_builder_needs_no_sglang_and_strips_forbidden_env():
                                    ["--model", "x"], ["--mem-fraction-static", "0.9"]])
 def test_extra_args_cannot_override_owned_flags(extra):
     with pytest.raises(TopConfigError, match="instead"):
-        build_launch(_cfg(extra_args=extra), "fa3", base_env=ENV, check=False)
+        build_launch(_cfg(extra_args=extra), "fa3", base_env=ENV, check=False, top=C)
 
 
 @needs_sglang
@@ -109,18 +109,18 @@ def test_extra_args_cannot_override_owned_flags(extra):
 ])
 def test_parser_check_refuses_contradicting_extra_args(extra, why):
     cfg = _cfg(extra_args=extra)
-    spec = build_launch(cfg, "fa3", base_env=ENV, check=False)
+    spec = build_launch(cfg, "fa3", base_env=ENV, check=False, top=C)
     with pytest.raises(TopConfigError, match=why):
-        validate_argv(spec.argv, cfg)
+        validate_argv(spec.argv, cfg, top=C)
 
 
 @needs_sglang
 def test_parser_check_refuses_small_chunks_with_flashinfer():
     cfg = _cfg(attention_backend="flashinfer", chunked_prefill_size=2048)
     with pytest.raises(TopConfigError, match="chunked_prefill_size=2048"):
-        validate_argv(build_launch(cfg, "flashinfer", base_env=ENV, check=False).argv, cfg)
+        validate_argv(build_launch(cfg, "flashinfer", base_env=ENV, check=False, top=C).argv, cfg, top=C)
     cfg = _cfg(attention_backend="fa3", chunked_prefill_size=2048)  # fa3 has no alignment
-    validate_argv(build_launch(cfg, "fa3", base_env=ENV, check=False).argv, cfg)
+    validate_argv(build_launch(cfg, "fa3", base_env=ENV, check=False, top=C).argv, cfg, top=C)
 
 
 # ------------------------------------------------------------------------------------ from the run config
@@ -143,7 +143,7 @@ def test_shipped_experiments_plan_commands_sglang_accepts(experiment):
     for i in range(run.rollout.num_engines):
         plan = launch_plan(run, index=i)
         cfg = config_from_dict(run.rollout.sglang, i, **run_defaults(run))
-        ns = validate_argv(plan["argv"], cfg)
+        ns = validate_argv(plan["argv"], cfg, top=C)
         # without model.path the servers start from the run's random initial policy (written at start)
         want_model = run.model.path or str(initial_policy_dir(run.run_dir))
         assert ns.attention_backend == run.top.attention_backend and ns.model_path == want_model
@@ -210,6 +210,6 @@ def test_the_memory_saver_comes_from_cluster_gpu_handoff_and_is_refused_by_hand(
     assert engine_config(compose(base)).enable_memory_saver is False
     on = engine_config(compose([*base, "cluster.gpu_handoff=true"]))
     assert on.enable_memory_saver is True
-    assert "--enable-memory-saver" in build_launch(on, on.attention_backend, base_env=ENV, check=False).argv
+    assert "--enable-memory-saver" in build_launch(on, on.attention_backend, base_env=ENV, check=False, top=C).argv
     with pytest.raises(TopConfigError, match=r"rollout.sglang.enable_memory_saver=true is set by cluster.gpu_handoff"):
         engine_config(compose([*base, "rollout.sglang.enable_memory_saver=true"]))

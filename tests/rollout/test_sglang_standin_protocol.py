@@ -19,13 +19,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sglang_cpu  # noqa: E402
 from helpers import push_by_ipc, tiny_model  # noqa: E402
 
-from top_rl import kernels  # noqa: E402
+from top_rl import contract, kernels  # noqa: E402
 from top_rl.model import hf_state_dict, pack, save_model  # noqa: E402
 from top_rl.weights.sglang_ipc import tensor_payload  # noqa: E402
 from top_rl.rollout.sglang import SglangEngine  # noqa: E402
 from top_rl.rollout.sglang_client import SglangClient, SglangHTTPError, SglangUnavailable  # noqa: E402
 from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError  # noqa: E402
 from top_rl.rollout.sglang_protocol import parse_scores, score_payload  # noqa: E402
+
+V1 = contract.DEFAULT  # the contract these engines run under
 
 _ERR = sglang_cpu.import_error()
 pytestmark = pytest.mark.skipif(_ERR is not None, reason=_ERR or "")
@@ -88,7 +90,7 @@ def test_unknown_sampling_key_is_a_500(server):
                                                                                             "bogus": 1}})
     assert (r.status_code, r.text) == (500, "Internal Server Error")  # SamplingParams(**kw): an uncaught TypeError
     with pytest.raises(TopConfigError, match=r"sampling keys \['bogus'\] are not checked"):  # the engine never sends it
-        SglangEngine(SglangEngineConfig(model_path="/m", extra_sampling={"bogus": 1}), "fa3")
+        SglangEngine(SglangEngineConfig(model_path="/m", extra_sampling={"bogus": 1}), "fa3", top=V1)
 
 
 def test_top_p_zero_is_a_400_with_sglangs_error_body(server):
@@ -166,7 +168,7 @@ def test_tensor_sync_reads_each_tp_ranks_entry(ckpt, monkeypatch):
 
     with StandinServer(str(ckpt[0]), server_args={"tp_size": 2}) as srv:
         cfg = SglangEngineConfig(model_path=str(ckpt[0]), port=srv.port, tp_size=2, top=False, flattened_buckets=False)
-        eng = SglangEngine(cfg, "fa3")
+        eng = SglangEngine(cfg, "fa3", top=V1)
         other = hf_state_dict(tiny_model(seed=4))
         push_by_ipc(monkeypatch, eng, other, 1, 1 << 20)  # one entry per TP rank: both ranks deserialize theirs
         assert torch.equal(srv.scheduler.model.norm, other["model.norm.weight"])

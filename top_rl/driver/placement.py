@@ -23,8 +23,8 @@ from top_rl.weights.transport import TransportSetting
 class ClusterConfig:
     address: str | None = None  # None: RAY_ADDRESS if set, else a local Ray on this machine
     num_cpus: int | None = None  # local Ray only; None = all cores
-    engine_cpus: float = 1.0
-    trainer_cpus: float = 1.0
+    engine_cpus: float = 1.0  # CPUs Ray reserves per engine
+    trainer_cpus: float = 1.0  # CPUs Ray reserves per trainer rank
     engine_gpus: float = 0.0  # per engine; fractional with colocate
     trainer_gpus: float = 0.0  # per trainer rank; fractional with colocate
     colocate: bool = False  # engines share the trainer ranks' GPUs (see module doc)

@@ -37,6 +37,7 @@ class FastPaths:
     fused_head_mean: bool = True  # per-head RMSNorm mean of rows of 128 in one Triton pass (off: mean_BI)
     fused_backward: bool = True  # compiled / Triton elementwise backwards (off: eager formulas)
     flashinfer_lse: bool = True  # the flash backward reuses flashinfer's forward LSE (off: re-runs the forward)
+    # the attention backward: flash (aten's FlashAttention-2) | efficient (memory-efficient)
     attention_backward: AttentionBackward = AttentionBackward.flash
     decode_graphs: bool = True  # the native engine's decode step as a CUDA graph where audited (off: eager)
 
@@ -50,16 +51,21 @@ FastPathsConfig.__doc__ = "top.fast_paths: " + (FastPaths.__doc__ or "")
 
 @dataclass(frozen=True)
 class KernelPlan:
+    contract: str  # the run's TOP contract (top.contract): its GEMM path, tiling and attention backends
     backend: str = "reference"  # top_rl.kernels.KernelBackend: reference | plain | sglang
-    contract: str = _contract.DEFAULT.name  # the TOP contract the sglang kernels compute under (its GEMM path)
     attention: str | None = None  # the engines' --attention-backend (sglang backend); None: not chosen
     fast_paths: FastPaths = FastPaths()
 
     def __post_init__(self):
-        _contract.get(self.contract)  # an unknown name fails here, not at the first GEMM
-        if self.attention is not None and self.attention not in _contract.DEFAULT.attention_backends:
-            raise ValueError(f"attention backend {self.attention!r} is not in the TOP contract's "
-                             f"{_contract.DEFAULT.attention_backends}")
+        top = _contract.get(self.contract)  # an unknown name fails here, not at the first GEMM
+        if self.attention is not None and self.attention not in top.attention_backends:
+            raise ValueError(f"attention backend {self.attention!r} is not in the TOP contract {top.name!r}'s "
+                             f"{top.attention_backends}")
+
+    @property
+    def top(self) -> _contract.TopContract:
+        """The contract object this plan names."""
+        return _contract.get(self.contract)
 
     def as_dict(self) -> dict:
         return {"backend": self.backend, "contract": self.contract, "attention": self.attention,
@@ -87,7 +93,8 @@ def _switch(name: str, value: str, default):
 def build(backend: str = "reference", contract: str | None = None, attention: str | None = None,
           fast_paths=None, environ=None) -> KernelPlan:
     """The plan for these settings (a run passes its config's). `contract` / `attention` None: $TOP_RL_CONTRACT /
-    $TOP_RL_ATTENTION_BACKEND, else the default contract / none chosen. `fast_paths` (FastPaths or the config's
+    $TOP_RL_ATTENTION_BACKEND, else contract.fallback() (a process with no run config: a test, a bench) / none
+    chosen. `fast_paths` (FastPaths or the config's
     group; None: all on), each overridden by its $TOP_RL_<NAME> where set ("0" off, "1" on; attention_backward:
     flash | efficient), so a bench's A/B switch reaches a run's actors through the plan."""
     env = os.environ if environ is None else environ
@@ -98,7 +105,7 @@ def build(backend: str = "reference", contract: str | None = None, attention: st
         if env.get(FAST_PATH_ENV[f.name]):
             value = _switch(f.name, env[FAST_PATH_ENV[f.name]], f.default)
         switches[f.name] = type(f.default)(value) if isinstance(f.default, StrEnum) else bool(value)
-    return KernelPlan(backend=str(backend), contract=contract or env.get(CONTRACT_ENV) or _contract.DEFAULT.name,
+    return KernelPlan(backend=str(backend), contract=contract or env.get(CONTRACT_ENV) or _contract.fallback().name,
                       attention=attention or env.get(ATTENTION_ENV) or None, fast_paths=FastPaths(**switches))
 
 

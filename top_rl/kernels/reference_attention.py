@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import torch
 
-from top_rl.kernels.tiled_gemm import TILING, pad_to, acc_dtype
+from top_rl.kernels.tiled_gemm import acc_dtype, contract_tiling, pad_to
 
 
 def attend_rows(q, pos, n_keys, kv_index, k_all, v_all, scale):
     """q[R, d] rows; row r sits at position pos[r], sees keys [0, min(pos[r], n_keys[r]-1)] of
     k_all/v_all[kv_index[r]] (shape [N, L, d], L a multiple of the key block). Returns (out, lse)."""
-    blk = TILING.attn_kv_block
+    blk = contract_tiling().attn_kv_block
     m = q.new_full((q.shape[0], 1), float("-inf"))
     l = q.new_zeros((q.shape[0], 1))
     acc = q.new_zeros(q.shape)
@@ -53,7 +53,7 @@ def _seq_layout(cu_seqlens, device):
 def _padded_kv(t, seq_of_token, pos, n_seqs, max_len):
     """Packed [T, Hkv, d] -> [n_seqs * Hkv, L, d] (zero padded to whole key blocks)."""
     hkv, d = t.shape[1], t.shape[2]
-    L = max_len + (-max_len) % TILING.attn_kv_block
+    L = max_len + (-max_len) % contract_tiling().attn_kv_block
     out = t.new_zeros((n_seqs, L, hkv, d))
     out[seq_of_token, pos] = t
     return out.permute(0, 2, 1, 3).reshape(n_seqs * hkv, L, d)
@@ -125,8 +125,9 @@ def decode_attention(q, k_cache, v_cache, lengths, scale):
     acc = acc_dtype(q.dtype)
     b, hq, d = q.shape
     hkv = k_cache.shape[2]
-    k_all = pad_to(k_cache.to(acc).permute(0, 2, 1, 3).reshape(b * hkv, -1, d), 1, TILING.attn_kv_block)
-    v_all = pad_to(v_cache.to(acc).permute(0, 2, 1, 3).reshape(b * hkv, -1, d), 1, TILING.attn_kv_block)
+    blk = contract_tiling().attn_kv_block
+    k_all = pad_to(k_cache.to(acc).permute(0, 2, 1, 3).reshape(b * hkv, -1, d), 1, blk)
+    v_all = pad_to(v_cache.to(acc).permute(0, 2, 1, 3).reshape(b * hkv, -1, d), 1, blk)
     rows, kv_head = _rows(q.to(acc), hkv)
     row_seq = torch.arange(b, device=q.device).repeat_interleave(hq)
     lengths = lengths.to(q.device)

@@ -13,9 +13,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from top_rl.contract import DEFAULT
+from top_rl.contract import GemmTiling
+from top_rl.kernels import plan as _plan
 
-TILING = DEFAULT.tiling
+
+def contract_tiling() -> GemmTiling:
+    """The shapes of the installed KernelPlan's contract (the run's top.contract): engine and trainer tile alike."""
+    return _plan.current().top.tiling
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -33,7 +37,7 @@ def pad_to(t: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
     return torch.cat([t, t.new_zeros(pad_shape)], dim=dim)
 
 
-def k_partials(x2d: torch.Tensor, w: torch.Tensor, tiling=TILING) -> torch.Tensor:
+def k_partials(x2d: torch.Tensor, w: torch.Tensor, tiling: GemmTiling) -> torch.Tensor:
     """[C, M, N] partial products of x2d[M, K] @ w[N, K].T over K-chunks, in the accumulation dtype."""
     acc = acc_dtype(torch.promote_types(x2d.dtype, w.dtype))
     m, n = x2d.shape[0], w.shape[0]
@@ -66,8 +70,9 @@ def gather_partials(partials: torch.Tensor, group) -> torch.Tensor:
     return torch.cat(parts, dim=0)
 
 
-def matmul_nt(x2d: torch.Tensor, w: torch.Tensor, group=None, tiling=TILING) -> torch.Tensor:
-    """x2d @ w.T in the accumulation dtype, TP-invariant when `group` splits K."""
+def matmul_nt(x2d: torch.Tensor, w: torch.Tensor, group=None, tiling: GemmTiling | None = None) -> torch.Tensor:
+    """x2d @ w.T in the accumulation dtype, TP-invariant when `group` splits K (`tiling` None: the installed plan's)."""
+    tiling = tiling or contract_tiling()
     if group is not None and dist.get_world_size(group) > 1 and x2d.shape[1] % tiling.k_chunk:
         raise ValueError(
             f"row-parallel K shard of {x2d.shape[1]} is not a multiple of the contract's k_chunk "

@@ -19,17 +19,18 @@ class ModelConfig:
     family: str = families.DEFAULT  # the architecture of a random model (a checkpoint's config.json names its own)
     path: str | None = None  # HF checkpoint dir; None builds a random model from the fields below
     dtype: ComputeDtype = ComputeDtype.bfloat16  # embedding, norms, residual stay fp32 (contract)
-    hidden_size: int = _FAMILY.hidden_size
-    intermediate_size: int = _FAMILY.intermediate_size
-    num_hidden_layers: int = _FAMILY.num_hidden_layers
-    num_attention_heads: int = _FAMILY.num_attention_heads
-    num_key_value_heads: int = _FAMILY.num_key_value_heads
-    head_dim: int = _FAMILY.head_dim
+    hidden_size: int = _FAMILY.hidden_size  # random model: width of the residual stream
+    intermediate_size: int = _FAMILY.intermediate_size  # random model: width of the MLP
+    num_hidden_layers: int = _FAMILY.num_hidden_layers  # random model: decoder layers
+    num_attention_heads: int = _FAMILY.num_attention_heads  # random model: query heads
+    num_key_value_heads: int = _FAMILY.num_key_value_heads  # random model: key/value heads (GQA groups)
+    head_dim: int = _FAMILY.head_dim  # random model: size of one attention head
+    # random model: longest sequence (prompt + response) in tokens
     max_position_embeddings: int = _FAMILY.max_position_embeddings
-    tie_word_embeddings: bool = _FAMILY.tie_word_embeddings
-    rope_theta: float = _FAMILY.rope_theta
-    init_seed: int = 0
-    init_std: float = 0.02
+    tie_word_embeddings: bool = _FAMILY.tie_word_embeddings  # random model: the LM head is the embedding
+    rope_theta: float = _FAMILY.rope_theta  # random model: RoPE base
+    init_seed: int = 0  # seed of a random model's weights
+    init_std: float = 0.02  # standard deviation of a random model's weights (>= 0)
 
     def arch_config(self, vocab_size: int, eos_token_id: int | None):
         """The model's architecture config (its family's Config); refuses what no TOP contract covers."""

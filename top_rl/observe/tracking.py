@@ -37,11 +37,12 @@ class WandbMode(StrEnum):
 
 @dataclass
 class TrackingConfig:
+    # auto: $WANDB_MODE, else online with $WANDB_API_KEY, else offline | online | offline | disabled
     wandb_mode: WandbMode = WandbMode.auto
-    project: str = "top-rl"
-    console: bool = True
-    entity: str | None = None
-    run_name: str | None = None
+    project: str = "top-rl"  # the wandb project
+    console: bool = True  # print one line per step
+    entity: str | None = None  # the wandb entity (team); None: the account's default
+    run_name: str | None = None  # the wandb run's name; None: wandb picks one
 
 
 def resolve_wandb_mode(mode: str) -> str:

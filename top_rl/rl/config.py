@@ -32,6 +32,7 @@ class OldLogprobs(StrEnum):
 class PolicyLossConfig:
     clip_eps_low: float = 0.2  # ratio floor is 1 - clip_eps_low
     clip_eps_high: float = 0.2  # ratio ceiling is 1 + clip_eps_high; DAPO "clip-higher" uses 0.28
+    # token_mean: mean over every response token of the batch; seq_mean: per sample, then over samples
     loss_agg: LossAgg = LossAgg.token_mean
     kl_coef: float = 0.0  # weight of the k3 KL(pi || ref) penalty; the run loop refuses > 0 (no reference policy)
 
@@ -39,12 +40,13 @@ class PolicyLossConfig:
 @dataclass
 class GateConfig:
     enabled: bool = True  # False = the non-TOP baseline: metrics only, no verdict, no dump
+    # a step whose log-probs differ: halt (no update applied, the batch dumped to parity/, the run stops) | warn (log it, go on)
     on_violation: OnViolation = OnViolation.halt
 
 
 @dataclass
 class AlgoConfig:
-    name: AlgoName = AlgoName.grpo
+    name: AlgoName = AlgoName.grpo  # the advantage estimator (GRPO: rewards relative to the prompt's group)
     normalize_std: bool = True  # GRPO divides by the group's std; Dr.GRPO-style runs turn it off
     updates_per_rollout: int = 1  # optimizer steps per rollout batch (consecutive mini-batches; the gate
     #                               still sees every sample under the weights it was sampled with)

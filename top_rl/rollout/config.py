@@ -72,13 +72,14 @@ SglangSettings = _sglang_settings()
 
 @dataclass
 class RolloutConfig:
-    engine: EngineKind = EngineKind.native
-    num_engines: int = 1
-    prompts_per_step: int = 16
+    engine: EngineKind = EngineKind.native  # which engine generates: native (in-process) or sglang (servers)
+    num_engines: int = 1  # rollout engines; a step's samples are split over them
+    prompts_per_step: int = 16  # prompts a step samples (each n_samples times)
     n_samples: int = 8  # samples per prompt (the GRPO group)
-    max_new_tokens: int = 4
-    temperature: float = 1.0
+    max_new_tokens: int = 4  # response length limit; longer responses are cut (rollout/truncated_frac)
+    temperature: float = 1.0  # sampling temperature (> 1e-6: TOP samples)
     logprob_source: LogprobSource = LogprobSource.prefill  # the gate compares the trainer against this source
+    # a prompt the context cannot hold: error (all checked at start) | truncate | skip
     on_long_prompt: OnLongPrompt = OnLongPrompt.error
     # 0: synchronous (the rollout of step k+1 starts after step k's weights are pushed). 1: one step off: the rollout
     # of step k+1 is generated under the weights before step k's update while step k trains; the trainer proves it

@@ -48,8 +48,7 @@ class SglangEngineRestarted(SglangError):
 
 
 class SglangEngine(RolloutEngine):
-    def __init__(self, cfg: SglangEngineConfig, trainer_attention_backend: str,
-                 top: contract.TopContract = contract.DEFAULT):
+    def __init__(self, cfg: SglangEngineConfig, trainer_attention_backend: str, top: contract.TopContract):
         check_config(cfg, trainer_attention_backend, top, check_version=False)
         self.cfg, self.top = cfg, top
         self.logprob_source = cfg.logprob_source
@@ -76,9 +75,10 @@ class SglangEngine(RolloutEngine):
                     contract_name: str | None = None) -> "SglangEngine":
         """Build (and start) engine `index` from the run config's `rollout.sglang` mapping; the other arguments
         are run-level defaults the mapping may not contradict. The trainer's attention backend comes from the
-        argument or from the installed KernelPlan (what the trainer's kernels compute with); the contract from
-        `contract_name` (the run's top.contract; default: contract.DEFAULT)."""
+        argument or from the installed KernelPlan (what the trainer's kernels compute with), and so does the contract
+        (`contract_name`: the run's top.contract; None: the installed plan's)."""
         trainer = trainer_attention_backend or kernels.current_plan().attention
+        top = contract.get(contract_name or kernels.current_plan().contract)
         cfg = config_from_dict(sglang, index, model_path=model_path, logprob_source=logprob_source, top=top,
                                attention_backend=trainer)
         if trainer is None:
@@ -86,7 +86,7 @@ class SglangEngine(RolloutEngine):
                 raise TopConfigError("the SGLang engine needs the trainer's attention backend to refuse a mismatch: pass "
                                      "trainer_attention_backend=<top.attention_backend> or install a KernelPlan with attention=...")
             trainer = cfg.attention_backend
-        engine = cls(cfg, trainer, contract.get(contract_name) if contract_name else contract.DEFAULT)
+        engine = cls(cfg, trainer, top)
         if start:
             engine.start()
         return engine

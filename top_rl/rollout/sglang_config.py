@@ -37,9 +37,9 @@ class TopConfigError(ValueError):
 class SglangEngineConfig:
     model_path: str = ""  # HF checkpoint dir (or hub id) the server loads at start
     attention_backend: str = "fa3"  # fa3 | flashinfer | triton; must equal the trainer's
-    tp_size: int = 1
-    host: str = "127.0.0.1"
-    port: int = 30000
+    tp_size: int = 1  # the server's tensor parallelism (1 under TOP: no TP>1 contract)
+    host: str = "127.0.0.1"  # the address the server binds
+    port: int = 30000  # engine i's server listens on port + i (<= 55535: SGLang adds 10000 for gRPC)
     mem_fraction_static: float | None = 0.7  # None: SGLang's own default
     disable_radix_cache: bool = True  # the contract's flag; False only outside flashinfer
     extra_args: list[str] = field(default_factory=list)  # more `sglang.launch_server` flags
@@ -48,11 +48,11 @@ class SglangEngineConfig:
     weights_dir: str = ""  # disk: where versions are written (must be visible to the server)
     keep_weight_versions: int = 2  # disk: older version dirs are deleted
     flattened_buckets: bool = True  # ipc / broadcast: one uint8 buffer per bucket (SGLang's FlattenedTensorBucket)
-    weight_group_name: str = "top_rl_weight_sync"
+    weight_group_name: str = "top_rl_weight_sync"  # broadcast: the process group's name
     startup_timeout_s: float = 900.0  # model load + CUDA graph capture
     request_timeout_s: float = 1800.0  # one HTTP call (a whole generate batch)
     max_retries: int = 3  # transient failures of idempotent calls (5xx, connection reset)
-    retry_backoff_s: float = 1.0
+    retry_backoff_s: float = 1.0  # retry n waits n times this many seconds
     restart_on_failure: bool = True  # dead server -> restart -> retry once (idempotent calls only)
     # Samples per /generate call. The calls of a rollout run concurrently and each call's samples are re-scored as
     # soon as it returns, so the re-score overlaps the others' generation (0: all samples in one call, then one
@@ -62,13 +62,14 @@ class SglangEngineConfig:
     # 8192-token prefill chunks on an H200): a rollout of N concurrent samples runs at the engine's pace when
     # max_running_requests and cuda_graph_max_bs reach N and the KV pool holds them (mem_fraction_static)
     cuda_graph_max_bs: int | None = None
-    max_running_requests: int | None = None
-    chunked_prefill_size: int | None = None
+    max_running_requests: int | None = None  # --max-running-requests (None: SGLang's own)
+    chunked_prefill_size: int | None = None  # --chunked-prefill-size (None: SGLang's own)
     # --enable-memory-saver (torch_memory_saver): the server can give its weights, KV pool and CUDA graphs back while
     # the trainer on its GPU trains. Set by cluster.gpu_handoff, not by hand.
     enable_memory_saver: bool = False
     python: str = sys.executable  # interpreter that has the pinned sglang installed
     log_path: str = ""  # server stdout+stderr; default <weights_dir or tmp>/sglang-<port>.log
+    # prefill | decode, as rollout.logprob_source (None: the run's)
     logprob_source: Literal["prefill", "decode"] = "prefill"
     extra_sampling: dict = field(default_factory=dict)  # more /generate sampling_params (checked)
     top: bool = True  # False: the non-TOP baseline (no determinism flags, no TOP refusals)
@@ -100,7 +101,7 @@ def installed_sglang_version(python: str | None = None) -> str | None:
     return out.stdout.strip() or None
 
 
-def check_sglang_version(cfg: SglangEngineConfig, top: contract.TopContract = contract.DEFAULT) -> None:
+def check_sglang_version(cfg: SglangEngineConfig, top: contract.TopContract) -> None:
     if cfg.skip_version_check:
         return
     have = installed_sglang_version(cfg.python)
@@ -114,7 +115,7 @@ def check_sglang_version(cfg: SglangEngineConfig, top: contract.TopContract = co
 
 
 def check_attention_backend(engine_backend: str, trainer_backend: str,
-                            top: contract.TopContract = contract.DEFAULT) -> None:
+                            top: contract.TopContract) -> None:
     if engine_backend not in top.attention_backends:
         raise TopConfigError(
             f"attention_backend={engine_backend!r} is not allowed by the TOP contract; choose one of "
@@ -128,7 +129,7 @@ def check_attention_backend(engine_backend: str, trainer_backend: str,
         )
 
 
-def check_radix_cache(cfg: SglangEngineConfig, top: contract.TopContract = contract.DEFAULT) -> None:
+def check_radix_cache(cfg: SglangEngineConfig, top: contract.TopContract) -> None:
     if not cfg.disable_radix_cache and cfg.attention_backend in top.radix_cache_required_off:
         raise TopConfigError(
             f"attention_backend={cfg.attention_backend!r} needs the radix cache disabled (its decode and prefill "
@@ -136,12 +137,12 @@ def check_radix_cache(cfg: SglangEngineConfig, top: contract.TopContract = contr
         )
 
 
-def check_tp(cfg: SglangEngineConfig) -> None:
+def check_tp(cfg: SglangEngineConfig, top: contract.TopContract) -> None:
     if cfg.tp_size < 1:
         raise TopConfigError(f"tp_size={cfg.tp_size} must be >= 1")
     if cfg.top and cfg.tp_size != 1:
         raise TopConfigError(
-            f"tp_size={cfg.tp_size}: SGLang {contract.DEFAULT.sglang_version} has no TP>1 parity contract (bf16 "
+            f"tp_size={cfg.tp_size}: SGLang {top.sglang_version} has no TP>1 parity contract (bf16 "
             f"partial sums are all-reduced, §4.8/§11.7); use tp_size=1 and more engines, or top=false for a baseline"
         )
 
@@ -151,7 +152,7 @@ _LOGIT_CHANGERS = ("logit_bias", "json_schema", "regex", "ebnf", "structural_tag
 _ALLOWED_SAMPLING = {"max_new_tokens", "temperature", "stop_token_ids", "sampling_seed", "ignore_eos"}
 
 
-def check_sampling(params: Mapping, top: contract.TopContract = contract.DEFAULT) -> None:
+def check_sampling(params: Mapping, top: contract.TopContract) -> None:
     """Refuse sampling_params under which the returned log-probs are not the contract's (§6.3-§6.4)."""
     t = params.get("temperature", 1.0)
     if contract.temperature_refusal(t):
@@ -178,7 +179,7 @@ def check_sampling(params: Mapping, top: contract.TopContract = contract.DEFAULT
         )
 
 
-def check_logprob_source(cfg: SglangEngineConfig, top: contract.TopContract = contract.DEFAULT) -> None:
+def check_logprob_source(cfg: SglangEngineConfig, top: contract.TopContract) -> None:
     """`decode` gates the sampler's decode-step log-probs against the trainer's prefill recompute: that holds
     only where the attention backend's decode kernel is proven to equal its extend kernel (the contract's set)."""
     refusal = top.decode_refusal(cfg.attention_backend) if cfg.logprob_source == "decode" else None
@@ -191,7 +192,7 @@ def check_logprob_source(cfg: SglangEngineConfig, top: contract.TopContract = co
         )
 
 
-def check_env(env: Mapping[str, str], where: str, top: contract.TopContract = contract.DEFAULT) -> None:
+def check_env(env: Mapping[str, str], where: str, top: contract.TopContract) -> None:
     """Forbidden variables set, or a pinned variable set to another value, in `env`."""
     for key in top.forbidden_env:
         if env.get(key):
@@ -207,7 +208,7 @@ def check_env(env: Mapping[str, str], where: str, top: contract.TopContract = co
 
 
 def check_config(cfg: SglangEngineConfig, trainer_attention_backend: str,
-                 top: contract.TopContract = contract.DEFAULT, base_env: Mapping[str, str] | None = None,
+                 top: contract.TopContract, base_env: Mapping[str, str] | None = None,
                  check_version: bool = True) -> None:
     """Every refusal that needs no GPU and no server, in the order a user would fix them. `check_version=False`
     defers the installed-release check to where the server is launched (the engine's start())."""
@@ -221,7 +222,7 @@ def check_config(cfg: SglangEngineConfig, trainer_attention_backend: str,
             f"{MAX_PORT}; set rollout.sglang.port so that port + num_engines - 1 <= {MAX_PORT} (e.g. 30000)")
     if check_version:
         check_sglang_version(cfg, top)
-    check_tp(cfg)
+    check_tp(cfg, top)
     if cfg.top:
         check_attention_backend(cfg.attention_backend, trainer_attention_backend, top)
         check_radix_cache(cfg, top)

@@ -52,7 +52,7 @@ class LaunchSpec:
         return {"argv": list(self.argv), "env": dict(self.env_set), "env_removed": list(self.env_removed)}
 
 
-def engine_flags(cfg: SglangEngineConfig, top: contract.TopContract = contract.DEFAULT) -> list[str]:
+def engine_flags(cfg: SglangEngineConfig, top: contract.TopContract) -> list[str]:
     flags = list(top.engine_flags)
     if not cfg.top:  # the non-TOP baseline: SGLang's default (fast, non-deterministic) kernels
         for name in _DETERMINISM:
@@ -75,8 +75,8 @@ def _check_extra_args(extra: list[str]) -> None:
             )
 
 
-def build_launch(cfg: SglangEngineConfig, trainer_attention_backend: str, base_env: Mapping[str, str] | None = None,
-                 top: contract.TopContract = contract.DEFAULT, check: bool = True) -> LaunchSpec:
+def build_launch(cfg: SglangEngineConfig, trainer_attention_backend: str, base_env: Mapping[str, str] | None = None, *,
+                 top: contract.TopContract, check: bool = True) -> LaunchSpec:
     """Argv and env of the server. `check` runs every config refusal first (tests of the pure builder skip it)."""
     base = dict(os.environ if base_env is None else base_env)
     if check:
@@ -118,7 +118,7 @@ def sglang_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def validate_argv(argv: list[str], cfg: SglangEngineConfig, top: contract.TopContract = contract.DEFAULT):
+def validate_argv(argv: list[str], cfg: SglangEngineConfig, top: contract.TopContract):
     """Parse `argv` (as built above) with SGLang's parser; refuse values that contradict config or contract.
     Returns the parsed namespace."""
     if argv[1:3] != ["-m", MODULE]:
@@ -154,7 +154,7 @@ def validate_argv(argv: list[str], cfg: SglangEngineConfig, top: contract.TopCon
     return ns
 
 
-def pinned_parser_missing(top: contract.TopContract = contract.DEFAULT) -> str | None:
+def pinned_parser_missing(top: contract.TopContract) -> str | None:
     """None when this interpreter holds SGLang's parser at the contract's pinned release; else why not."""
     try:
         have = importlib.metadata.version("sglang")
@@ -180,7 +180,7 @@ def _refused_by_name(cfg: SglangEngineConfig, top: contract.TopContract) -> dict
     return {**out, **_ONE_SERVER}
 
 
-def check_extra_args(argv: list[str], cfg: SglangEngineConfig, top: contract.TopContract = contract.DEFAULT) -> None:
+def check_extra_args(argv: list[str], cfg: SglangEngineConfig, top: contract.TopContract) -> None:
     """Before Ray starts: refuse extra_args that contradict the contract or the engine config, with SGLang's own
     parser (`validate_argv`, as the engine runs it at launch) where this interpreter holds the pinned release,
     else by name (argparse takes an unambiguous prefix of a flag too, so a prefix of a refused flag is refused)."""

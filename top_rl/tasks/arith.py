@@ -30,10 +30,10 @@ REWARD_MODES = ("exact", "leading_number")
 class ArithConfig(TaskConfig):
     name: str = "arith"
     ops: str = "+"  # any of "+-*"; "-" draws a >= b so answers stay non-negative
-    min_operand: int = 0
+    min_operand: int = 0  # smallest operand
     max_operand: int = 4  # the difficulty knob: 0..4 keeps every answer a single digit under "+"
     num_prompts: int = 4096  # dataset size; items are a pure function of (data_seed, uid)
-    data_seed: int = 0
+    data_seed: int = 0  # seed of the items' operands
     # "exact": response before <eos> must equal the answer. "leading_number": the number the
     # response starts with must equal it (trailing tokens ignored) - a denser signal for a model
     # that has not yet learnt to stop.

@@ -33,14 +33,15 @@ HF_DATASET = "BytedTsinghua-SIA/DAPO-Math-17k"
 class DapoConfig(TaskConfig):
     name: str = "dapo"
     path: str | None = None  # .parquet / .jsonl / .json; None -> datasets.load_dataset(hf_dataset)
-    hf_dataset: str = HF_DATASET
-    split: str = "train"
+    hf_dataset: str = HF_DATASET  # the Hugging Face dataset read when path is None
+    split: str = "train"  # the dataset split
     tokenizer: str | None = None  # HF model name/dir for AutoTokenizer, unless a tokenizer is passed
     dedupe: bool = True  # the published file repeats each prompt ~100 times
     max_prompts: int = 0  # 0: all
     on_bad_row: str = "error"  # "error" | "skip"
     max_row_bytes: int = MAX_ROW_BYTES  # a longer row is a bad row, refused unparsed in .jsonl (tasks/base.py)
-    use_chat_template: bool = True
+    use_chat_template: bool = True  # format prompts with the tokenizer's chat template
+    # extra arguments of the chat template, e.g. enable_thinking
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     use_math_verify: bool = True  # when the `math-verify` package is installed
 

@@ -49,7 +49,7 @@ class Gsm8kConfig(TaskConfig):
     use_chat_template: bool = True  # when the tokenizer has one; else the plain template
     # asks for the form the strict reward grades (the instruction verl's GSM8K preprocessing uses)
     instruction: str = "Let's think step by step and output the final answer after \"####\"."
-    plain_template: str = "Question: {question}\nAnswer:"
+    plain_template: str = "Question: {question}\nAnswer:"  # the prompt without a chat template ({question} is replaced)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. enable_thinking
 
     def errors(self) -> list[str]:

@@ -31,7 +31,7 @@ from top_rl.rollout.sglang_client import SglangClient, SglangError
 from top_rl.rollout.sglang_protocol import generate_payload, items, parse_generation, parse_scores, score_payload
 
 
-def server_violations(info: dict, top: contract.TopContract = contract.DEFAULT) -> list[str]:
+def server_violations(info: dict, top: contract.TopContract) -> list[str]:
     want = {"version": top.sglang_version, "enable_deterministic_inference": True, "rl_on_policy_target": "fsdp",
             "skip_tokenizer_init": True, "tp_size": 1}
     bad = [f"{k}={info.get(k)!r} (TOP needs {v!r})" for k, v in want.items() if info.get(k) != v]
@@ -120,6 +120,8 @@ def _cli() -> KeyValueCli:
         Arg("seed", "random prompts and the per-sample sampling seeds", int, 0),
         Arg("max_new_tokens", "tokens the server generates per prompt", int, 32),
         Arg("temperature", "sampling temperature (> 1e-6)", float, 1.0),
+        Arg("contract", "the TOP contract the server and the trainer's kernels must run (a run's top.contract)", str,
+            contract.fallback().name, choices=tuple(contract.CONTRACTS)),
         Arg("source", "which engine log-probs to compare", str, "both", choices=("prefill", "decode", "both")),
         Arg("backend", "trainer kernels: reference (CPU) or sglang (GPU)", str, "reference",
             choices=tuple(kernels.available_backends())),
@@ -163,14 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     except SglangError as e:
         print(f"error: cannot read {args.url}/server_info: {e}", file=sys.stderr)
         return 2
-    violations = server_violations(info)
+    top = contract.get(args.contract)
+    violations = server_violations(info, top)
 
     from top_rl.model import UnsupportedModel, load_model
 
     from top_rl.kernels import plan
 
     attention = (args.attention_backend or info.get("attention_backend")) if args.backend == "sglang" else None
-    kernels.install(plan.build(args.backend, attention=attention))  # the server's kernel: compared like for like
+    kernels.install(plan.build(args.backend, top.name, attention=attention))  # the server's kernel: compared like for like
     try:
         model = load_model(args.model, args.dtype).eval()
     except (UnsupportedModel, OSError) as e:
@@ -221,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     equal = all(r["bitwise_equal"] for r in report_sources.values())
-    report = {"url": args.url, "model": args.model, "contract": contract.DEFAULT.name,
+    report = {"url": args.url, "model": args.model, "contract": top.name,
               "server": {k: info.get(k) for k in ("version", "attention_backend", "tp_size", "enable_deterministic_inference",
                                                   "rl_on_policy_target", "disable_radix_cache", "weight_version")},
               "server_contract_violations": violations, "kernel_backend": args.backend,

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from top_rl import kernels
+from top_rl import contract, kernels
 from top_rl.dtypes import DTYPE_NAMES
 from top_rl.model import UnsupportedModel, load_model, sequence_logprobs
 
@@ -32,11 +32,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default=None, choices=DTYPE_NAMES,
                     help="compute dtype (default: the checkpoint's torch_dtype)")
     ap.add_argument("--backend", default="reference", choices=kernels.available_backends())
+    ap.add_argument("--contract", default=contract.fallback().name, choices=sorted(contract.CONTRACTS),
+                    help="the TOP contract the kernels compute under (a run's top.contract)")
     args = ap.parse_args(argv)
     ids = parse_ids(args.input_ids)
     from top_rl.kernels import plan
 
-    kernels.install(plan.build(args.backend))
+    kernels.install(plan.build(args.backend, args.contract))
     try:
         model = load_model(args.model, args.dtype)
     except UnsupportedModel as e:

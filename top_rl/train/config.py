@@ -10,18 +10,18 @@ from top_rl.contract import ComputeDtype
 @dataclass
 class TrainerConfig:
     dp: int = 1  # data parallel: each replica trains on its share of the batch; world = dp*tp*pp*cp
-    tp: int = 1
-    pp: int = 1
+    tp: int = 1  # tensor parallel degree (divides the heads and widths)
+    pp: int = 1  # pipeline parallel degree (divides the layers)
     cp: int = 1  # Ulysses context parallelism (top_rl.train.ulysses)
     micro_batch_size: int | None = 8  # samples per micro-batch, used when micro_batch_tokens is None
     micro_batch_tokens: int | None = None  # packed-token budget per micro-batch
-    lr: float = 1e-6
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    weight_decay: float = 0.0
+    lr: float = 1e-6  # Adam learning rate (> 0)
+    betas: tuple[float, float] = (0.9, 0.999)  # Adam betas, each in [0, 1)
+    eps: float = 1e-8  # Adam epsilon (> 0)
+    weight_decay: float = 0.0  # decoupled weight decay (AdamW, >= 0)
     grad_clip: float = 1.0  # 0 disables clipping
     recompute: bool = False  # full recompute of every layer, non-reentrant (top_rl.train.recompute)
-    seed: int = 0
+    seed: int = 0  # the trainer ranks' torch RNG seed (a resume takes it from the checkpoint)
     # The compute dtype (embedding, norms and residual stream stay fp32: the contract). None: the model config's
     # torch_dtype. A run sets it from model.dtype (one dtype for engine and trainer) and refuses trainer.dtype.
     dtype: ComputeDtype | None = None

@@ -19,7 +19,6 @@ import importlib
 
 import torch
 
-from top_rl.contract import DEFAULT
 from top_rl.kernels import plan as _plan
 from top_rl.kernels.packed_batch import PackedBatch, packed_batch
 from top_rl.kernels.sglang import attention_backward as _backward
@@ -27,7 +26,6 @@ from top_rl.kernels.sglang import engine_env
 from top_rl.kernels.sglang.attention_backward import configured_backward_kernel
 from top_rl.kernels.sglang.attention_flashinfer import FlashinferState, decode_meta, token_indices  # noqa: F401
 
-BACKENDS = DEFAULT.attention_backends
 TRITON_DECODE_SPLIT = 256  # SGLANG_TRITON_DECODE_SPLIT_TILE_SIZE default (§1.3)
 
 
@@ -42,7 +40,8 @@ def attention_backend() -> str:
     if name is None:
         raise RuntimeError(
             f"no attention backend chosen: install a KernelPlan with attention= the engine's --attention-backend "
-            f"(top.attention_backend; in a bench or test: {_plan.ATTENTION_ENV}, one of {BACKENDS})")
+            f"(top.attention_backend; in a bench or test: {_plan.ATTENTION_ENV}, one of "
+            f"{_plan.current().top.attention_backends})")
     return name
 
 
@@ -162,6 +161,7 @@ def _fa3_decode(q, k_cache, v_cache, lengths, scale):
 
 _PREFILL = {"triton": _triton_prefill, "flashinfer": _flashinfer_prefill, "fa3": _fa3_prefill}
 _DECODE = {"triton": _triton_decode, "flashinfer": _flashinfer_decode, "fa3": _fa3_decode}
+BACKENDS = tuple(_PREFILL)  # the kernels this module calls; which of them a run may use is its contract's choice
 
 
 def _keep_forward_lse(backend: str, q, k, v) -> bool:

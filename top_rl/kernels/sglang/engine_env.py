@@ -45,7 +45,8 @@ def check_gemm_path(top: _contract.TopContract, deepgemm_active: bool) -> None:
         raise RuntimeError(
             f"contract {top.name!r} names gemm='deepgemm', but SGLang's batch-invariant mm runs its Triton kernel in "
             "this process (deep_gemm not importable, a GPU below sm90, or DeepGEMM switched off in the env): install a "
-            f"deep_gemm built for this torch, or use contract {_contract.DEFAULT.name!r}")
+            f"deep_gemm built for this torch, or use a contract on the Triton GEMM: "
+            f"{', '.join(_contract.with_gemm(top, 'triton_persistent'))}")
     if top.gemm != "deepgemm" and deepgemm_active:
         raise RuntimeError(
             f"sglang.srt.batch_invariant_ops was imported with DeepGEMM on, but contract {top.name!r} names "

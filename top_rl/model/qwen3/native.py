@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from top_rl import contract, kernels
+from top_rl.kernels import plan as kernel_plan
 from top_rl.kernels.packed_batch import packed_batch
 from top_rl.model.qwen3.config import Qwen3Config
 
@@ -87,10 +88,12 @@ class DecoderLayer(nn.Module):
 
 
 class Qwen3(nn.Module):
-    def __init__(self, cfg: Qwen3Config, dtype: torch.dtype | str | None = None, top: contract.TopContract = None):
+    def __init__(self, cfg: Qwen3Config, dtype: torch.dtype | str | None = None,
+                 top: contract.TopContract | None = None):
         super().__init__()
         self.cfg = cfg
-        self.contract = top or contract.DEFAULT
+        # None: the installed KernelPlan's contract, the one whose kernels this model computes with
+        self.contract = top or kernel_plan.current().top
         self.policy = self.contract.policy(dtype or cfg.torch_dtype)
         p = self.policy
         self.embed_tokens = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=p.embedding))
