@@ -39,6 +39,7 @@ def _diff(a, b) -> tuple[int, int]:
 
 
 def main() -> None:
+    print("[probe] building the model", flush=True)
     model = device_model(seed=1, vocab_size=VOCAB)
     rng = random.Random(0)
     prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.choice([1, 5, 64, 130, 300]))] for _ in range(N)]
@@ -50,6 +51,7 @@ def main() -> None:
             prompts[:n], seeds[:n], params)
         rep = kernels.report()
         records.append({"call": name, "paths": rep["paths"], "fallbacks": rep["fallbacks"], "compile": _counters()})
+        print(f"[probe] {name} done: {json.dumps(records[-1], default=str)}", flush=True)  # a timeout keeps these
     print("### eager decode repeat probe (tokens differing rows / sampler log-prob positions differing of "
           f"{N * NEW})\n\n| call | vs E1 | vs E2 | vs E3 |\n|---|---|---|---|")
     for name in ("E1", "E2", "E3", "G64"):
