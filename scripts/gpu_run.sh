@@ -96,10 +96,10 @@ if [[ "$WHAT" == e2e ]]; then
   JOB=("$PY" -m top_rl.cli tracking.wandb_mode=disabled tracking.console=true)
   NATIVE=(+experiment=one_node_qwen3_0.6b_arith)
   B=(trainer.dp=2 cluster.colocate=true cluster.engine_gpus=0.5 cluster.trainer_gpus=0.5)
-  # (g) hands the GPU between server and trainer (cluster.gpu_handoff: the server takes 0.7 of the GPU while
+  # (g) hands the GPU between server and trainer (cluster.gpu_handoff: the server takes 0.6 of the GPU while
   # it generates, the trainer takes it back for its step) with CUDA graphs and running requests up to the whole batch
   G=(+experiment=gsm8k_qwen3_0.6b model.path=null rollout.num_engines=1 cluster.colocate=true cluster.engine_gpus=0.5
-     cluster.trainer_gpus=0.5 cluster.gpu_handoff=true rollout.sglang.mem_fraction_static=0.7
+     cluster.trainer_gpus=0.5 cluster.gpu_handoff=true rollout.sglang.mem_fraction_static=0.6
      rollout.sglang.cuda_graph_max_bs=512 rollout.sglang.max_running_requests=512 "checkpoint.every=${E2E_G_EVERY:-0}")
   : >"$OUT/e2e.log"
   for run in ${E2E_RUNS:-a b c}; do

@@ -32,7 +32,7 @@ def _e2e_arrays() -> dict[str, list[str]]:
 def test_the_script_defines_the_runs_it_is_checked_for():
     arrays = _e2e_arrays()
     assert arrays["NATIVE"] == ["+experiment=one_node_qwen3_0.6b_arith"]
-    assert "rollout.sglang.mem_fraction_static=0.7" in arrays["G"] and "checkpoint.every=0" in arrays["G"]
+    assert "rollout.sglang.mem_fraction_static=0.6" in arrays["G"] and "checkpoint.every=0" in arrays["G"]
     assert "cluster.gpu_handoff=true" in arrays["G"]
 
 
@@ -46,6 +46,6 @@ def test_every_e2e_run_composes(run):
     cfg = compose(["tracking.wandb_mode=disabled", "tracking.console=true", *overrides, "steps=10"])
     assert cfg.steps == 10
     if run == "g":
-        assert cfg.rollout.engine == "sglang" and cfg.rollout.sglang.mem_fraction_static == 0.7
+        assert cfg.rollout.engine == "sglang" and cfg.rollout.sglang.mem_fraction_static == 0.6
         assert cfg.cluster.gpu_handoff and cfg.rollout.sglang.max_running_requests == 512
         assert cfg.task.name == "gsm8k" and cfg.model.path is None

@@ -48,19 +48,22 @@ def test_no_gpu_visible_means_no_memory_check(tmp_path, monkeypatch):
 
 
 def test_a_handed_over_gpu_fits_each_phase_and_counts_the_trainers_resident_memory(tmp_path, monkeypatch):
-    """cluster.gpu_handoff=true: the servers' memory need only fit beside what the trainer keeps between steps (36 B a
-    parameter, measured), not beside its whole step. The layout that overflowed on the H200 (the GSM8K job, the server at
-    0.8: 111.8 GiB beside the trainer's 19.9 GiB) is refused before start, naming the fraction that fits; 0.7 runs."""
+    """cluster.gpu_handoff=true: the servers' memory need only fit beside what the trainer keeps between steps (64 B a
+    parameter, measured), not beside its whole step. The layouts that overflowed on the H200 (the GSM8K job with the
+    server at 0.8, and at 0.7 beside the trainer's 35 GiB after step 2: a re-score ran out of memory at step 3) are
+    refused before start, naming the fraction that fits; 0.6 runs."""
     monkeypatch.setattr(sglang_memory, "local_gpu_bytes", lambda: H200)
     monkeypatch.setattr(preflight.placement, "check_before_start", lambda *a, **k: None)
     est = sglang_memory.estimate(QWEN3_06B, 16384, True, 0.7, 1, H200, handoff=True)
     apart = sglang_memory.estimate(QWEN3_06B, 16384, True, 0.7, 1, H200, handoff=False)
-    assert est.needed < apart.needed and est.trainer_resident_bytes == 36 * 596_049_920
+    assert est.needed <= apart.needed and est.trainer_resident_bytes == 64 * 596_049_920
     assert est.needed == max(est.servers_bytes + est.trainer_resident_bytes,
                              sglang_memory.CUDA_CONTEXT_BYTES + est.trainer_bytes) + sglang_memory.CUDA_CONTEXT_BYTES
     job = ["+experiment=gsm8k_qwen3_0.6b", "model.path=null", "rollout.num_engines=1", "cluster.colocate=true",
            "cluster.engine_gpus=0.5", "cluster.trainer_gpus=0.5", "cluster.gpu_handoff=true", "task.tokenizer=qwen3"]
-    with pytest.raises(preflight.Refused, match=r"rollout: 1 SGLang server\(s\) x \(112\.3 GiB static.*the trainer's "
-                                                r"resident ~20\.0 GiB.*set rollout.sglang.mem_fraction_static <= 0\.7\d"):
-        preflight.check(compose([f"run_dir={tmp_path / 'a'}", *job, "rollout.sglang.mem_fraction_static=0.8"]))
-    preflight.check(compose([f"run_dir={tmp_path / 'b'}", *job, "rollout.sglang.mem_fraction_static=0.7"]))
+    for fraction, static in (("0.8", r"112\.3"), ("0.7", r"98\.3")):
+        with pytest.raises(preflight.Refused, match=rf"rollout: 1 SGLang server\(s\) x \({static} GiB static.*the "
+                                                    r"trainer's resident ~35\.5 GiB.*set rollout.sglang."
+                                                    r"mem_fraction_static <= 0\.6\d"):
+            preflight.check(compose([f"run_dir={tmp_path / 'a'}", *job, f"rollout.sglang.mem_fraction_static={fraction}"]))
+    preflight.check(compose([f"run_dir={tmp_path / 'b'}", *job, "rollout.sglang.mem_fraction_static=0.6"]))
