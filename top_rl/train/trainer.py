@@ -215,12 +215,6 @@ class Trainer:
 
     def optimizer_step(self) -> float:
         """Apply the accumulated gradients; returns the gradient norm."""
-        if self.step == 0 and self.device.type == "cuda":
-            # The first step creates Adam's moments. Taken from the cache they would be carved out of the segments the
-            # step's activations just freed, pinning those whole segments for the run: torch.cuda.empty_cache() after
-            # each step (cluster.gpu_handoff) could then not return them (the H200 saw 37 GiB kept for the 0.6B
-            # shape, and the server beside it ran out of memory). Fresh segments keep what stays exactly that.
-            torch.cuda.empty_cache()
         metrics = self.optimizer.step()
         self.step += 1
         return metrics["grad_norm"]
