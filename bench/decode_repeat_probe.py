@@ -5,6 +5,12 @@ of 8 (G8), eager batch 64 again (E2, E3). After each call it records the kernel 
 the others in (tokens too), so a first-use compile, a fallback or a graph capture shows up beside the difference.
 
     python bench/decode_repeat_probe.py            (on the H200: PYTHONPATH as scripts/gpu_run.sh sets it)
+    python bench/decode_repeat_probe.py --poison   (the same calls after filling the allocator's free memory with
+                                                    0, NaN or 1e4: outputs that change with it read memory nobody
+                                                    wrote; then the first layer whose prefill output changes)
+
+Session 10 saw the first eager call after a graph capture differ from every later call, all of which agree: the
+signature of a read of uninitialised memory (a call sees what the previous, different computation left behind).
 """
 
 from __future__ import annotations
@@ -38,15 +44,88 @@ def _diff(a, b) -> tuple[int, int]:
     return tokens, lps
 
 
+def poison(value: float) -> None:
+    """Fill most of the GPU's free memory with `value` and free it into the caching allocator, so the next
+    torch.empty calls return memory holding `value`."""
+    if not torch.cuda.is_available():  # --cpu-smoke: nothing to poison
+        return
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info()
+    blocks = []
+    for size in (1 << 30, 256 << 20, 64 << 20, 16 << 20, 4 << 20, 1 << 20, 256 << 10):
+        while free > (4 << 30) and len(blocks) < 4096:
+            try:
+                blocks.append(torch.full((size // 4,), value, dtype=torch.float32, device="cuda"))
+            except torch.OutOfMemoryError:
+                break
+            free -= size
+    torch.cuda.synchronize()
+    del blocks  # back to the cache, contents kept
+
+
+def layer_outputs(model, fn) -> list[tuple[str, torch.Tensor]]:
+    """Every decoder layer's outputs (and the final logits) while `fn()` runs, in execution order."""
+    seen, hooks = [], []
+    for i, layer in enumerate(model.layers):
+        hooks.append(layer.register_forward_hook(
+            lambda _m, _a, out, i=i: seen.append((f"layer {i}", torch.cat([o.float().flatten() for o in out]).cpu()))))
+    try:
+        logits = fn()
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen + [("logits", logits.float().flatten().cpu())]
+
+
+def poison_main(model, prompts, seeds, params) -> None:
+    engine = NativeEngine(model, "decode", eos_token_id=-1, cuda_graphs=False)
+
+    def prefill():
+        with torch.no_grad():
+            cache = model.new_kv_cache(len(prompts), max(map(len, prompts)) + NEW)
+            return engine._prefill(prompts, cache, model.lm_head_weight())
+
+    runs = {}
+    for value in (0.0, float("nan"), 1e4, 0.0):
+        poison(value)
+        outs = layer_outputs(model, prefill)
+        poison(value)
+        gen = engine.generate(prompts, seeds, params)
+        runs.setdefault(value if value == value else "nan", []).append((outs, gen))
+        print(f"[probe] poisoned with {value}: prefill and generate done", flush=True)
+    base_outs, base_gen = runs[0.0][0]
+    print("\n### poisoned free memory: prefill layer outputs and generate against the first 0-poisoned run\n")
+    print("| poison | first prefill output that differs | max abs diff there | NaNs in logits | generate: "
+          "token rows / log-prob positions differing |\n|---|---|---|---|---|")
+    for value, rep in runs.items():
+        for outs, gen in rep[1:] if value == 0.0 else rep:
+            first = next(((name, (a - b).abs().nan_to_num(float("inf")).max().item())
+                          for (name, a), (_, b) in zip(outs, base_outs) if not torch.equal(a, b)), ("none", 0.0))
+            nans = int(outs[-1][1].isnan().sum())
+            print(f"| {value} | {first[0]} | {first[1]:.3g} | {nans} | %d / %d |" % _diff(gen, base_gen))
+
+
 def main() -> None:
+    global N, NEW, VOCAB
     print("[probe] building the model", flush=True)
-    model = device_model(seed=1, vocab_size=VOCAB)
+    if "--cpu-smoke" in sys.argv:  # the script's logic on a tiny CPU model (tests/repo/test_bench_decode_probe.py)
+        from tests.helpers import tiny_model
+
+        model, N, NEW = tiny_model(), 4, 6
+        VOCAB = model.cfg.vocab_size
+    else:
+        model = device_model(seed=1, vocab_size=VOCAB)
     rng = random.Random(0)
-    prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.choice([1, 5, 64, 130, 300]))] for _ in range(N)]
+    lengths = [1, 5, 64, 130, 300] if "--cpu-smoke" not in sys.argv else [1, 5, 12]
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.choice(lengths))] for _ in range(N)]
     seeds = [rng.randrange(2**63) for _ in range(N)]
     params = SamplingParams(max_new_tokens=NEW, temperature=0.9)
+    if "--poison" in sys.argv:
+        return poison_main(model, prompts, seeds, params)
     calls, records = {}, []
-    for name, n, graphs in (("E1", N, False), ("G8", 8, True), ("E2", N, False), ("E3", N, False), ("G64", N, True)):
+    for name, n, graphs in (("E1", N, False), ("G8", min(8, N), None), ("E2", N, False), ("E3", N, False),
+                            ("G64", N, None)):  # None: graphs where the device has them
         calls[name] = NativeEngine(model, "decode", eos_token_id=-1, cuda_graphs=graphs).generate(
             prompts[:n], seeds[:n], params)
         rep = kernels.report()
