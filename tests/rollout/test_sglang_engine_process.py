@@ -95,7 +95,7 @@ def test_launch_restart_and_retry_with_disk_weights(setup, tmp_path):
 def test_a_dead_server_is_named_with_its_exit_code_and_log_tail(setup, tmp_path):
     """A server that dies where no restart may help (here: before the memory handoff's release) is reported with its
     exit code and the last lines of its log, where the cause is (an out-of-memory at resume, say)."""
-    eng = SglangEngine(_cfg(setup, tmp_path, restart_on_failure=False), "fa3")
+    eng = SglangEngine(_cfg(setup, tmp_path, restart_on_failure=False), "fa3", top=V1)
     try:
         eng.start()
         _kill(eng)

@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import rl_runs  # noqa: E402
 from rl_runs import BASE, STEPS  # noqa: E402
 
+from top_rl.rollout.config import RolloutConfig  # noqa: E402
 from top_rl.run import checkpoint
 from top_rl.run import manifest as checkpoint_manifest
 from top_rl.run import disk_full
@@ -43,6 +44,7 @@ class _StandInCluster:
 
 class _Cfg:
     checkpoint = checkpoint.CheckpointConfig(every=1, keep=2)
+    rollout = RolloutConfig()  # policy_lag 0: no rollout in flight to record
 
     def as_dict(self):
         return {"steps": 3}
