@@ -8,9 +8,15 @@ CpuAdamW keeps fp32 master copies of compute-dtype (bf16) weights, accumulates e
 gradient into them in fp32, reduces over DP x CP, sums the partial q/k-norm gradients over TP (each TP
 rank normalises its own heads), ties the two embedding copies across pipeline stages, clips by the
 global norm (each parameter counted once) and rounds the updated master weights back into the model.
-MegatronAdam wraps the model in Megatron's DDP (fp32 grad buffers) and uses `get_megatron_optimizer`
-plus `finalize_model_grads`, which do the same reductions on GPU (NCCL). It cannot run on CPU
-(docs/megatron.md §2.3) and is not exercised by the CPU tests.
+GpuAdamW wraps the model in Megatron's DDP (fp32 grad buffers, `finalize_model_grads` does the same reductions
+on GPU over NCCL) and steps fp32 master weights with torch's fused AdamW, without a single host sync: the global
+norm is `torch._foreach_norm` reduced on the device, clipping is the fused kernel's `grad_scale`
+(grad / max(1, (norm + 1e-6) / clip), Megatron's clip coefficient), and a non-finite norm sets the kernel's
+`found_inf`, which leaves weights, moments and step counts as they were; the trainer reads the norm once, after the
+step is queued, and refuses a non-finite one (top_rl.train.trainer). Megatron's own optimizer, without Apex or
+Transformer Engine, drains the GPU queue some 200 times a step (`.item()` in its found-inf check and grad norm).
+Megatron's DDP cannot run on CPU (docs/megatron.md §2.3); the fused step (FusedMasterAdamW) is the same class on
+both devices and the CPU tests run it against CpuAdamW.
 """
 
 from __future__ import annotations
@@ -31,6 +37,12 @@ def _is_tp_partial(name: str) -> bool:
 
 def _is_tp_replicated(param) -> bool:
     return not getattr(param, "tensor_model_parallel", False)
+
+
+def counted_once(param, layout: Layout) -> bool:
+    """Whether this rank's copy of `param` enters the global gradient norm: each parameter once, on the embedding's
+    stage (not its tied LM-head copy) and on TP rank 0 for TP-replicated ones (Megatron's clip_grads rule)."""
+    return not (getattr(param, "top_tied_copy", False) or (_is_tp_replicated(param) and layout.tp_rank != 0))
 
 
 # Per-group hyperparameters the run's config sets. An optimizer's saved state carries them too (torch and
@@ -123,9 +135,8 @@ class CpuAdamW(_ConfigHyperparameters):
                     dist.all_reduce(gr, group=g["embedding"])
         sq = torch.zeros((), dtype=torch.float64)
         for n, p, gr in grads:
-            if getattr(p, "top_tied_copy", False) or (_is_tp_replicated(p) and lay.tp_rank != 0):
-                continue  # counted once: on the embedding's stage, on TP rank 0
-            sq += gr.double().pow(2).sum().cpu()
+            if counted_once(p, lay):
+                sq += gr.double().pow(2).sum().cpu()
         sq = sq.to(grads[0][2].device) if grads else sq
         if lay.tp * lay.pp > 1:
             dist.all_reduce(sq, group=g["mp"])
@@ -156,35 +167,102 @@ class CpuAdamW(_ConfigHyperparameters):
         self.opt.load_state_dict(copy.deepcopy(sd["adamw"]))
 
 
-class MegatronAdam(_ConfigHyperparameters):
-    """GPU path: Megatron DDP (fp32 grad buffers, summed over DP x CP) + Megatron's Adam/mixed precision."""
+class FusedMasterAdamW:
+    """fp32 master weights of a model's parameters stepped by torch's fused AdamW with no host sync (module doc).
+    `grads`: parameter name -> the fp32 tensor holding its summed gradient (DDP's main_grad on GPU; any fp32 tensor
+    in the CPU tests). Parameters already in fp32 are their own master. Norm weights (1-D) are not decayed, as in
+    Megatron's default parameter groups and CpuAdamW."""
+
+    def __init__(self, named: list[tuple[str, torch.nn.Parameter]], grads: dict[str, torch.Tensor], cfg,
+                 layout: Layout, norm_group=None):
+        self.named, self.grads, self.cfg, self.layout = named, grads, cfg, layout
+        self.norm_group = norm_group  # the model-parallel group the squared norm is summed over (None: one rank)
+        self.counted = [grads[n] for n, p in named if counted_once(p, layout)]
+        self.reset()
+
+    def reset(self) -> None:
+        """Fresh fp32 masters from the model's current values and empty AdamW state (after loading new weights)."""
+        cfg = self.cfg
+        self.master = {n: p if p.dtype == torch.float32 else torch.nn.Parameter(p.detach().float().clone())
+                       for n, p in self.named}
+        self.rounded = [(p, self.master[n]) for n, p in self.named if self.master[n] is not p]
+        decay = [self.master[n] for n, p in self.named if p.dim() >= 2]
+        no_decay = [self.master[n] for n, p in self.named if p.dim() < 2]
+        self.opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=True)
+
+    @torch.no_grad()
+    def global_norm(self) -> torch.Tensor:
+        """The fp32 L2 norm of all gradients, each parameter counted once, as a device tensor (no sync)."""
+        norms = torch._foreach_norm(self.counted) if self.counted else [torch.zeros(())]
+        sq = torch.stack(norms).float().pow(2).sum()
+        if self.norm_group is not None:
+            dist.all_reduce(sq, group=self.norm_group)
+        return sq.sqrt()
+
+    @torch.no_grad()
+    def step(self) -> torch.Tensor:
+        """Clip, step and round the masters into the model; returns the gradient norm as a device tensor."""
+        norm = self.global_norm()
+        clip = self.cfg.grad_clip
+        # the fused kernel divides each gradient by grad_scale: Megatron's coefficient clip / (norm + 1e-6) when < 1
+        self.opt.grad_scale = ((norm + 1e-6) / clip).clamp(min=1.0) if clip else None
+        self.opt.found_inf = (~torch.isfinite(norm)).float()  # skips the update on the device
+        for n, _ in self.named:
+            self.master[n].grad = self.grads[n]
+        try:
+            self.opt.step()
+        finally:
+            for n, _ in self.named:
+                self.master[n].grad = None  # the model's own .grad must stay free for DDP's hooks
+        if self.rounded:
+            torch._foreach_copy_([p.data for p, _ in self.rounded], [m for _, m in self.rounded])
+        return norm
+
+    def state_dict(self) -> dict:
+        # deepcopy: torch's optimizer state_dict holds live references to exp_avg/exp_avg_sq
+        separate = {id(m) for _, m in self.rounded}  # fp32 parameters are their own master: saved with the model
+        return {"adamw": copy.deepcopy(self.opt.state_dict()),
+                "master": {n: m.detach().clone() for n, m in self.master.items() if id(m) in separate}}
+
+    def load_state(self, sd: dict) -> None:
+        with torch.no_grad():
+            for n, t in sd["master"].items():
+                self.master[n].copy_(t)
+            for p, m in self.rounded:
+                p.copy_(m)
+        self.opt.load_state_dict(copy.deepcopy(sd["adamw"]))
+
+
+class GpuAdamW(_ConfigHyperparameters):
+    """GPU path: Megatron DDP (fp32 grad buffers, summed over DP x CP) + FusedMasterAdamW (no host sync)."""
 
     def __init__(self, model: torch.nn.Module, cfg, layout: Layout, tc):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         self.layout, self.cfg, self.tc = layout, cfg, tc
         tc.calculate_per_token_loss = True  # DDP sums over DP x CP instead of averaging
         self.ddp = DistributedDataParallel(
             tc, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                               use_distributed_optimizer=False), model)
-        compute = seam(tc).compute_dtype
-        oc = OptimizerConfig(optimizer="adam", lr=cfg.lr, min_lr=cfg.lr, weight_decay=cfg.weight_decay,
-                             adam_beta1=cfg.betas[0], adam_beta2=cfg.betas[1], adam_eps=cfg.eps,
-                             clip_grad=cfg.grad_clip, bf16=compute == torch.bfloat16, params_dtype=compute,
-                             use_distributed_optimizer=False)
-        self.opt = get_megatron_optimizer(oc, [self.ddp])
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        mp = groups()["mp"] if layout.tp * layout.pp > 1 else None
+        self.fused = FusedMasterAdamW(named, {n: p.main_grad for n, p in named}, cfg, layout, norm_group=mp)
+
+    @property
+    def opt(self):  # the torch optimizer: its param_groups carry the lr (_ConfigHyperparameters)
+        return self.fused.opt
 
     @property
     def forward_module(self):
         return self.ddp
 
     def reset(self) -> None:
-        self.opt.reload_model_params()  # main (fp32) params <- freshly loaded model params
+        self.fused.reset()  # fp32 masters <- freshly loaded model params
 
     def zero_grad(self) -> None:
         self.ddp.zero_grad_buffer()
-        self.opt.zero_grad()
 
     def accumulate(self) -> None:
         pass  # DDP's hooks accumulate into fp32 main_grad buffers
@@ -193,18 +271,19 @@ class MegatronAdam(_ConfigHyperparameters):
         return {n: p.main_grad.detach().float().clone() for n, p in self.ddp.module.named_parameters()
                 if getattr(p, "main_grad", None) is not None}
 
-    def step(self) -> dict[str, float]:
+    def step(self) -> dict[str, torch.Tensor]:
         from megatron.core.distributed import finalize_model_grads
 
         finalize_model_grads([self.ddp])
-        ok, grad_norm, _ = self.opt.step()
-        if not ok:
-            raise FloatingPointError("Megatron optimizer skipped the step (non-finite gradients)")
+        norm = self.fused.step()
         self.zero_grad()
-        return {"grad_norm": float(grad_norm) if grad_norm is not None else float("nan")}
+        return {"grad_norm": norm}
 
     def state_dict(self) -> dict:
-        return {"megatron": self.opt.state_dict()}
+        return {"fused_adamw": self.fused.state_dict()}
 
     def _load_state(self, sd: dict) -> None:
-        self.opt.load_state_dict(sd["megatron"])
+        if "fused_adamw" not in sd:  # a shard written by Megatron's optimizer (before GpuAdamW)
+            raise ValueError(f"top-rl: this trainer shard's optimizer state is {sorted(sd)} (Megatron's optimizer, "
+                             "top-rl before GpuAdamW); resume it with that release, or start the run afresh")
+        self.fused.load_state(sd["fused_adamw"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from top_rl.train import cpu_shims, parallel, recompute, weights
 from top_rl.train.batch import TrainSequence, pack_micro_batch, plan
 from top_rl.train.config import TrainerConfig
 from top_rl.train.logprobs import make_output_processor, split_per_sample
-from top_rl.train.optim import CpuAdamW, MegatronAdam
+from top_rl.train.optim import CpuAdamW, GpuAdamW
 from top_rl.train.schedule import StageRunner
 from top_rl.train.snapshots import PolicySnapshots
 
@@ -61,7 +62,7 @@ class Trainer:
         if self.device.type == "cpu":
             self.optimizer = CpuAdamW(self.model, cfg, self.layout)
         else:
-            self.optimizer = MegatronAdam(self.model, cfg, self.layout, self.tc)
+            self.optimizer = GpuAdamW(self.model, cfg, self.layout, self.tc)
         processor = make_output_processor(self.groups["tp"], self.groups["cp"])
         self.runner = StageRunner(self.optimizer.forward_module or self.model, self.model, self.layout,
                                   model_cfg.hidden_size, processor, self.device)
@@ -214,10 +215,13 @@ class Trainer:
         return run(self, batch, cfg or RLStepConfig())
 
     def optimizer_step(self) -> float:
-        """Apply the accumulated gradients; returns the gradient norm."""
-        metrics = self.optimizer.step()
+        """Apply the accumulated gradients; returns the gradient norm. The GPU optimizer queues its step without a
+        host sync and skips a non-finite one on the device; reading the norm here is the step's one sync."""
+        norm = float(self.optimizer.step()["grad_norm"])
+        if not math.isfinite(norm):
+            raise FloatingPointError(f"non-finite gradient norm {norm}: the optimizer step was skipped")
         self.step += 1
-        return metrics["grad_norm"]
+        return norm
 
     def backward_micro_batches(self, batch: Sequence[TrainSequence], loss_of) -> tuple[list[float], int]:
         """Zero the gradients, then forward and backward this rank's micro-batches of `batch`, accumulating
