@@ -2,13 +2,16 @@
 
 Megatron-core 0.19.2's own GPTModel and local layer spec (no Transformer Engine, no apex here), bf16 weights
 with fp32 master weights in Megatron's optimizer (as Megatron-LM's bf16 training), bf16 residual stream,
-cuBLAS GEMMs (ColumnParallelLinear/RowParallelLinear), torch's fused RMSNorm (Megatron's no-apex choice),
-Megatron's fused SwiGLU and bias-dropout-add. Where Megatron's no-TE path is slow or absent, the fastest
-stock piece is used instead:
+cuBLAS GEMMs (ColumnParallelLinear/RowParallelLinear), Megatron's fused SwiGLU and bias-dropout-add, and the
+GPU trainer's optimizer (Megatron DDP + torch's fused AdamW, sync-free grad norm: top_rl.train.optim.GpuAdamW).
+Where Megatron's no-TE path is slow or absent, the fastest stock piece is used instead:
+  RMSNorm     Liger-Kernel's Triton RMSNorm on CUDA (what slime/miles users get from TE's fused norm; Megatron's
+              no-TE choice, torch.nn.RMSNorm, ran at 4-5x its bandwidth bound here), torch's on CPU or when
+              liger_kernel is not importable (then said in the table notes);
   attention   the fastest correct of torch's fused varlen kernels (bench/_stock_attention.py); Megatron's
               local DotProductAttention materialises the score matrix and does not take packed sequences;
-  RoPE        one torch.compile'd kernel on cos/sin gathered by position (Megatron's unfused THD RoPE loops
-              over sequences with a host sync; its fused THD RoPE needs TE);
+  RoPE        one torch.compile'd kernel on cos/sin gathered by position once per micro-batch, not per layer
+              (Megatron's unfused THD RoPE loops over sequences with a host sync; its fused THD RoPE needs TE);
   LM head     the scored rows only, one cuBLAS GEMM, then a chunked fused fp32 log-softmax (torch.compile)
               instead of Megatron's full-logits cross-entropy (16k x 152k fp32 logits would be 10 GB).
 Recompute (when on) is full/uniform/1 layer through torch's non-reentrant checkpoint, as the TOP trainer's.
@@ -32,6 +35,7 @@ from top_rl.model import Qwen3Config
 
 LOGIT_CHUNK = 4096  # rows per fused log-softmax chunk (bounds the fp32 temporaries)
 _compiled_ok = {"rope": True, "lsm": True}  # flipped off (and reported) if torch.compile fails here
+_fused_norm = {"liger": None}  # LigerRMSNormFunction once use_fused_norm() found it importable on CUDA
 
 
 def transformer_config(cfg: Qwen3Config, *, recompute: bool, cpu: bool) -> TransformerConfig:
@@ -93,11 +97,22 @@ class StockSelfAttention(MegatronSelfAttention):
     """Megatron's self-attention with RoPE applied to q/k by each token's position in its packed sequence."""
 
     def forward(self, *args, rotary_pos_emb=None, packed_seq_params=None, **kwargs):
-        table = _rope_table(self.config.kv_channels, self.config.bench_rope_theta, self.config.bench_max_positions,
-                            packed_seq_params.positions.device)
-        cs = table.index_select(1, packed_seq_params.positions)  # fp32 [2, T, d], rounded to q/k's dtype at use
-        self._cos, self._sin = cs[0].unsqueeze(1), cs[1].unsqueeze(1)
+        p = packed_seq_params
+        cached = getattr(p, "_bench_rope_cs", None)  # gathered once per micro-batch: every layer has the same positions
+        if cached is None:
+            table = _rope_table(self.config.kv_channels, self.config.bench_rope_theta,
+                                self.config.bench_max_positions, p.positions.device)
+            cs = table.index_select(1, p.positions).unsqueeze(2)  # fp32 [2, T, 1, d], rounded to q/k's dtype at use
+            cached = {}
+            p._bench_rope_cs = (cs, cached)
+        self._rope_cs = p._bench_rope_cs
         return super().forward(*args, rotary_pos_emb=None, packed_seq_params=packed_seq_params, **kwargs)
+
+    def _cos_sin(self, dtype):
+        cs, by_dtype = self._rope_cs
+        if dtype not in by_dtype:
+            by_dtype[dtype] = cs.to(dtype)
+        return by_dtype[dtype][0], by_dtype[dtype][1]
 
     def get_query_key_value_tensors(self, hidden_states, key_value_states=None, output_gate=False, split_qkv=True):
         q, k, v = super().get_query_key_value_tensors(hidden_states, key_value_states, output_gate=output_gate,
@@ -105,8 +120,8 @@ class StockSelfAttention(MegatronSelfAttention):
 
         def rope(x):  # [t, 1, heads, d]
             with record_function("bench::rope"):
-                y = _StockRope.apply(x.reshape(x.shape[0], -1, x.shape[-1]), self._cos.to(x.dtype),
-                                     self._sin.to(x.dtype))
+                cos, sin = self._cos_sin(x.dtype)
+                y = _StockRope.apply(x.reshape(x.shape[0], -1, x.shape[-1]), cos, sin)
             return y.reshape(x.shape)
 
         return rope(q), rope(k), v
@@ -127,8 +142,38 @@ class StockCoreAttention(nn.Module):
         return out.reshape(out.shape[0], -1)
 
 
+class FusedRMSNorm(nn.Module):
+    """Megatron's norm interface (config, hidden_size, eps) over Liger-Kernel's Triton RMSNorm (Llama casting:
+    the normalisation in fp32, the weight applied in the input's dtype)."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x):
+        return _fused_norm["liger"].apply(x.contiguous(), self.weight, self.eps, 0.0, "llama", False)
+
+
+def use_fused_norm(device) -> list[str]:
+    """Liger's RMSNorm for layer_spec() on CUDA when liger_kernel imports; a note for the table otherwise."""
+    if device.type != "cuda":
+        return []
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    except Exception as e:  # noqa: BLE001 - reported in the table notes, torch's RMSNorm is used
+        return [f"liger_kernel not importable ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+                "torch.nn.RMSNorm used"]
+    _fused_norm["liger"] = LigerRMSNormFunction
+    return []
+
+
 def layer_spec():
     spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    if _fused_norm["liger"] is not None:
+        spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = FusedRMSNorm
+        spec.submodules.self_attention.submodules.q_layernorm = FusedRMSNorm
+        spec.submodules.self_attention.submodules.k_layernorm = FusedRMSNorm
     spec.submodules.self_attention.module = StockSelfAttention
     spec.submodules.self_attention.submodules.core_attention = StockCoreAttention
     return spec
@@ -231,3 +276,8 @@ def try_compile(device) -> list[str]:
             _compiled_ok[key] = False
             notes.append(f"torch.compile of {key} failed ({type(e).__name__}: {str(e).splitlines()[0][:120]}); eager used")
     return notes
+
+
+def prepare(device) -> list[str]:
+    """Everything the stock trainer settles before its model is built; the notes say what fell back."""
+    return try_compile(device) + use_fused_norm(device)

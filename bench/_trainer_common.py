@@ -15,7 +15,8 @@ import torch
 
 from top_rl.model import Qwen3Config
 
-PEAK_TFLOPS = 790.0  # bf16 dense GEMM TFLOP/s cuBLAS reaches on the H200 (bench/gemm.py): the MFU denominator
+PEAK_TFLOPS = 989.4  # the H200's dense bf16 peak (NVIDIA's datasheet): the MFU and HFU denominator
+CUBLAS_TFLOPS = 790.0  # what cuBLAS reaches there on large bf16 GEMMs (bench/gemm.py): the practical ceiling
 
 MODELS = {
     "qwen3-0.6b": Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
@@ -73,17 +74,19 @@ def make_loss_fn(batch, adv):
     return loss_fn
 
 
-def model_flops(cfg: Qwen3Config, batch) -> float:
-    """Model FLOPs of one training step (forward x 3; recompute not counted, i.e. MFU not HFU): every GEMM,
-    causal attention (half the square per sequence), the LM head on the scored rows only."""
+def model_flops(cfg: Qwen3Config, batch, recompute: bool = False) -> float:
+    """FLOPs of one training step: every GEMM, causal attention (half the square per sequence), the LM head on the
+    scored rows only. Model FLOPs (MFU) are forward x 3; with `recompute` the hardware FLOPs (HFU) add the second
+    forward of the transformer layers that full recompute runs (not of the LM head, which is not recomputed)."""
     h, f, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
     tokens = sum(len(s.tokens) for s in batch)
     scored = sum(s.num_scored for s in batch)
     per_token_layer = 2 * (h * (q + 2 * kv) + q * h + h * 2 * f + f * h)
     attn = sum(2 * 2 * q * n * (n + 1) / 2 for n in (len(s.tokens) for s in batch))  # QK^T and PV, causal
-    fwd = cfg.num_hidden_layers * (tokens * per_token_layer + attn) + scored * 2 * h * cfg.vocab_size
-    return 3.0 * fwd
+    layers = cfg.num_hidden_layers * (tokens * per_token_layer + attn)
+    fwd = layers + scored * 2 * h * cfg.vocab_size
+    return 3.0 * fwd + (layers if recompute else 0.0)
 
 
 class Timer:

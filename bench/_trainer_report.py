@@ -17,6 +17,10 @@ def _f(x, fmt="{:.1f}"):
     return "-" if x is None or x != x else fmt.format(x)
 
 
+def _spread(times):
+    return f"{min(times):.1f}-{max(times):.1f}" if times else "-"
+
+
 def _version(pkg):
     try:
         return importlib.metadata.version(pkg)
@@ -93,16 +97,17 @@ class Report:
         for r in sorted(rows, key=lambda r: (r["model"], not r["recompute"], order[r["impl"]])):
             if r["status"] != "ok":
                 out.append([r["model"], IMPL_NAME[r["impl"]], "on" if r["recompute"] else "off",
-                            str(r.get("mbt", "-")), "-", "-", "-", "-", "-", "-", r["status"]])
+                            str(r.get("mbt", "-")), "-", "-", "-", "-", "-", "-", "-", "-", r["status"]])
                 continue
             out.append([r["model"], IMPL_NAME[r["impl"]], "on" if r["recompute"] else "off",
-                        f"{r['micro_batches']}x{r['mbt']}", _f(r["step_ms"]), _f(r["tokens_per_s"] / 1e3, "{:.1f}k"),
-                        _f(r["tflops"], "{:.0f}"), _f(100 * r["mfu"], "{:.1f}%"), _f(r["peak_gib"]),
+                        f"{r['micro_batches']}x{r['mbt']}", _f(r["step_ms"]), _spread(r.get("step_ms_all")),
+                        _f(r["tokens_per_s"] / 1e3, "{:.1f}k"), _f(r["tflops"], "{:.0f}"), _f(100 * r["mfu"], "{:.1f}%"),
+                        _f(100 * r["hfu"], "{:.1f}%") if "hfu" in r else "-", _f(r["peak_gib"]),
                         _f(r.get("gate_ms")), "ok"])
         return out
 
-    RESULT_HEADER = ["model", "trainer", "recompute", "micro-batches x tokens", "step ms", "tokens/s", "TFLOP/s",
-                     "MFU", "peak GiB", "gate fwd ms", "status"]
+    RESULT_HEADER = ["model", "trainer", "recompute", "micro-batches x tokens", "step ms (median)", "min-max ms",
+                     "tokens/s", "model TFLOP/s", "MFU (989.4)", "HFU (989.4)", "peak GiB", "gate fwd ms", "status"]
 
     def progress(self, model, impl, rc) -> str:
         recompute = rc == "on"

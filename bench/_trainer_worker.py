@@ -71,26 +71,23 @@ class TopRunner:
 
 class StockRunner:
     """Megatron-core's own GPTModel (bench/_stock_gpt.py) with the TOP trainer's optimizer class (Megatron DDP
-    + Megatron Adam on GPU) and its micro-batching and THD packing (top_rl.train.batch: no numerics)."""
+    + fused AdamW on GPU, top_rl.train.optim.GpuAdamW) and its micro-batching and THD packing (top_rl.train.batch: no numerics)."""
 
     def __init__(self, cfg, mbt: int, recompute: bool, device):
         from bench import _stock_gpt as sg
         from top_rl.train import parallel
         from top_rl.train import recompute as rc
         from top_rl.train.config import TrainerConfig
-        from top_rl.train.layers import SEAM_ATTR, SeamSettings
-        from top_rl.train.optim import CpuAdamW, MegatronAdam
+        from top_rl.train.optim import CpuAdamW, GpuAdamW
 
         rc.install()  # full recompute through torch's non-reentrant checkpoint, as the TOP trainer
         parallel.init_process_group()
         layout = parallel.init_model_parallel(1, 1, 1)
         tc = sg.transformer_config(cfg, recompute=recompute, cpu=device.type == "cpu")
-        # MegatronAdam reads the compute dtype from the seam settings; the stock model computes in bf16 too.
-        setattr(tc, SEAM_ATTR, SeamSettings(torch.bfloat16, float(cfg.rope_theta), cfg.max_position_embeddings))
         self.model = sg.build_model(cfg, tc, device)
         init_params(self.model.named_parameters())
         tcfg = TrainerConfig(lr=1e-6, micro_batch_size=None, micro_batch_tokens=mbt)
-        self.opt = MegatronAdam(self.model, tcfg, layout, tc) if device.type == "cuda" else CpuAdamW(self.model, tcfg, layout)
+        self.opt = GpuAdamW(self.model, tcfg, layout, tc) if device.type == "cuda" else CpuAdamW(self.model, tcfg, layout)
         self.forward = self.opt.forward_module or self.model
         self.processor = sg.make_output_processor()
         self.mbt, self.device = mbt, device
@@ -115,9 +112,10 @@ class StockRunner:
         from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
         from megatron.core.transformer.mlp import MLP
 
-        from bench._stock_gpt import StockCoreAttention
+        from bench._stock_gpt import FusedRMSNorm, StockCoreAttention
 
         rules = [(ColumnParallelLinear, "linear"), (RowParallelLinear, "linear"), (torch.nn.RMSNorm, "norm"),
+                 (FusedRMSNorm, "norm"),
                  (StockCoreAttention, "attention"), (MLP, "swiglu")]
         with pf.module_markers(self.model, rules):
             yield
@@ -151,11 +149,12 @@ def run_config(args, cfg, batch, loss_fn, recompute: bool, mbt: int, device, pro
         runner.gate(batch)
         gate_ms = median([timer(lambda: runner.gate(batch)) for _ in range(args.iters)])
     tokens = sum(len(s.tokens) for s in batch)
-    flops = model_flops(cfg, batch)
+    flops, hw_flops = model_flops(cfg, batch), model_flops(cfg, batch, recompute=recompute)
     n_micro = len(list(_plan(batch, mbt)))
     rec = {"model": args.model, "impl": args.impl, "recompute": recompute, "mbt": mbt, "micro_batches": n_micro,
            "tokens": tokens, "step_ms": step_ms, "step_ms_all": times, "tokens_per_s": tokens / step_ms * 1e3,
-           "tflops": flops / step_ms / 1e9, "mfu": flops / step_ms / 1e9 / PEAK_TFLOPS, "peak_gib": peak,
+           "tflops": flops / step_ms / 1e9, "mfu": flops / step_ms / 1e9 / PEAK_TFLOPS,
+           "hfu": hw_flops / step_ms / 1e9 / PEAK_TFLOPS, "peak_gib": peak,
            "gate_ms": gate_ms, "status": "ok"}
     emit("RESULT", rec)
     if profile:
@@ -198,7 +197,7 @@ def run_worker(args) -> None:
         from bench import _stock_attention, _stock_gpt
 
         _stock_attention.use(args.attention)
-        note = "; ".join([f"attention {args.attention}"] + _stock_gpt.try_compile(device))
+        note = "; ".join([f"attention {args.attention}"] + _stock_gpt.prepare(device))
     for rc_name in args.recompute.split(","):
         recompute = rc_name == "on"
         emit("NOTE", {"model": args.model, "impl": args.impl, "recompute": recompute, "text": note})

@@ -5,9 +5,9 @@ can be fine while the wall-clock one is not, because the host does not keep the 
     python bench/host_time.py --cpu-smoke --impl top|stock     a tiny model on CPU: checks the script, not speed
 
 Prints, for one worker's trainer (bench/_trainer_worker.py builds it, same batch and loss): the synced step time, the
-host time to enqueue a step, the synchronizing CUDA calls of a step (torch's sync debug mode: each one drains the
-queue, and the GPU then idles while the host refills it) by call site, and the Python functions taking the most
-host time in a step (cProfile).
+host time to enqueue a step, the synchronizing CUDA calls of a step and of its optimizer step alone (torch's sync
+debug mode: each one drains the queue, and the GPU then idles while the host refills it) by call site, and the
+Python functions taking the most host time in a step (cProfile).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _setup(impl: str, device) -> None:
         from bench import _stock_attention, _stock_gpt
 
         _stock_attention.use("flash" if cuda else "math")
-        _stock_gpt.try_compile(device)
+        _stock_gpt.prepare(device)
 
 
 def _sync(device) -> None:
@@ -49,22 +49,44 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def _syncs(step, device) -> collections.Counter | None:
+def optimizer_of(runner):
+    """The object whose `step()` is the trainer's optimizer step (the TOP trainer's or the stock runner's)."""
+    return runner.trainer.optimizer if hasattr(runner, "trainer") else runner.opt
+
+
+def _syncs(step, device, optimizer) -> tuple[collections.Counter, collections.Counter] | None:
+    """Synchronizing CUDA calls by call site: (the whole step, inside `optimizer.step()` alone)."""
     if device.type != "cuda":
         return None
-    sites = collections.Counter()
+    sites, in_optimizer = collections.Counter(), collections.Counter()
+    spans = []  # (first, end) indices into `seen` of the warnings raised inside optimizer.step()
+    inner = optimizer.step
+
+    def counted_step(*a, **k):
+        first = len(seen)
+        try:
+            return inner(*a, **k)
+        finally:
+            spans.append((first, len(seen)))
+
     torch.cuda.set_sync_debug_mode("warn")
+    optimizer.step = counted_step
     try:
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             step()
             torch.cuda.synchronize()
     finally:
+        del optimizer.step  # back to the class's method
         torch.cuda.set_sync_debug_mode("default")
-    for w in seen:
+    inside = {i for first, end in spans for i in range(first, end)}
+    for i, w in enumerate(seen):
         if "synchroniz" in str(w.message):
-            sites[f"{w.filename.split('site-packages/')[-1].split('/work/')[-1]}:{w.lineno}"] += 1
-    return sites
+            site = f"{w.filename.split('site-packages/')[-1].split('/work/')[-1]}:{w.lineno}"
+            sites[site] += 1
+            if i in inside:
+                in_optimizer[site] += 1
+    return sites, in_optimizer
 
 
 def main(argv=None) -> None:
@@ -102,13 +124,15 @@ def main(argv=None) -> None:
     print("| step ms (synced) | host ms to enqueue (until the step returns) |\n|---|---|")
     print(f"| {median(walls):.1f} | {median(hosts):.1f} |\n")
 
-    sites = _syncs(step, device)
-    if sites is None:
+    counts = _syncs(step, device, optimizer_of(runner))
+    if counts is None:
         print("### synchronizing CUDA calls in one step: none on CPU")
     else:
-        print(f"### synchronizing CUDA calls in one step: {sum(sites.values())}\n\n| call site | calls |\n|---|---|")
+        sites, in_optimizer = counts
+        print(f"### synchronizing CUDA calls in one step: {sum(sites.values())}, of them in the optimizer step: "
+              f"{sum(in_optimizer.values())}\n\n| call site | calls | in the optimizer step |\n|---|---|---|")
         for site, n in sites.most_common(15):
-            print(f"| {site} | {n} |")
+            print(f"| {site} | {n} | {in_optimizer[site]} |")
 
     prof = cProfile.Profile()
     prof.enable()

@@ -2,11 +2,13 @@
 
 TOP    top_rl.train.Trainer (Megatron-core + the TOP layer spec) on the `sglang` kernels, attention from
        $TOP_RL_ATTENTION_BACKEND (default triton): train_step, plus its gate forward (`logprobs`).
-stock  Megatron-core's own GPTModel, local spec, bf16, cuBLAS, the fastest correct torch varlen attention,
-       fused norm/SwiGLU, compiled RoPE and chunked fused log-softmax (bench/_stock_gpt.py).
+stock  Megatron-core's own GPTModel, local spec, bf16, cuBLAS, the fastest correct torch varlen attention, Liger's
+       Triton RMSNorm, Megatron's fused SwiGLU, compiled RoPE and chunked fused log-softmax (bench/_stock_gpt.py).
 Same model shape, same ~16k-token batch of mixed-length sequences, same scored rows and loss, same optimizer
-(Megatron DDP + Adam, fp32 master weights), recompute on and off: step time, tokens/s, MFU (model FLOPs,
-recompute not counted, against 790 TFLOP/s), peak memory; and a torch.profiler table of GPU time per op family.
+(Megatron DDP + torch's fused AdamW on fp32 master weights, sync-free grad norm: GpuAdamW), recompute on and off:
+step time (median and min-max of --iters steps), tokens/s, MFU (model FLOPs) and HFU (with recompute's second
+forward) on the H200's dense bf16 peak of 989.4 TFLOP/s, peak memory; and a torch.profiler table of GPU time per op
+family.
 "TOP before" (first model, recompute on) is the TOP trainer with the issue-12 speedups switched off (eager
 elementwise forwards and backwards, memory-efficient attention backward): the before/after of this code in one run.
 
@@ -56,7 +58,7 @@ def parse(argv=None):
     p.add_argument("--budget-s", type=float, default=float(os.environ.get("TOP_RL_BENCH_BUDGET_S", 420)),
                    help="stop starting workers past this many seconds (the device call allows 600)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (the first compiles)")
-    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--iters", type=int, default=5, help="timed steps per worker: the median and min-max are reported")
     p.add_argument("--out", default=os.environ.get("OUT"))
     p.add_argument("--cpu-smoke", action="store_true", help="tiny model on CPU: checks the harness, not speed")
     args = p.parse_args(argv)

