@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import rl_runs  # noqa: E402
 from rl_runs import BASE, STEPS  # noqa: E402
 
-from top_rl.rollout.config import RolloutConfig  # noqa: E402
+from top_rl import loop  # noqa: E402
 from top_rl.run import checkpoint
 from top_rl.run import manifest as checkpoint_manifest
 from top_rl.run import disk_full
@@ -29,7 +29,7 @@ from top_rl.tasks import ArithTask, DataPosition  # noqa: E402
 
 
 class _StandInCluster:
-    """Test double for the Ray cluster in `checkpoint.save`: writes small stand-in files where ranks would."""
+    """Test double for the Ray cluster in `loop.save_checkpoint`: writes small stand-in files where ranks would."""
 
     trainers = [None]
 
@@ -44,7 +44,6 @@ class _StandInCluster:
 
 class _Cfg:
     checkpoint = checkpoint.CheckpointConfig(every=1, keep=2)
-    rollout = RolloutConfig()  # policy_lag 0: no rollout in flight to record
 
     def as_dict(self):
         return {"steps": 3}
@@ -52,8 +51,8 @@ class _Cfg:
 
 def test_enospc_in_the_drivers_checkpoint_write_stops_with_one_line_and_keeps_the_last_checkpoint(tmp_path,
                                                                                                   monkeypatch):
-    save = lambda step: checkpoint.save(tmp_path, _Cfg(), step, DataPosition(), _StandInCluster(), None,  # noqa: E731
-                                        ArithTask())
+    save = lambda step: loop.save_checkpoint(tmp_path, _Cfg(), step, DataPosition(), _StandInCluster(),  # noqa: E731
+                                             ArithTask(), None, (), None)
     last = save(2)
     before = rl_runs.tree_hash(last)
     monkeypatch.setattr(fault_injection, "_PLAN", {("enospc_in_checkpoint", 3)})

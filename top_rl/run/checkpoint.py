@@ -15,13 +15,17 @@
   metrics_tail.jsonl   the metrics.jsonl lines logged since the checkpoint before it, as written: a resume rewrites
                        a damaged row of a kept step from them (top_rl.observe.metrics_resume)
   manifest.json        size and SHA-256 of every file above (top_rl.run.manifest); written last
-A checkpoint is written into `step_NNNNNN.tmp/` (then fsynced) and renamed when complete, so a
-crash mid-write leaves the previous one as the latest. A checkpoint is trusted only once it verifies
-against its manifest: resume takes the newest one that does and names each one skipped (and the file
-that failed); the stop message and `top-rl-export` do the same. A checkpoint holding what top-rl never writes
-(a pickle that would run code, a link, a file the manifest does not list, an entry outside it: CheckpointUnsafe)
-stops the resume instead; whether this run's config may continue it is top_rl.run.resume_compat's. Sampling seeds
-and data order are pure functions of (seed, step, position), so this is the whole state.
+This module manages that directory and the loop fills it (top_rl.loop.save_checkpoint): `begin(run_dir, step)` makes
+`step_NNNNNN.tmp/` (removing what an interrupted write left), the Writer names the paths the trainer ranks and the
+task write into and writes the driver's files, `commit` writes the manifest, fsyncs and renames it complete, `prune`
+keeps the newest `checkpoint.keep`; nothing here calls the cluster or the task. A crash mid-write leaves the previous
+checkpoint as the latest; a full disk stops the run (top_rl.run.disk_full) with the partial one removed.
+A checkpoint is trusted only once it verifies against its manifest (`load_verified`): resume takes the newest one that
+does and names each one skipped (and the file that failed); the stop message and `top-rl-export` do the same. A
+checkpoint holding what top-rl never writes (a pickle that would run code, a link, a file the manifest does not list,
+an entry outside it: CheckpointUnsafe) stops the resume instead; whether this run's config may continue it is
+top_rl.run.resume_compat's. Sampling seeds and data order are pure functions of (seed, step, position), so this is
+the whole state.
 """
 
 from __future__ import annotations
@@ -46,10 +50,13 @@ STEP_PREFIX = "step_"
 METRICS_TAIL = "metrics_tail.jsonl"
 _STEP_DIR = re.compile(r"step_(\d+)")
 FORMAT = 2  # 2: manifest.json (format-1 checkpoints have none and load unverified, with a note)
+
+
 @dataclass
 class CheckpointConfig:
     every: int = 0  # save every K steps (0: only at the end of the run, or when a signal stops it)
     keep: int = 2  # newest complete checkpoints kept (>= 1)
+
 
 
 
@@ -83,7 +90,7 @@ def latest(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-# ------------------------------------------------------------------------------------------- save
+# ------------------------------------------------------------------------------------------- write
 def _write(path: Path, write) -> None:
     with open(path, "wb") as f:
         write(f)
@@ -95,63 +102,103 @@ def _fsync_tree(path: Path) -> None:
     _fsync(path)
 
 
-def save(run_dir: Path, cfg, step: int, position: DataPosition, cluster, run_id: str | None, task,
-         metrics_rows: Sequence[str] = (), behaviour_version: int | None = None) -> Path:
-    """Write the step-`step` checkpoint atomically and prune to the newest `checkpoint.keep`. `metrics_rows`: the
-    metrics lines logged since the checkpoint before (Tracker.rows_since), kept as METRICS_TAIL."""
-    keep = cfg.checkpoint.keep  # >= 1: config.validate
+def begin(run_dir: Path, step: int) -> "Writer":
+    """Start the step-`step` checkpoint: its `step_NNNNNN.tmp/` directory, created empty after removing what writes a
+    crash interrupted left (one writer per run: the run lock)."""
     root = _dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{STEP_PREFIX}{step:06d}"
-    tmp, old = final.with_name(final.name + ".tmp"), final.with_name(final.name + ".old")
     for leftover in [*root.glob(f"{STEP_PREFIX}*.tmp"), *root.glob(f"{STEP_PREFIX}*.old")]:
-        shutil.rmtree(leftover, ignore_errors=True)  # from a write a crash interrupted (one writer per run)
-    tmp.mkdir()
-    try:
-        _write_files(tmp, cfg, step, position, cluster, run_id, task, metrics_rows, behaviour_version)
-    except Exception as e:
-        if not (disk_full.is_no_space(e) or disk_full.free_space(root)[0] < disk_full.LOW_SPACE_BYTES):
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)  # the partial checkpoint: its space back, the last complete one kept
-        last = latest(run_dir)
+        shutil.rmtree(leftover, ignore_errors=True)
+    writer = Writer(Path(run_dir), step, final)
+    writer.tmp.mkdir()
+    return writer
+
+
+class Writer:
+    """One checkpoint being written (see module doc), into `tmp` until `commit` renames it complete. The loop fills
+    it (top_rl.loop.save_checkpoint): the trainer ranks write their shards to `trainer_shard(rank)`, rank 0 and the
+    task the HF policy and tokenizer into `hf_dir`, the driver its RNG (`write_driver_state`) and the run's state
+    (`write_state`). Used as `with begin(...) as writer:`, a write into it that finds the disk full (this
+    module's or another's) stops the run as DiskFull: the partial checkpoint removed, the last complete one kept."""
+
+    def __init__(self, run_dir: Path, step: int, final: Path):
+        self.run_dir, self.step, self.final = run_dir, step, final
+        self.tmp = final.with_name(final.name + ".tmp")
+
+    def trainer_shard(self, rank: int) -> str:
+        """Where trainer rank `rank` writes its shard (absolute: an actor's cwd is not the driver's)."""
+        return str((self.tmp / _shard(rank)).resolve())
+
+    @property
+    def hf_dir(self) -> str:
+        """Where the policy goes as a Hugging Face checkpoint (trainer rank 0), with the task's tokenizer."""
+        return str((self.tmp / "hf").resolve())
+
+    def write_driver_state(self, rng_state: dict) -> None:
+        """driver.pt: the driver's RNG (top_rl.run.rng.state())."""
+        import torch  # here, not at import: the run config imports CheckpointConfig without loading torch
+
+        from top_rl.run import safe_load
+
+        def driver_state(f) -> None:
+            fault_injection.inject("enospc_in_checkpoint", self.step, path=f.name)
+            torch.save({"rng": rng_state}, f)
+
+        with self:
+            _write(self.tmp / "driver.pt", driver_state)
+            safe_load.check_saved(self.tmp / "driver.pt")
+        fault_injection.inject("kill_in_checkpoint", self.step)
+
+    def write_state(self, position: DataPosition, run_id: str | None, config: dict, world: int,
+                    metrics_rows: Sequence[str] = (), behaviour_version: int | None = None) -> None:
+        """state.json (step, data position, wandb run id, resolved config, trainer world; rollout.policy_lag: the
+        version the rollout in flight is generated under) and METRICS_TAIL, the metrics lines logged since the
+        checkpoint before (Tracker.rows_since)."""
+        state = {"format": FORMAT, "step": self.step, "position": position.state_dict(), "run_id": run_id,
+                 "config": config, "world": world}
+        if behaviour_version is not None:  # the rollout in flight: generated again on resume, under this version
+            state["behaviour_version"] = behaviour_version
+        with self:
+            _write(self.tmp / METRICS_TAIL, lambda f: f.write("".join(line + "\n" for line in metrics_rows).encode()))
+            _write(self.tmp / "state.json", lambda f: f.write(json.dumps(state, indent=2).encode()))
+
+    def commit(self) -> Path:
+        """The manifest (last: sizes and checksums of everything above), every file fsynced, then the atomic rename
+        to `step_NNNNNN/`. Returns its path."""
+        with self:
+            checkpoint_manifest.write(self.tmp)
+            _fsync_tree(self.tmp)
+        old = self.final.with_name(self.final.name + ".old")
+        if self.final.exists():  # should a step be saved twice: never be without one complete copy
+            self.final.rename(old)
+        os.replace(self.tmp, self.final)
+        _fsync(self.final.parent)
+        shutil.rmtree(old, ignore_errors=True)
+        return self.final
+
+    def __enter__(self) -> "Writer":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """A write that failed for lack of space stops the run (see class doc); any other failure propagates, the
+        `.tmp` left for the next `begin` to remove."""
+        if not isinstance(exc, Exception) or isinstance(exc, disk_full.DiskFull):
+            return
+        root = self.tmp.parent
+        if not (disk_full.is_no_space(exc) or disk_full.free_space(root)[0] < disk_full.LOW_SPACE_BYTES):
+            return
+        shutil.rmtree(self.tmp, ignore_errors=True)  # the partial checkpoint: its space back, the last complete one kept
+        last = latest(self.run_dir)
         took = f" (the last one, {last.name}, takes {disk_full.size_of(last)})" if last is not None else ""
-        raise disk_full.stopped(root, f"writing the step-{step} checkpoint{took}", resume_hint(Path(run_dir))) from None
-    if final.exists():  # should a step be saved twice: never be without one complete copy
-        final.rename(old)
-    os.replace(tmp, final)
-    _fsync(root)
-    shutil.rmtree(old, ignore_errors=True)
+        raise disk_full.stopped(root, f"writing the step-{self.step} checkpoint{took}",
+                                resume_hint(self.run_dir)) from None
+
+
+def prune(run_dir: Path, keep: int) -> None:
+    """Remove all but the newest `keep` (>= 1: config.validate) complete checkpoints."""
     for stale in complete_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(stale, ignore_errors=True)
-    return final
-
-
-def _write_files(tmp: Path, cfg, step: int, position: DataPosition, cluster, run_id: str | None, task,
-                 metrics_rows: Sequence[str] = (), behaviour_version: int | None = None) -> None:
-    """Every file of the step-`step` checkpoint into `tmp`, manifest last, all fsynced."""
-    cluster.save_trainer_states([str((tmp / _shard(r)).resolve()) for r in range(len(cluster.trainers))])
-    import torch  # here, not at import: the run config imports CheckpointConfig without loading torch
-
-    from top_rl.run import rng
-    from top_rl.run import safe_load
-
-    def driver_state(f) -> None:
-        fault_injection.inject("enospc_in_checkpoint", step, path=f.name)
-        torch.save({"rng": rng.state()}, f)
-
-    _write(tmp / "driver.pt", driver_state)
-    safe_load.check_saved(tmp / "driver.pt")
-    fault_injection.inject("kill_in_checkpoint", step)
-    cluster.save_hf(str((tmp / "hf").resolve()))  # written by trainer rank 0
-    task.save_tokenizer(str(tmp / "hf"))
-    state = {"format": FORMAT, "step": step, "position": position.state_dict(), "run_id": run_id,
-             "config": cfg.as_dict(), "world": len(cluster.trainers)}
-    if cfg.rollout.policy_lag:  # the rollout in flight: generated again on resume, under this version
-        state["behaviour_version"] = behaviour_version
-    _write(tmp / METRICS_TAIL, lambda f: f.write("".join(line + "\n" for line in metrics_rows).encode()))
-    _write(tmp / "state.json", lambda f: f.write(json.dumps(state, indent=2).encode()))
-    checkpoint_manifest.write(tmp)  # last: sizes and checksums of everything above
-    _fsync_tree(tmp)
 
 
 # ------------------------------------------------------------------------------------------- resume
