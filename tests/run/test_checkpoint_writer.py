@@ -1,17 +1,19 @@
 """Issue 32 item 4: the checkpoint module manages its directory (begin, write, commit, verify, prune) and the loop
-fills it."""
+fills it; the test-only fault hooks are a FaultPlan the run plan carries, not a global read at import."""
 
 from __future__ import annotations
 
 import errno
 import json
+import pickle
 from pathlib import Path
 
 import pytest
 import torch
 
-from top_rl.run import checkpoint, disk_full, fault_injection, faults, rng
+from top_rl.run import checkpoint, disk_full, faults, rng
 from top_rl.run import manifest as checkpoint_manifest
+from top_rl.run.fault_injection import NO_FAULTS, POINTS, BadFaultSpec, FaultPlan
 from top_rl.tasks import DataPosition
 
 CONFIG = {"steps": 3, "trainer": {"dp": 1, "tp": 1, "pp": 1, "cp": 1}}
@@ -28,8 +30,8 @@ def _fill(writer: checkpoint.Writer, world: int = 1) -> None:
     writer.write_state(DataPosition(1, 2), "run-a", CONFIG, world, ['{"step": 1}'], None)
 
 
-def _save(run_dir: Path, step: int) -> Path:
-    with checkpoint.begin(run_dir, step) as writer:
+def _save(run_dir: Path, step: int, fault_plan: FaultPlan = NO_FAULTS) -> Path:
+    with checkpoint.begin(run_dir, step, fault_plan) as writer:
         _fill(writer)
         return writer.commit()
 
@@ -129,11 +131,10 @@ def test_a_full_disk_in_a_write_the_loop_hands_out_stops_the_run(tmp_path):
     _assert_disk_full_stop(stop, tmp_path, last, 3)
 
 
-def test_the_enospc_fault_point_fires_in_the_drivers_write_of_its_step(tmp_path, monkeypatch):
-    monkeypatch.setattr(fault_injection, "_PLAN", {("enospc_in_checkpoint", 3)})
-    last = _save(tmp_path, 2)  # another step's: nothing happens
+def test_the_enospc_fault_point_fires_in_the_drivers_write_of_its_step(tmp_path):
+    last = _save(tmp_path, 2, FaultPlan.parse("enospc_in_checkpoint:3"))  # another step's: nothing happens
     with pytest.raises(disk_full.DiskFull) as stop:
-        _save(tmp_path, 3)
+        _save(tmp_path, 3, FaultPlan.parse("enospc_in_checkpoint:3"))
     _assert_disk_full_stop(stop, tmp_path, last, 3)
 
 
@@ -141,3 +142,42 @@ def test_any_other_failure_propagates_and_leaves_the_partial_write_for_the_next_
     with pytest.raises(ValueError, match="not a disk"), checkpoint.begin(tmp_path, 1):
         raise ValueError("not a disk problem")
     assert (tmp_path / "checkpoints" / "step_000001.tmp").is_dir() and checkpoint.latest(tmp_path) is None
+
+
+# ------------------------------------------------------------------ the fault plan
+def test_a_fault_plan_parses_its_points_and_refuses_a_malformed_part():
+    plan = FaultPlan.parse(" kill_engine:2, enospc_in_checkpoint:3,")
+    assert plan.points == {("kill_engine", 2), ("enospc_in_checkpoint", 3)} and plan
+    assert FaultPlan.parse("") == NO_FAULTS and not NO_FAULTS
+    for spec, part in [("kill_engine:2,kill_engin:1", "'kill_engin:1' names no fault point"),
+                       ("kill_engine", "'kill_engine' is not kill_engine:N"),
+                       ("kill_trainer:x", "'kill_trainer:x' is not kill_trainer:N"),
+                       ("kill_after_step:0", "'kill_after_step:0' is not kill_after_step:N"),
+                       ("kill_after_step:-1", "'kill_after_step:-1' is not kill_after_step:N")]:
+        with pytest.raises(BadFaultSpec) as bad:
+            FaultPlan.parse(spec)
+        assert str(bad.value).startswith(f"TOP_RL_FAULT={spec!r}: {part}"), str(bad.value)
+    assert all(p in str(pytest.raises(BadFaultSpec, FaultPlan.parse, "x:1").value) for p in POINTS)
+
+
+def test_an_empty_plan_injects_nothing_and_a_plan_counts_occurrences_per_process():
+    for point in POINTS:
+        NO_FAULTS.inject(point, 1, path="x")
+    NO_FAULTS.inject("kill_engine")
+    assert not NO_FAULTS._calls  # an empty plan does not even count
+    plan = FaultPlan.parse("enospc_in_trainer_checkpoint:2")
+    plan.inject("enospc_in_trainer_checkpoint", path="a")  # the 1st: nothing
+    copy = pickle.loads(pickle.dumps(plan))  # a trainer rank's, sent in its TrainerSpec: counts from 0
+    assert copy == plan and not copy._calls
+    with pytest.raises(OSError) as e:
+        plan.inject("enospc_in_trainer_checkpoint", path="b")  # the 2nd
+    assert e.value.errno == errno.ENOSPC and e.value.filename == "b"
+    copy.inject("enospc_in_trainer_checkpoint", path="c")  # its 1st
+    plan.inject("kill_engine", 2)  # a point the plan does not name
+    FaultPlan.parse("kill_after_step:3").inject("kill_after_step", 2)  # another step
+
+
+def test_the_run_guard_takes_the_plan(tmp_path):
+    guard = faults.RunGuard(tmp_path, FaultPlan.parse("enospc_in_checkpoint:1"))
+    assert faults.RunGuard(tmp_path).fault_plan is NO_FAULTS
+    guard.step_done(1)  # kill_after_step is not in its plan: nothing happens

@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from top_rl.run import manifest as checkpoint_manifest
-from top_rl.run import disk_full, fault_injection
+from top_rl.run import disk_full
+from top_rl.run.fault_injection import NO_FAULTS, FaultPlan
 from top_rl.run.manifest import CheckpointInvalid, CheckpointUnsafe
 from top_rl.run.resume_compat import ResumeRefused, check_compatible, state_refusal  # noqa: F401 - also checkpoint.*
 from top_rl.tasks.base import DataPosition
@@ -102,15 +103,15 @@ def _fsync_tree(path: Path) -> None:
     _fsync(path)
 
 
-def begin(run_dir: Path, step: int) -> "Writer":
+def begin(run_dir: Path, step: int, faults: FaultPlan = NO_FAULTS) -> "Writer":
     """Start the step-`step` checkpoint: its `step_NNNNNN.tmp/` directory, created empty after removing what writes a
-    crash interrupted left (one writer per run: the run lock)."""
+    crash interrupted left (one writer per run: the run lock). `faults`: the run plan's (test-only)."""
     root = _dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{STEP_PREFIX}{step:06d}"
     for leftover in [*root.glob(f"{STEP_PREFIX}*.tmp"), *root.glob(f"{STEP_PREFIX}*.old")]:
         shutil.rmtree(leftover, ignore_errors=True)
-    writer = Writer(Path(run_dir), step, final)
+    writer = Writer(Path(run_dir), step, final, faults)
     writer.tmp.mkdir()
     return writer
 
@@ -122,8 +123,8 @@ class Writer:
     (`write_state`). Used as `with begin(...) as writer:`, a write into it that finds the disk full (this
     module's or another's) stops the run as DiskFull: the partial checkpoint removed, the last complete one kept."""
 
-    def __init__(self, run_dir: Path, step: int, final: Path):
-        self.run_dir, self.step, self.final = run_dir, step, final
+    def __init__(self, run_dir: Path, step: int, final: Path, faults: FaultPlan = NO_FAULTS):
+        self.run_dir, self.step, self.final, self.faults = run_dir, step, final, faults
         self.tmp = final.with_name(final.name + ".tmp")
 
     def trainer_shard(self, rank: int) -> str:
@@ -142,13 +143,13 @@ class Writer:
         from top_rl.run import safe_load
 
         def driver_state(f) -> None:
-            fault_injection.inject("enospc_in_checkpoint", self.step, path=f.name)
+            self.faults.inject("enospc_in_checkpoint", self.step, path=f.name)
             torch.save({"rng": rng_state}, f)
 
         with self:
             _write(self.tmp / "driver.pt", driver_state)
             safe_load.check_saved(self.tmp / "driver.pt")
-        fault_injection.inject("kill_in_checkpoint", self.step)
+        self.faults.inject("kill_in_checkpoint", self.step)
 
     def write_state(self, position: DataPosition, run_id: str | None, config: dict, world: int,
                     metrics_rows: Sequence[str] = (), behaviour_version: int | None = None) -> None:
