@@ -69,6 +69,23 @@ def behaviour_version(step: int, policy_lag: int) -> int:
     return step + 1 if policy_lag == 0 else max(step, 1)
 
 
+def save_checkpoint(run_dir: Path, cfg: RunConfig, step: int, position, cluster, task, run_id: str | None,
+                    metrics_rows, behaviour: int | None, fault_plan) -> Path:
+    """The step-`step` checkpoint (top_rl.run.checkpoint), filled here: every trainer rank writes its shard into it,
+    the driver its RNG, trainer rank 0 the policy as an HF checkpoint with the task's tokenizer beside it, the driver
+    the run's state; committed atomically, then pruned to checkpoint.keep. `behaviour`: the version the rollout in
+    flight is generated under (rollout.policy_lag, else None); `fault_plan`: the run plan's faults (test-only)."""
+    with checkpoint.begin(run_dir, step, fault_plan) as writer:  # a full disk in any of these stops the run cleanly
+        cluster.save_trainer_states([writer.trainer_shard(r) for r in range(len(cluster.trainers))])
+        writer.write_driver_state(rng.state())
+        cluster.save_hf(writer.hf_dir)
+        task.save_tokenizer(writer.hf_dir)
+        writer.write_state(position, run_id, cfg.as_dict(), len(cluster.trainers), metrics_rows, behaviour)
+        saved = writer.commit()
+    checkpoint.prune(run_dir, cfg.checkpoint.keep)
+    return saved
+
+
 class _Rollout:
     """A step's rollout: its prompts' items (one per sample), their counts, the submitted call."""
 
@@ -91,7 +108,7 @@ def run(cfg: RunConfig) -> dict:
     rng.seed(cfg.seed)
     # One run per run_dir; SIGINT/SIGTERM/SIGHUP stop the run after a checkpointed step; a dead trainer stops it
     # naming the checkpoint; a full disk stops it in one line, before the tracker and Ray shut down.
-    with faults.RunGuard(run_dir) as guard, run_lock.RunLock(run_dir), contextlib.ExitStack() as cleanup, \
+    with faults.RunGuard(run_dir, plan.faults) as guard, run_lock.RunLock(run_dir), contextlib.ExitStack() as cleanup, \
             faults.StopOnFullDisk(run_dir):
         state = preflight.confirm_under_lock(cfg, ready)  # None: a fresh run (which never overwrites checkpoints)
         cluster = Cluster(plan)
@@ -196,8 +213,9 @@ def run(cfg: RunConfig) -> dict:
             tracker.log(step + 1, last)
             if checkpoint.due(cfg.checkpoint, step + 1, cfg.steps) or guard.stopping:
                 # the data position before the rollout in flight (policy_lag=1): a resume generates it again
-                checkpoint.save(run_dir, cfg, step + 1, position, cluster, tracker.run_id, task,
-                                tracker.rows_since(saved_step), behaviour_version(step + 1, lag))
+                save_checkpoint(run_dir, cfg, step + 1, position, cluster, task, tracker.run_id,
+                                tracker.rows_since(saved_step), behaviour_version(step + 1, lag) if lag else None,
+                                plan.faults)
                 saved_step = step + 1
             guard.step_done(step + 1)  # stops here after SIGINT/SIGTERM
     return last

@@ -26,6 +26,7 @@ from top_rl.driver.plan import EngineSpec, RunPlan, TrainerSpec
 from top_rl.tasks import prompts
 from top_rl.run import lock as run_lock
 from top_rl.run.checkpoint import ResumeRefused
+from top_rl.run.fault_injection import NO_FAULTS, BadFaultSpec, FaultPlan
 from top_rl.config import ConfigError, kernel_backend, resolve_kernel_plan
 from top_rl.model import family
 from top_rl.driver.placement import PlacementError
@@ -43,7 +44,7 @@ class Refused(ValueError):
 
 # What `top-rl` reports as a one-message refusal (exit 1, no traceback).
 REFUSALS = (Refused, ConfigError, TopConfigError, BadInput, UnsupportedModel, ResumeRefused, RunDirLocked,
-            PlacementError, LayoutError)
+            PlacementError, LayoutError, BadFaultSpec)
 
 
 @dataclass
@@ -57,6 +58,13 @@ class Ready:
     shape: layout_rules.ModelShape | None = None  # the model's sizes the trainer layout splits
     sglang: tuple = ()  # rollout=sglang: each engine's checked SglangEngineConfig
     placement: placement.Placement | None = None
+    faults: FaultPlan = NO_FAULTS  # test-only: what TOP_RL_FAULT names (top_rl.run.fault_injection)
+
+
+def fault_plan(cfg, ready: Ready) -> None:
+    """Test-only: TOP_RL_FAULT, read here once into the run plan (top_rl.run.fault_injection); a malformed one is
+    refused naming the bad part."""
+    ready.faults = FaultPlan.from_env()
 
 
 def config_values(cfg, ready: Ready) -> None:
@@ -219,7 +227,7 @@ def resume_state(cfg, ready: Ready) -> None:
         raise
 
 
-CONFIG_CHECKS = (config_values, task_config, sglang_engines, trainer_layout)
+CONFIG_CHECKS = (fault_plan, config_values, task_config, sglang_engines, trainer_layout)
 CHECKS = CONFIG_CHECKS + (resources, run_dir_writable, task_data, model_fits_task, host_memory, shared_gpu_memory,
                           prompt_lengths, resume_state)
 # What a sweep checks for every job before its first job starts (top_rl.cli): the config's refusals and those this
@@ -254,12 +262,13 @@ def run_plan(cfg, ready: Ready) -> RunPlan:
                                                 old_logprobs=str(cfg.algo.old_logprobs),
                                                 policy_lag=cfg.rollout.policy_lag),
                           model_cfg=cfg.model, arch=ready.model_cfg, vocab_size=ready.task.vocab_size,
-                          eos_token_id=ready.task.eos_token_id, release_cache_after_step=cfg.cluster.gpu_handoff)
+                          eos_token_id=ready.task.eos_token_id, release_cache_after_step=cfg.cluster.gpu_handoff,
+                          faults=ready.faults)
     return RunPlan(
         cluster=cfg.cluster, placement=ready.placement,
         kernels=resolve_kernel_plan(cfg),  # decided once, here; written back into cfg.top.fast_paths
         engines=tuple(EngineSpec(cfg.rollout.engine, cfg.rollout.logprob_source, cfg.model.dtype, ready.model_cfg, sglang=s)
                       for s in sglang),
-        trainer=trainer,
+        trainer=trainer, faults=ready.faults,
         initial_policy=str(initial_policy_dir(run_dir)) if cfg.rollout.engine == "sglang" and not cfg.model.path
         else None)

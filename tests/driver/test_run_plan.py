@@ -39,3 +39,15 @@ def test_each_sglang_engine_gets_its_checked_server_config(tmp_path):
     # no model.path: the servers start from the run's random initial policy, which trainer rank 0 writes
     assert {s.model_path for s in ready.sglang} == {str((tmp_path / "run" / "initial_policy").resolve())}
     assert {s.attention_backend for s in ready.sglang} == {cfg.top.attention_backend}
+
+
+def test_the_fault_plan_is_read_once_into_the_run_plan_and_the_trainer_spec(tmp_path, monkeypatch):
+    from top_rl.run.fault_injection import NO_FAULTS, FaultPlan
+
+    cfg = compose([f"run_dir={tmp_path / 'run'}", *SMALL])
+    assert preflight.run_plan(cfg, preflight.check(cfg)).faults == NO_FAULTS  # unset: an empty plan
+    monkeypatch.setenv("TOP_RL_FAULT", "kill_engine:2,enospc_in_trainer_checkpoint:1")
+    ready = preflight.check(cfg)
+    monkeypatch.delenv("TOP_RL_FAULT")  # read at the check, never again
+    plan = preflight.run_plan(cfg, ready)
+    assert plan.faults == FaultPlan.parse("kill_engine:2,enospc_in_trainer_checkpoint:1") == plan.trainer.faults

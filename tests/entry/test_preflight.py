@@ -211,6 +211,27 @@ def test_cli_refusals_are_one_message_and_leave_no_run_dir(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+# ------------------------------------------------------------------ issue 32: the test-only fault plan
+def test_a_malformed_fault_spec_is_refused_before_anything_starts_naming_the_part(tmp_path, nothing_starts,
+                                                                                   monkeypatch):
+    monkeypatch.setenv("TOP_RL_FAULT", "kill_engine:1,kill_trainr:2")
+    message = _refused(tmp_path / "run")
+    assert message.startswith("TOP_RL_FAULT='kill_engine:1,kill_trainr:2': 'kill_trainr:2' names no fault point")
+    monkeypatch.setenv("TOP_RL_FAULT", "kill_engine:soon")
+    assert "'kill_engine:soon' is not kill_engine:N with N a whole number >= 1" in _refused(tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_cli_refuses_a_malformed_fault_spec_in_one_line_before_ray(tmp_path):
+    env = {**os.environ, "WANDB_MODE": "disabled", "TOP_RL_FAULT": "kill_after_step:three"}
+    out = subprocess.run([sys.executable, "-m", "top_rl.cli", f"run_dir={tmp_path / 'run'}", *SMALL],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 1 and out.stderr.splitlines() == [
+        "top-rl: TOP_RL_FAULT='kill_after_step:three': 'kill_after_step:three' is not kill_after_step:N with N a whole "
+        "number >= 1 (the step, or the occurrence in its process)"], out.stderr[-3000:]
+    assert list(tmp_path.iterdir()) == []
+
+
 # ------------------------------------------------------------------ issue 24: SGLang extra_args before Ray
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sglang_cpu  # noqa: E402

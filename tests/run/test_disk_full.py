@@ -20,16 +20,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import rl_runs  # noqa: E402
 from rl_runs import BASE, STEPS  # noqa: E402
 
-from top_rl.rollout.config import RolloutConfig  # noqa: E402
+from top_rl import loop  # noqa: E402
 from top_rl.run import checkpoint
 from top_rl.run import manifest as checkpoint_manifest
 from top_rl.run import disk_full
-from top_rl.run import fault_injection, faults  # noqa: E402
+from top_rl.run import faults  # noqa: E402
+from top_rl.run.fault_injection import NO_FAULTS, FaultPlan  # noqa: E402
 from top_rl.tasks import ArithTask, DataPosition  # noqa: E402
 
 
 class _StandInCluster:
-    """Test double for the Ray cluster in `checkpoint.save`: writes small stand-in files where ranks would."""
+    """Test double for the Ray cluster in `loop.save_checkpoint`: writes small stand-in files where ranks would."""
 
     trainers = [None]
 
@@ -44,21 +45,20 @@ class _StandInCluster:
 
 class _Cfg:
     checkpoint = checkpoint.CheckpointConfig(every=1, keep=2)
-    rollout = RolloutConfig()  # policy_lag 0: no rollout in flight to record
 
     def as_dict(self):
         return {"steps": 3}
 
 
-def test_enospc_in_the_drivers_checkpoint_write_stops_with_one_line_and_keeps_the_last_checkpoint(tmp_path,
-                                                                                                  monkeypatch):
-    save = lambda step: checkpoint.save(tmp_path, _Cfg(), step, DataPosition(), _StandInCluster(), None,  # noqa: E731
-                                        ArithTask())
+def test_enospc_in_the_drivers_checkpoint_write_stops_with_one_line_and_keeps_the_last_checkpoint(tmp_path):
+    def save(step, fault_plan=NO_FAULTS):
+        return loop.save_checkpoint(tmp_path, _Cfg(), step, DataPosition(), _StandInCluster(), ArithTask(), None, (),
+                                    None, fault_plan)
+
     last = save(2)
     before = rl_runs.tree_hash(last)
-    monkeypatch.setattr(fault_injection, "_PLAN", {("enospc_in_checkpoint", 3)})
     with pytest.raises(disk_full.DiskFull) as stop:
-        save(3)
+        save(3, FaultPlan.parse("enospc_in_checkpoint:3"))
     root = tmp_path / "checkpoints"
     free, total = disk_full.free_space(root)
     msg = str(stop.value)

@@ -19,6 +19,7 @@ from top_rl import kernels
 from top_rl.driver import rendezvous
 from top_rl.driver.plan import EngineSpec, TrainerSpec
 from top_rl.kernels.plan import KernelPlan
+from top_rl.run.fault_injection import NO_FAULTS
 from top_rl.weights import senders
 from top_rl.weights.sglang_distributed import SglangDistributed
 from top_rl.weights.transport import Endpoint, Link, Transport
@@ -151,6 +152,7 @@ class TrainerActor:
         _setup_process(kernel_plan, threads)
         self.rank, self.world = rank, world
         self.transports: dict[int, senders.WeightTransport] = {}  # rank 0: engine index -> its variant, made at connect
+        self.faults = NO_FAULTS  # test-only: the TrainerSpec's (top_rl.run.fault_injection)
 
     def endpoint(self) -> Endpoint:
         return Endpoint.here()
@@ -188,6 +190,7 @@ class TrainerActor:
         self.trainer.snapshots = PolicySnapshots(keep=spec.step_cfg.policy_lag)
         self.step_cfg = spec.step_cfg
         self.release_cache = spec.release_cache_after_step
+        self.faults = spec.faults
         if spec.model_cfg.path:
             self.trainer.load_hf(spec.model_cfg.path)
         else:
@@ -232,13 +235,12 @@ class TrainerActor:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str) -> None:
         """This rank's shard, written by the rank itself (run_dir must be on storage every node sees)."""
-        from top_rl.run import fault_injection
         from top_rl.run import rng
         from top_rl.run import safe_load
 
         state = {"trainer": self.trainer.state_dict(), "rng": rng.state()}
         with open(path, "wb") as f:  # a Python file: a full disk raises OSError(ENOSPC), torch's own writer loses it
-            fault_injection.inject("enospc_in_trainer_checkpoint", path=path)
+            self.faults.inject("enospc_in_trainer_checkpoint", path=path)
             torch.save(state, f)
         safe_load.check_saved(path)
 

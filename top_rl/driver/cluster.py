@@ -25,7 +25,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from top_rl.observe.progress import RolloutProgress
-from top_rl.run import fault_injection, faults
+from top_rl.run import faults
 from top_rl.driver import local_ray
 from top_rl.driver import placement
 from top_rl.driver import rendezvous
@@ -93,6 +93,7 @@ class Cluster:
         self.restarts_left, self.max_restarts = cfg.max_engine_restarts, cfg.max_engine_restarts
         self.rollout_chunk = cfg.rollout_chunk
         self.weight_version = 0
+        self.faults = plan.faults  # test-only (top_rl.run.fault_injection): kill_engine, kill_trainer
 
         t = plan.trainer
         self.trainers = [
@@ -169,7 +170,7 @@ class Cluster:
             if refs is None:
                 refs = [submit(i, e) for i, e in enumerate(self.engines)]
                 if fault:
-                    fault_injection.inject(fault, actor=self.engines[0])
+                    self.faults.inject(fault, actor=self.engines[0])
             try:
                 return self._get(refs, [f"rollout engine {i}" for i in range(len(refs))], what, poll)
             except ActorFailed as e:
@@ -209,7 +210,7 @@ class Cluster:
         pending = PendingRollout(waves, params, self.weight_version, len(prompts))
         if waves:
             pending.first = [self._wave_call(waves[0], params)(i, e) for i, e in enumerate(self.engines)]
-            fault_injection.inject("kill_engine", actor=self.engines[0])
+            self.faults.inject("kill_engine", actor=self.engines[0])
         return pending
 
     def _wave_call(self, wave, params):
@@ -286,7 +287,7 @@ class Cluster:
     def _on_trainers(self, method: str, args_per_rank, what: str, fault: str | None = None) -> list:
         refs = [getattr(t, method).remote(*args) for t, args in zip(self.trainers, args_per_rank)]
         if fault:
-            fault_injection.inject(fault, actor=self.trainers[0])
+            self.faults.inject(fault, actor=self.trainers[0])
         return self._get(refs, [f"trainer rank {r}" for r in range(len(refs))], what)
 
     def rl_step(self, batch):

@@ -1,6 +1,8 @@
 """The run plan: everything the driver places and starts, decided once by preflight (top_rl.preflight.run_plan)
 from the run config and what the checks loaded, frozen, and handed whole to `Cluster(plan)`. No actor re-reads the
-run config: an engine gets its EngineSpec, a trainer rank the TrainerSpec."""
+run config: an engine gets its EngineSpec, a trainer rank the TrainerSpec. The test-only fault plan (TOP_RL_FAULT, read
+once by preflight: top_rl.run.fault_injection) travels the same way: `RunPlan.faults` for the driver's code,
+`TrainerSpec.faults` for the trainer ranks."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any
 from top_rl.driver.placement import ClusterConfig, Placement
 from top_rl.kernels.plan import KernelPlan
 from top_rl.rollout.sglang_config import SglangEngineConfig
+from top_rl.run.fault_injection import NO_FAULTS, FaultPlan
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class TrainerSpec:
     # cluster.gpu_handoff: after each step every rank gives its cached GPU memory back (torch.cuda.empty_cache), so a
     # server resuming on its GPU finds it free
     release_cache_after_step: bool = False
+    faults: FaultPlan = NO_FAULTS  # test-only: the faults a rank causes (enospc_in_trainer_checkpoint)
 
 
 @dataclass(frozen=True)
@@ -49,3 +53,4 @@ class RunPlan:
     # rollout=sglang without model.path: where trainer rank 0 writes the random initial policy the servers start
     # from (their configs' model_path); None otherwise.
     initial_policy: str | None = None
+    faults: FaultPlan = NO_FAULTS  # test-only (TOP_RL_FAULT): the faults the driver's code causes

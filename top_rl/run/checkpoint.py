@@ -15,13 +15,17 @@
   metrics_tail.jsonl   the metrics.jsonl lines logged since the checkpoint before it, as written: a resume rewrites
                        a damaged row of a kept step from them (top_rl.observe.metrics_resume)
   manifest.json        size and SHA-256 of every file above (top_rl.run.manifest); written last
-A checkpoint is written into `step_NNNNNN.tmp/` (then fsynced) and renamed when complete, so a
-crash mid-write leaves the previous one as the latest. A checkpoint is trusted only once it verifies
-against its manifest: resume takes the newest one that does and names each one skipped (and the file
-that failed); the stop message and `top-rl-export` do the same. A checkpoint holding what top-rl never writes
-(a pickle that would run code, a link, a file the manifest does not list, an entry outside it: CheckpointUnsafe)
-stops the resume instead. Sampling seeds and data order are pure functions of (seed, step, position), so this
-is the whole state.
+This module manages that directory and the loop fills it (top_rl.loop.save_checkpoint): `begin(run_dir, step)` makes
+`step_NNNNNN.tmp/` (removing what an interrupted write left), the Writer names the paths the trainer ranks and the
+task write into and writes the driver's files, `commit` writes the manifest, fsyncs and renames it complete, `prune`
+keeps the newest `checkpoint.keep`; nothing here calls the cluster or the task. A crash mid-write leaves the previous
+checkpoint as the latest; a full disk stops the run (top_rl.run.disk_full) with the partial one removed.
+A checkpoint is trusted only once it verifies against its manifest (`load_verified`): resume takes the newest one that
+does and names each one skipped (and the file that failed); the stop message and `top-rl-export` do the same. A
+checkpoint holding what top-rl never writes (a pickle that would run code, a link, a file the manifest does not list,
+an entry outside it: CheckpointUnsafe) stops the resume instead; whether this run's config may continue it is
+top_rl.run.resume_compat's. Sampling seeds and data order are pure functions of (seed, step, position), so this is
+the whole state.
 """
 
 from __future__ import annotations
@@ -37,28 +41,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from top_rl.run import manifest as checkpoint_manifest
-from top_rl.run import disk_full, fault_injection
+from top_rl.run import disk_full
+from top_rl.run.fault_injection import NO_FAULTS, FaultPlan
 from top_rl.run.manifest import CheckpointInvalid, CheckpointUnsafe
+from top_rl.run.resume_compat import ResumeRefused, check_compatible, state_refusal  # noqa: F401 - also checkpoint.*
 from top_rl.tasks.base import DataPosition
 
 STEP_PREFIX = "step_"
 METRICS_TAIL = "metrics_tail.jsonl"
 _STEP_DIR = re.compile(r"step_(\d+)")
 FORMAT = 2  # 2: manifest.json (format-1 checkpoints have none and load unverified, with a note)
-# Keys a resume may change freely: they do not enter any computed number.
-RESUME_FREE_KEYS = {"steps", "run_dir", "resume", "resume_allow_changes", "dry_run", "checkpoint", "tracking",
-                    "cluster", "top.fast_paths",  # fast paths: the same numbers, faster
-                    # where and how an SGLang engine runs and takes its weights (they arrive bitwise either way)
-                    *(f"rollout.sglang.{k}" for k in (
-                        "host", "port", "python", "log_path", "startup_timeout_s", "request_timeout_s", "max_retries",
-                        "retry_backoff_s", "restart_on_failure", "validate_with_parser", "weights_dir",
-                        "keep_weight_versions", "flattened_buckets", "weight_group_name",
-                        "weight_sync", "bucket_mb"))}  # the last two: recorded by runs before cluster.weight_transport
-# Keys whose value a resume takes from the checkpoint, so a change could not take effect: refused even under
-# resume_allow_changes=true (every other change it allows is applied: rollout, algo, task, top, seed, and the
-# trainer's optimizer settings, which top_rl.train.optim puts into the loaded optimizer).
-RESUME_FROM_CHECKPOINT = {"model.": "the policy's weights and architecture are the checkpoint's",
-                          "trainer.seed": "the trainer's RNG state is the checkpoint's"}
 
 
 @dataclass
@@ -67,8 +59,6 @@ class CheckpointConfig:
     keep: int = 2  # newest complete checkpoints kept (>= 1)
 
 
-class ResumeRefused(ValueError):
-    pass
 
 
 def _dir(run_dir: Path) -> Path:
@@ -101,7 +91,7 @@ def latest(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-# ------------------------------------------------------------------------------------------- save
+# ------------------------------------------------------------------------------------------- write
 def _write(path: Path, write) -> None:
     with open(path, "wb") as f:
         write(f)
@@ -113,63 +103,103 @@ def _fsync_tree(path: Path) -> None:
     _fsync(path)
 
 
-def save(run_dir: Path, cfg, step: int, position: DataPosition, cluster, run_id: str | None, task,
-         metrics_rows: Sequence[str] = (), behaviour_version: int | None = None) -> Path:
-    """Write the step-`step` checkpoint atomically and prune to the newest `checkpoint.keep`. `metrics_rows`: the
-    metrics lines logged since the checkpoint before (Tracker.rows_since), kept as METRICS_TAIL."""
-    keep = cfg.checkpoint.keep  # >= 1: config.validate
+def begin(run_dir: Path, step: int, faults: FaultPlan = NO_FAULTS) -> "Writer":
+    """Start the step-`step` checkpoint: its `step_NNNNNN.tmp/` directory, created empty after removing what writes a
+    crash interrupted left (one writer per run: the run lock). `faults`: the run plan's (test-only)."""
     root = _dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{STEP_PREFIX}{step:06d}"
-    tmp, old = final.with_name(final.name + ".tmp"), final.with_name(final.name + ".old")
     for leftover in [*root.glob(f"{STEP_PREFIX}*.tmp"), *root.glob(f"{STEP_PREFIX}*.old")]:
-        shutil.rmtree(leftover, ignore_errors=True)  # from a write a crash interrupted (one writer per run)
-    tmp.mkdir()
-    try:
-        _write_files(tmp, cfg, step, position, cluster, run_id, task, metrics_rows, behaviour_version)
-    except Exception as e:
-        if not (disk_full.is_no_space(e) or disk_full.free_space(root)[0] < disk_full.LOW_SPACE_BYTES):
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)  # the partial checkpoint: its space back, the last complete one kept
-        last = latest(run_dir)
+        shutil.rmtree(leftover, ignore_errors=True)
+    writer = Writer(Path(run_dir), step, final, faults)
+    writer.tmp.mkdir()
+    return writer
+
+
+class Writer:
+    """One checkpoint being written (see module doc), into `tmp` until `commit` renames it complete. The loop fills
+    it (top_rl.loop.save_checkpoint): the trainer ranks write their shards to `trainer_shard(rank)`, rank 0 and the
+    task the HF policy and tokenizer into `hf_dir`, the driver its RNG (`write_driver_state`) and the run's state
+    (`write_state`). Used as `with begin(...) as writer:`, a write into it that finds the disk full (this
+    module's or another's) stops the run as DiskFull: the partial checkpoint removed, the last complete one kept."""
+
+    def __init__(self, run_dir: Path, step: int, final: Path, faults: FaultPlan = NO_FAULTS):
+        self.run_dir, self.step, self.final, self.faults = run_dir, step, final, faults
+        self.tmp = final.with_name(final.name + ".tmp")
+
+    def trainer_shard(self, rank: int) -> str:
+        """Where trainer rank `rank` writes its shard (absolute: an actor's cwd is not the driver's)."""
+        return str((self.tmp / _shard(rank)).resolve())
+
+    @property
+    def hf_dir(self) -> str:
+        """Where the policy goes as a Hugging Face checkpoint (trainer rank 0), with the task's tokenizer."""
+        return str((self.tmp / "hf").resolve())
+
+    def write_driver_state(self, rng_state: dict) -> None:
+        """driver.pt: the driver's RNG (top_rl.run.rng.state())."""
+        import torch  # here, not at import: the run config imports CheckpointConfig without loading torch
+
+        from top_rl.run import safe_load
+
+        def driver_state(f) -> None:
+            self.faults.inject("enospc_in_checkpoint", self.step, path=f.name)
+            torch.save({"rng": rng_state}, f)
+
+        with self:
+            _write(self.tmp / "driver.pt", driver_state)
+            safe_load.check_saved(self.tmp / "driver.pt")
+        self.faults.inject("kill_in_checkpoint", self.step)
+
+    def write_state(self, position: DataPosition, run_id: str | None, config: dict, world: int,
+                    metrics_rows: Sequence[str] = (), behaviour_version: int | None = None) -> None:
+        """state.json (step, data position, wandb run id, resolved config, trainer world; rollout.policy_lag: the
+        version the rollout in flight is generated under) and METRICS_TAIL, the metrics lines logged since the
+        checkpoint before (Tracker.rows_since)."""
+        state = {"format": FORMAT, "step": self.step, "position": position.state_dict(), "run_id": run_id,
+                 "config": config, "world": world}
+        if behaviour_version is not None:  # the rollout in flight: generated again on resume, under this version
+            state["behaviour_version"] = behaviour_version
+        with self:
+            _write(self.tmp / METRICS_TAIL, lambda f: f.write("".join(line + "\n" for line in metrics_rows).encode()))
+            _write(self.tmp / "state.json", lambda f: f.write(json.dumps(state, indent=2).encode()))
+
+    def commit(self) -> Path:
+        """The manifest (last: sizes and checksums of everything above), every file fsynced, then the atomic rename
+        to `step_NNNNNN/`. Returns its path."""
+        with self:
+            checkpoint_manifest.write(self.tmp)
+            _fsync_tree(self.tmp)
+        old = self.final.with_name(self.final.name + ".old")
+        if self.final.exists():  # should a step be saved twice: never be without one complete copy
+            self.final.rename(old)
+        os.replace(self.tmp, self.final)
+        _fsync(self.final.parent)
+        shutil.rmtree(old, ignore_errors=True)
+        return self.final
+
+    def __enter__(self) -> "Writer":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """A write that failed for lack of space stops the run (see class doc); any other failure propagates, the
+        `.tmp` left for the next `begin` to remove."""
+        if not isinstance(exc, Exception) or isinstance(exc, disk_full.DiskFull):
+            return
+        root = self.tmp.parent
+        if not (disk_full.is_no_space(exc) or disk_full.free_space(root)[0] < disk_full.LOW_SPACE_BYTES):
+            return
+        shutil.rmtree(self.tmp, ignore_errors=True)  # the partial checkpoint: its space back, the last complete one kept
+        last = latest(self.run_dir)
         took = f" (the last one, {last.name}, takes {disk_full.size_of(last)})" if last is not None else ""
-        raise disk_full.stopped(root, f"writing the step-{step} checkpoint{took}", resume_hint(Path(run_dir))) from None
-    if final.exists():  # should a step be saved twice: never be without one complete copy
-        final.rename(old)
-    os.replace(tmp, final)
-    _fsync(root)
-    shutil.rmtree(old, ignore_errors=True)
+        raise disk_full.stopped(root, f"writing the step-{self.step} checkpoint{took}",
+                                resume_hint(self.run_dir)) from None
+
+
+def prune(run_dir: Path, keep: int) -> None:
+    """Remove all but the newest `keep` (>= 1: config.validate) complete checkpoints."""
     for stale in complete_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(stale, ignore_errors=True)
-    return final
-
-
-def _write_files(tmp: Path, cfg, step: int, position: DataPosition, cluster, run_id: str | None, task,
-                 metrics_rows: Sequence[str] = (), behaviour_version: int | None = None) -> None:
-    """Every file of the step-`step` checkpoint into `tmp`, manifest last, all fsynced."""
-    cluster.save_trainer_states([str((tmp / _shard(r)).resolve()) for r in range(len(cluster.trainers))])
-    import torch  # here, not at import: the run config imports CheckpointConfig without loading torch
-
-    from top_rl.run import rng
-    from top_rl.run import safe_load
-
-    def driver_state(f) -> None:
-        fault_injection.inject("enospc_in_checkpoint", step, path=f.name)
-        torch.save({"rng": rng.state()}, f)
-
-    _write(tmp / "driver.pt", driver_state)
-    safe_load.check_saved(tmp / "driver.pt")
-    fault_injection.inject("kill_in_checkpoint", step)
-    cluster.save_hf(str((tmp / "hf").resolve()))  # written by trainer rank 0
-    task.save_tokenizer(str(tmp / "hf"))
-    state = {"format": FORMAT, "step": step, "position": position.state_dict(), "run_id": run_id,
-             "config": cfg.as_dict(), "world": len(cluster.trainers)}
-    if cfg.rollout.policy_lag:  # the rollout in flight: generated again on resume, under this version
-        state["behaviour_version"] = behaviour_version
-    _write(tmp / METRICS_TAIL, lambda f: f.write("".join(line + "\n" for line in metrics_rows).encode()))
-    _write(tmp / "state.json", lambda f: f.write(json.dumps(state, indent=2).encode()))
-    checkpoint_manifest.write(tmp)  # last: sizes and checksums of everything above
-    _fsync_tree(tmp)
 
 
 # ------------------------------------------------------------------------------------------- resume
@@ -272,73 +302,6 @@ def prepare(run_dir: Path, cfg) -> dict | None:
     state["path"] = str(found)
     print(f"[top-rl] resuming from {found} (step {state['step']})", flush=True)
     return state
-
-
-_LAYOUT_KEYS = ("dp", "tp", "pp", "cp")
-
-
-def state_refusal(ckpt: Path, state: dict) -> str | None:
-    """What in state.json a resume cannot use, naming the file and key (None: nothing). A manifest is a checksum, not
-    a signature: a hand-edited state.json with its manifest recomputed verifies, and a world of 0 or a broken data
-    position would otherwise fail only once Ray and the trainers had started."""
-    where = Path(ckpt) / "state.json"
-    trainer = state["config"].get("trainer") if isinstance(state.get("config"), dict) else None
-    if not isinstance(trainer, dict):
-        return f"{where}: config.trainer is missing (the resolved config the checkpoint was written with)"
-    layout = {k: trainer.get(k, 1) for k in _LAYOUT_KEYS}
-    bad = [k for k, v in layout.items() if type(v) is not int or v < 1]
-    if bad:
-        return f"{where}: config.trainer.{bad[0]}={layout[bad[0]]!r} must be a whole number >= 1"
-    ranks = layout["dp"] * layout["tp"] * layout["pp"] * layout["cp"]
-    if type(state["world"]) is not int or state["world"] != ranks:
-        return (f"{where}: world={state['world']!r}, but its trainer layout {layout} has {ranks} rank(s), one "
-                "trainer_rankNNN.pt each")
-    position = state.get("position")
-    if not isinstance(position, dict) or any(type(position.get(k)) is not int or position[k] < 0
-                                             for k in ("epoch", "index")):
-        return f"{where}: position={position!r} must be {{'epoch': E, 'index': I}}, whole numbers >= 0 (the data position)"
-    if state.get("run_id") is not None and not isinstance(state["run_id"], str):
-        return f"{where}: run_id={state['run_id']!r} must be a string or null (the wandb run id)"
-    return None
-
-
-def check_compatible(saved: dict, current: dict, allow_changes: bool) -> list[str]:
-    """Config keys that differ between the checkpoint and this run (outside RESUME_FREE_KEYS)."""
-    diffs: list[str] = []
-    newer: list[str] = []  # settings added to top-rl after the checkpoint was written
-
-    def walk(a, b, prefix):
-        for k in sorted(set(a) | set(b)):
-            key = f"{prefix}{k}"
-            if key in RESUME_FREE_KEYS:
-                continue
-            va, vb = a.get(k, "<absent>"), b.get(k, "<absent>")
-            if isinstance(va, dict) and isinstance(vb, dict):
-                walk(va, vb, key + ".")
-            elif k not in a:  # a new setting keeps the old behaviour by default: a notice, not a change
-                newer.append(f"{key}={vb!r}")
-            elif va != vb:
-                diffs.append(f"{key}: checkpoint {va!r} -> now {vb!r}")
-
-    walk(saved, current, "")
-    if newer:
-        print("[top-rl] the checkpoint predates these settings; resuming with their values: " + ", ".join(newer),
-              flush=True)
-    fixed = [f"{d} ({why})" for d in diffs for key, why in RESUME_FROM_CHECKPOINT.items()
-             if d.split(":", 1)[0] == key or key.endswith(".") and d.startswith(key)]
-    if fixed and allow_changes:
-        raise ResumeRefused("resume refused: these settings come from the checkpoint on resume, so a change cannot "
-                            "take effect (resume_allow_changes=true does not cover them):\n  " + "\n  ".join(fixed)
-                            + "\nRestore them, or start a new run (another run_dir=) to train with them.")
-    if diffs and not allow_changes:
-        raise ResumeRefused(
-            "resume refused: these settings differ from the checkpoint and would break determinism:\n  "
-            + "\n  ".join(diffs) + "\nRestore them, or pass resume_allow_changes=true to resume anyway."
-        )
-    if diffs:
-        print("[top-rl] resuming with changed settings (resume_allow_changes=true):\n  " + "\n  ".join(diffs),
-              flush=True)
-    return diffs
 
 
 def saved_metrics(state: dict | None) -> list[str]:

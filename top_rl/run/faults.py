@@ -13,7 +13,7 @@
   gone: writes to it would fail (EIO) and stop the run mid-step, so they go to /dev/null instead.
   Checkpoints are written atomically (top_rl.run.checkpoint), so either way the last complete one is intact.
 
-The test-only hook that causes them is top_rl/run/fault_injection.py.
+The test-only hook that causes them is top_rl/run/fault_injection.py: the run plan's `faults`, handed to RunGuard.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from top_rl.run import disk_full
-from top_rl.run.fault_injection import inject
+from top_rl.run.fault_injection import NO_FAULTS, FaultPlan
 from top_rl.run.checkpoint import resume_hint  # noqa: F401 - the stop messages' hint
 from top_rl.run.stopped import ActorFailed, RunStopped  # noqa: F401 - raised and caught as faults.*
 
@@ -90,8 +90,9 @@ def startup_signal_name() -> str:
 class RunGuard:
     """Wraps a run: signal handling (see module doc) and clean stops naming the checkpoint to resume."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, fault_plan: FaultPlan = NO_FAULTS):
         self.run_dir = Path(run_dir)
+        self.fault_plan = fault_plan  # test-only (top_rl.run.fault_injection): kill_after_step
         self.signum: int | None = None
         self._previous: dict[int, object] = {}
 
@@ -102,7 +103,7 @@ class RunGuard:
 
     def step_done(self, step: int) -> None:
         """Called once step `step` is logged and (if due) checkpointed."""
-        inject("kill_after_step", step)
+        self.fault_plan.inject("kill_after_step", step)
         if self.signum is not None:
             name = signal.Signals(self.signum).name
             raise RunStopped(f"stopped by {name} after step {step}. {resume_hint(self.run_dir)}",
