@@ -86,24 +86,25 @@ def poison_main(model, prompts, seeds, params) -> None:
             cache = model.new_kv_cache(len(prompts), max(map(len, prompts)) + NEW)
             return engine._prefill(prompts, cache, model.lm_head_weight())
 
-    runs = {}
-    for value in (0.0, float("nan"), 1e4, 0.0):
+    base = None
+    # 0 first (the base), NaN next (a read of unwritten memory shows as NaNs), 0 again (the repeat), then 1e4;
+    # each row is printed as soon as its run is done, so a call's time limit keeps the rows before it
+    for value in (0.0, float("nan"), 0.0, 1e4):
         poison(value)
         outs = layer_outputs(model, prefill)
         poison(value)
         gen = engine.generate(prompts, seeds, params)
-        runs.setdefault(value if value == value else "nan", []).append((outs, gen))
         print(f"[probe] poisoned with {value}: prefill and generate done", flush=True)
-    base_outs, base_gen = runs[0.0][0]
-    print("\n### poisoned free memory: prefill layer outputs and generate against the first 0-poisoned run\n")
-    print("| poison | first prefill output that differs | max abs diff there | NaNs in logits | generate: "
-          "token rows / log-prob positions differing |\n|---|---|---|---|---|")
-    for value, rep in runs.items():
-        for outs, gen in rep[1:] if value == 0.0 else rep:
-            first = next(((name, (a - b).abs().nan_to_num(float("inf")).max().item())
-                          for (name, a), (_, b) in zip(outs, base_outs) if not torch.equal(a, b)), ("none", 0.0))
-            nans = int(outs[-1][1].isnan().sum())
-            print(f"| {value} | {first[0]} | {first[1]:.3g} | {nans} | %d / %d |" % _diff(gen, base_gen))
+        if base is None:
+            base = (outs, gen)
+            print("\n### poisoned free memory: prefill layer outputs and generate against the first 0-poisoned run\n")
+            print("| poison | first prefill output that differs | max abs diff there | NaNs in logits | generate: "
+                  "token rows / log-prob positions differing |\n|---|---|---|---|---|", flush=True)
+            continue
+        first = next(((name, (a - b).abs().nan_to_num(float("inf")).max().item())
+                      for (name, a), (_, b) in zip(outs, base[0]) if not torch.equal(a, b)), ("none", 0.0))
+        nans = int(outs[-1][1].isnan().sum())
+        print(f"| {value} | {first[0]} | {first[1]:.3g} | {nans} | %d / %d |" % _diff(gen, base[1]), flush=True)
 
 
 def main() -> None:
