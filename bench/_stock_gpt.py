@@ -1,7 +1,7 @@
 """The stock baseline of bench/trainer_step.py: what a Megatron-core user trains Qwen3 with on this machine.
 
 Megatron-core 0.19.2's own GPTModel and local layer spec (no Transformer Engine, no apex here), bf16 weights
-with fp32 master weights in Megatron's optimizer (as Megatron-LM's bf16 training), bf16 residual stream,
+with fp32 master weights (as Megatron-LM's bf16 training), bf16 residual stream,
 cuBLAS GEMMs (ColumnParallelLinear/RowParallelLinear), Megatron's fused SwiGLU and bias-dropout-add, and the
 GPU trainer's optimizer (Megatron DDP + torch's fused AdamW, sync-free grad norm: top_rl.train.optim.GpuAdamW).
 Where Megatron's no-TE path is slow or absent, the fastest stock piece is used instead:
