@@ -97,22 +97,20 @@ class StockSelfAttention(MegatronSelfAttention):
     """Megatron's self-attention with RoPE applied to q/k by each token's position in its packed sequence."""
 
     def forward(self, *args, rotary_pos_emb=None, packed_seq_params=None, **kwargs):
-        p = packed_seq_params
-        cached = getattr(p, "_bench_rope_cs", None)  # gathered once per micro-batch: every layer has the same positions
-        if cached is None:
-            table = _rope_table(self.config.kv_channels, self.config.bench_rope_theta,
-                                self.config.bench_max_positions, p.positions.device)
-            cs = table.index_select(1, p.positions).unsqueeze(2)  # fp32 [2, T, 1, d], rounded to q/k's dtype at use
-            cached = {}
-            p._bench_rope_cs = (cs, cached)
-        self._rope_cs = p._bench_rope_cs
+        self._packed = packed_seq_params
         return super().forward(*args, rotary_pos_emb=None, packed_seq_params=packed_seq_params, **kwargs)
 
     def _cos_sin(self, dtype):
-        cs, by_dtype = self._rope_cs
-        if dtype not in by_dtype:
-            by_dtype[dtype] = cs.to(dtype)
-        return by_dtype[dtype][0], by_dtype[dtype][1]
+        """cos/sin [T, 1, d] in q/k's dtype, gathered once per micro-batch (kept on its packed_seq_params): every
+        layer has the same positions."""
+        p = self._packed
+        cache = p.__dict__.setdefault("_bench_rope", {})
+        if dtype not in cache:
+            table = _rope_table(self.config.kv_channels, self.config.bench_rope_theta,
+                                self.config.bench_max_positions, p.positions.device)
+            cs = table.index_select(1, p.positions).unsqueeze(2).to(dtype)  # fp32 table, rounded once
+            cache[dtype] = (cs[0], cs[1])
+        return cache[dtype]
 
     def get_query_key_value_tensors(self, hidden_states, key_value_states=None, output_gate=False, split_qkv=True):
         q, k, v = super().get_query_key_value_tensors(hidden_states, key_value_states, output_gate=output_gate,

@@ -15,8 +15,9 @@ import torch
 
 from top_rl.model import Qwen3Config
 
-PEAK_TFLOPS = 989.4  # the H200's dense bf16 peak (NVIDIA's datasheet): the MFU and HFU denominator
-CUBLAS_TFLOPS = 790.0  # what cuBLAS reaches there on large bf16 GEMMs (bench/gemm.py): the practical ceiling
+# the H200's dense bf16 peak (NVIDIA's datasheet): the MFU and HFU denominator. cuBLAS reaches ~790 TFLOP/s there on
+# large bf16 GEMMs (bench/gemm.py), the practical ceiling.
+PEAK_TFLOPS = 989.4
 
 MODELS = {
     "qwen3-0.6b": Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,

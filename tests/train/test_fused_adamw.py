@@ -81,6 +81,8 @@ def test_non_finite_norm_leaves_everything_as_it_was():
     after = opt.state_dict()
     for n, p in params.items():
         assert torch.equal(p.detach(), model_before[n]), n
+    for n, m in before["master"].items():
+        assert torch.equal(after["master"][n], m), n
     for key, state in before["adamw"]["state"].items():
         for k, v in state.items():
             assert torch.equal(after["adamw"]["state"][key][k], v), (key, k)
