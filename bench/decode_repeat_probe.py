@@ -1,16 +1,19 @@
 """Issue 30 item 12's probe (GPU): does the native engine's eager decode repeat bitwise, and what changed when it
-does not? The order of tests/gpu/test_native_decode.py, in one fresh process: eager batch 64 (E1), a CUDA-graph call
-of 8 (G8), eager batch 64 again (E2, E3). After each call it records the kernel paths and fallbacks
-(top_rl.kernels.report()) and torch.compile's counters, and prints how many sampler log-probs each call differs from
-the others in (tokens too), so a first-use compile, a fallback or a graph capture shows up beside the difference.
+does not?
 
-    python bench/decode_repeat_probe.py            (on the H200: PYTHONPATH as scripts/gpu_run.sh sets it)
-    python bench/decode_repeat_probe.py --poison   (the same calls after filling the allocator's free memory with
-                                                    0, NaN or 1e4: outputs that change with it read memory nobody
-                                                    wrote; then the first layer whose prefill output changes)
+    python bench/decode_repeat_probe.py            (on the H200: PYTHONPATH as scripts/gpu_run.sh sets it) runs the
+                                                    calls of tests/gpu/test_native_decode.py in their order in one
+                                                    process, each generate call's prefill hooked layer by layer, and
+                                                    after each call prints its time, how its prefill and samples
+                                                    differ from the first and the settled eager call, the Triton
+                                                    kernel variants compiled during it and torch.compile's recompiles
+    python bench/decode_repeat_probe.py --poison   (the same prefill and eager generate after filling the allocator's
+                                                    free memory with 0, NaN or 1e4: outputs that change with it read
+                                                    memory nobody wrote; then the first layer whose prefill output
+                                                    changes)
 
-Session 10 saw the first eager call after a graph capture differ from every later call, all of which agree: the
-signature of a read of uninitialised memory (a call sees what the previous, different computation left behind).
+Session 10 saw the module's eager fixture (the first eager call after a graph capture) differ from every later call,
+all of which agree; session 11's poisoned runs showed eager decode reads no unwritten memory.
 """
 
 from __future__ import annotations
@@ -107,6 +110,126 @@ def poison_main(model, prompts, seeds, params) -> None:
         print(f"| {value} | {first[0]} | {first[1]:.3g} | {nans} | %d / %d |" % _diff(gen, base[1]), flush=True)
 
 
+def triton_specializations() -> dict[str, list[str]]:
+    """Every Triton JIT kernel in the process and the cache keys of the variants compiled so far (a key holds the
+    specialization: argument dtypes, 16-divisibility of pointers and integers, constexpr values)."""
+    import gc
+    import warnings
+
+    try:
+        from triton.runtime.jit import JITFunction
+    except ImportError:  # no Triton (CPU): nothing compiled
+        return {}
+    out: dict[str, list[str]] = {}
+    with warnings.catch_warnings():  # isinstance on every object touches deprecated module attributes
+        warnings.simplefilter("ignore")
+        objs = [o for o in gc.get_objects() if isinstance(o, JITFunction)]
+    for obj in objs:
+        if True:
+            keys = []
+            for entry in getattr(obj, "device_caches", {}).values():
+                cache = entry[0] if isinstance(entry, tuple) else entry
+                keys += [str(k) for k in cache]
+            if keys:
+                name = f"{obj.fn.__module__}.{obj.fn.__name__}"
+                out[name] = out.get(name, []) + keys
+    return out
+
+
+def _new_variants(before: dict, after: dict) -> dict[str, list[str]]:
+    return {k: [v[:400] for v in after[k] if v not in before.get(k, [])] for k in after
+            if len(after[k]) > len(before.get(k, []))}
+
+
+def _first_layer_diff(a, b) -> str:
+    for (name, x), (_, y) in zip(a, b):
+        if not torch.equal(x, y):
+            return f"{name} ({int((x != y).sum())} values, max {(x - y).abs().max().item():.3g})"
+    return "none"
+
+
+def trace_main(model, prompts, seeds, params) -> None:
+    """The order of tests/gpu/test_native_decode.py in one process: E64a (the sync test's eager call), two bare
+    prefills, G8 (the prefill test's graph call), a prefill, E64b (the module's eager fixture), E64c, each of samples
+    0, 17, last alone (eager), G64. Each generate call's prefill is hooked layer by layer (hooks only around the
+    prefill: a graph capture cannot hold their host copies). After each call: its time, its prefill and samples
+    against E64a and (once there) E64c, the Triton variants compiled during it, torch.compile's counters."""
+    import time
+
+    def engine(graphs):
+        eng = NativeEngine(model, "decode", eos_token_id=-1, cuda_graphs=graphs)
+        real = eng._prefill
+        eng.layers = None
+
+        def hooked(*a):
+            out = []
+            eng.layers = layer_outputs(model, lambda: out.append(real(*a)) or out[0])
+            return out[0]
+        eng._prefill = hooked
+        return eng
+
+    def bare_prefill():
+        eng = NativeEngine(model, "decode", eos_token_id=-1, cuda_graphs=False)
+        with torch.no_grad():
+            cache = model.new_kv_cache(len(prompts), max(map(len, prompts)) + NEW)
+            return layer_outputs(model, lambda: eng._prefill(prompts, cache, model.lm_head_weight()))
+
+    last = len(prompts) - 1
+    plan = [("E64a", N, False), ("P1", None, None), ("P2", None, None), ("G8", min(8, N), None), ("P3", None, None),
+            ("E64b", N, False), ("E64c", N, False), ("A0", 0, False), ("A17", min(17, last), False),
+            ("Alast", last, False), ("G64", N, None)]
+    got, layers = {}, {}
+    print("\n### the test module's order in one process (diffs: token rows / sampler log-prob positions)\n\n"
+          "| call | s | prefill vs E64a | prefill vs E64c | vs E64a | vs E64c | Triton variants compiled | "
+          "torch.compile recompiles |\n|---|---|---|---|---|---|---|---|", flush=True)
+    before, comp = triton_specializations(), _counters()
+    for name, n, graphs in plan:
+        t0 = time.perf_counter()
+        if n is None:
+            layers[name], rows = bare_prefill(), None
+        else:
+            idx = list(range(n)) if name[0] in "EG" else [n]
+            eng = engine(graphs)
+            rows = eng.generate([prompts[i] for i in idx], [seeds[i] for i in idx], params)
+            got[name], layers[name] = (idx, rows), eng.layers
+        torch.cuda.synchronize() if torch.cuda.is_available() else None
+        secs = time.perf_counter() - t0
+        after, comp_after = triton_specializations(), _counters()
+        new = _new_variants(before, after)
+        recompiles = {k: v for k, v in comp_after.get("recompiles", {}).items()
+                      if comp.get("recompiles", {}).get(k) != v}
+
+        def vs(ref):
+            if ref not in got or rows is None:
+                return "-"
+            ridx, rrows = got[ref]
+            pairs = [(rrows[ridx.index(i)], r) for i, r in zip(got[name][0], rows) if i in ridx]
+            return "%d / %d" % _diff([a for a, _ in pairs], [b for _, b in pairs])
+
+        def prefill_vs(ref):
+            if ref not in layers or layers[ref] is None or name.startswith(("A", "G8")) or ref == name:
+                return "-"
+            return _first_layer_diff(layers[name], layers[ref])
+
+        print(f"| {name} | {secs:.1f} | {prefill_vs('E64a')} | {prefill_vs('E64c')} | {vs('E64a')} | {vs('E64c')} | "
+              f"{ {k.rsplit('.', 1)[-1]: len(v) for k, v in new.items()} or '-'} | {recompiles or '-'} |", flush=True)
+        for k, v in new.items():
+            print(f"[probe] {name}: new variants of {k}: {v}", flush=True)
+        before, comp = after, comp_after
+    for a, b in (("E64a", "E64c"), ("E64b", "E64c"), ("E64a", "E64b")):
+        _, ra = got[a]
+        _, rb = got[b]
+        for i, (x, y) in enumerate(zip(ra, rb)):
+            u, v = torch.tensor(x.sample_logprobs), torch.tensor(y.sample_logprobs)
+            if u.shape == v.shape and not torch.equal(u, v):
+                pos = (u != v).nonzero().flatten().tolist()
+                print(f"[probe] {a} vs {b}: first differing sample {i} (prompt length {len(prompts[i])}), positions "
+                      f"{pos[:10]}, {a} {u[pos[:10]].tolist()}, {b} {v[pos[:10]].tolist()}", flush=True)
+                break
+    print(f"\n[probe] fallbacks: {kernels.report()['fallbacks']}; compile counters: {json.dumps(_counters())}",
+          flush=True)
+
+
 def main() -> None:
     global N, NEW, VOCAB
     print("[probe] building the model", flush=True)
@@ -124,31 +247,7 @@ def main() -> None:
     params = SamplingParams(max_new_tokens=NEW, temperature=0.9)
     if "--poison" in sys.argv:
         return poison_main(model, prompts, seeds, params)
-    calls, records = {}, []
-    for name, n, graphs in (("E1", N, False), ("G8", min(8, N), None), ("E2", N, False), ("E3", N, False),
-                            ("G64", N, None)):  # None: graphs where the device has them
-        calls[name] = NativeEngine(model, "decode", eos_token_id=-1, cuda_graphs=graphs).generate(
-            prompts[:n], seeds[:n], params)
-        rep = kernels.report()
-        records.append({"call": name, "paths": rep["paths"], "fallbacks": rep["fallbacks"], "compile": _counters()})
-        print(f"[probe] {name} done: {json.dumps(records[-1], default=str)}", flush=True)  # a timeout keeps these
-    print("### eager decode repeat probe (tokens differing rows / sampler log-prob positions differing of "
-          f"{N * NEW})\n\n| call | vs E1 | vs E2 | vs E3 |\n|---|---|---|---|")
-    for name in ("E1", "E2", "E3", "G64"):
-        print(f"| {name} | " + " | ".join("%d / %d" % _diff(calls[name], calls[o]) for o in ("E1", "E2", "E3")) + " |")
-    print("\nper call: kernel paths, fallbacks, torch.compile counters")
-    prev = None
-    for r in records:
-        changed = {k: v for k, v in r.items() if prev is None or prev.get(k) != v}
-        print(json.dumps(changed, default=str))
-        prev = r
-    first = next(i for i, (x, y) in enumerate(zip(calls["E1"], calls["E2"])) if x.sample_logprobs != y.sample_logprobs) \
-        if _diff(calls["E1"], calls["E2"])[1] else None
-    if first is not None:
-        a, b = torch.tensor(calls["E1"][first].sample_logprobs), torch.tensor(calls["E2"][first].sample_logprobs)
-        pos = (a != b).nonzero().flatten().tolist()
-        print(f"\nE1 vs E2, sample {first} (prompt length {len(prompts[first])}): positions {pos}, "
-              f"E1 {a[pos].tolist()}, E2 {b[pos].tolist()}")
+    return trace_main(model, prompts, seeds, params)
 
 
 if __name__ == "__main__":
