@@ -7,6 +7,8 @@ does not?
                                                     after each call prints its time, how its prefill and samples
                                                     differ from the first and the settled eager call, the Triton
                                                     kernel variants compiled during it and torch.compile's recompiles
+    python bench/decode_repeat_probe.py --profile [--eager]   (where one generate call's time goes: its phases
+                                                    and cProfile's top functions, after a warm-up call)
     python bench/decode_repeat_probe.py --poison   (the same prefill and eager generate after filling the allocator's
                                                     free memory with 0, NaN or 1e4: outputs that change with it read
                                                     memory nobody wrote; then the first layer whose prefill output
@@ -148,12 +150,35 @@ def _first_layer_diff(a, b) -> str:
     return "none"
 
 
-def trace_main(model, prompts, seeds, params) -> None:
-    """The order of tests/gpu/test_native_decode.py in one process: E64a (the sync test's eager call), two bare
-    prefills, G8 (the prefill test's graph call), a prefill, E64b (the module's eager fixture), E64c, each of samples
-    0, 17, last alone (eager), G64. Each generate call's prefill is hooked layer by layer (hooks only around the
-    prefill: a graph capture cannot hold their host copies). After each call: its time, its prefill and samples
-    against E64a and (once there) E64c, the Triton variants compiled during it, torch.compile's counters."""
+DEFAULT_PLAN = "E64,P,P,G8,P,E64,E64,A0,A17,Alast,G64"  # tests/gpu/test_native_decode.py's calls, in its order
+
+
+def parse_plan(text: str, n: int) -> list[tuple[str, str, int | None]]:
+    """--plan entries: E<n> an eager generate of the first n prompts, G<n> the same with CUDA graphs where audited,
+    A<i> / Alast prompt i alone (eager), P a bare prefill of all prompts. Returns (name, kind, n or i); repeated
+    entries are named E64a, E64b, ..."""
+    out, seen = [], {}
+    for tok in text.split(","):
+        kind, arg = tok[0], tok[1:]
+        if kind not in "EGAP" or (kind != "P" and not (arg.isdigit() or (kind == "A" and arg == "last"))):
+            raise SystemExit(f"decode_repeat_probe: bad --plan entry {tok!r} (E<n>, G<n>, A<i>, Alast, P)")
+        val = None if kind == "P" else (n - 1 if arg == "last" else min(int(arg), n if kind != "A" else n - 1))
+        seen[tok] = seen.get(tok, 0) + 1
+        out.append((tok, kind, val))
+    counts = {t: 0 for t in seen}
+    named = []
+    for tok, kind, val in out:
+        counts[tok] += 1
+        named.append((tok + ("abcdefghij"[counts[tok] - 1] if seen[tok] > 1 else ""), kind, val))
+    return named
+
+
+def trace_main(model, prompts, seeds, params, plan_text: str = DEFAULT_PLAN) -> None:
+    """The calls of `plan_text` (default: tests/gpu/test_native_decode.py's, in its order) in one process. Each
+    generate call's prefill is hooked layer by layer (hooks only around the prefill: a graph capture cannot hold their
+    host copies). After each call: its time, its prefill and samples against the first generate call, the Triton
+    variants compiled during it, torch.compile's recompiles; at the end every pair of generate calls (on the prompts
+    they share) and where each differing pair first differs."""
     import time
 
     def engine(graphs):
@@ -174,60 +199,113 @@ def trace_main(model, prompts, seeds, params) -> None:
             cache = model.new_kv_cache(len(prompts), max(map(len, prompts)) + NEW)
             return layer_outputs(model, lambda: eng._prefill(prompts, cache, model.lm_head_weight()))
 
-    last = len(prompts) - 1
-    plan = [("E64a", N, False), ("P1", None, None), ("P2", None, None), ("G8", min(8, N), None), ("P3", None, None),
-            ("E64b", N, False), ("E64c", N, False), ("A0", 0, False), ("A17", min(17, last), False),
-            ("Alast", last, False), ("G64", N, None)]
-    got, layers = {}, {}
-    print("\n### the test module's order in one process (diffs: token rows / sampler log-prob positions)\n\n"
-          "| call | s | prefill vs E64a | prefill vs E64c | vs E64a | vs E64c | Triton variants compiled | "
-          "torch.compile recompiles |\n|---|---|---|---|---|---|---|---|", flush=True)
+    def shared(a, b):
+        (ia, ra), (ib, rb) = got[a], got[b]
+        return [(ra[ia.index(i)], r) for i, r in zip(ib, rb) if i in ia], [i for i in ib if i in ia]
+
+    def vs(a, b) -> str:
+        pairs, _ = shared(a, b)
+        return "%d / %d" % _diff([x for x, _ in pairs], [y for _, y in pairs]) if pairs else "-"
+
+    plan = parse_plan(plan_text, len(prompts))
+    got, layers, full, ref = {}, {}, {}, None
+    print(f"\n### calls {plan_text} in one process (diffs: token rows / sampler log-prob positions)\n\n"
+          "| call | s | prefill vs first | vs first | Triton variants compiled | torch.compile recompiles |\n"
+          "|---|---|---|---|---|---|", flush=True)
     before, comp = triton_specializations(), _counters()
-    for name, n, graphs in plan:
+    for name, kind, val in plan:
         t0 = time.perf_counter()
-        if n is None:
-            layers[name], rows = bare_prefill(), None
+        if kind == "P":
+            layers[name] = full[name] = bare_prefill()
         else:
-            idx = list(range(n)) if name[0] in "EG" else [n]
-            eng = engine(graphs)
+            idx = list(range(val)) if kind in "EG" else [val]
+            eng = engine(False if kind in "EA" else None)
             rows = eng.generate([prompts[i] for i in idx], [seeds[i] for i in idx], params)
             got[name], layers[name] = (idx, rows), eng.layers
+            if len(idx) == len(prompts):
+                full[name] = eng.layers
+            ref = ref or name
         torch.cuda.synchronize() if torch.cuda.is_available() else None
         secs = time.perf_counter() - t0
         after, comp_after = triton_specializations(), _counters()
         new = _new_variants(before, after)
         recompiles = {k: v for k, v in comp_after.get("recompiles", {}).items()
                       if comp.get("recompiles", {}).get(k) != v}
-
-        def vs(ref):
-            if ref not in got or rows is None:
-                return "-"
-            ridx, rrows = got[ref]
-            pairs = [(rrows[ridx.index(i)], r) for i, r in zip(got[name][0], rows) if i in ridx]
-            return "%d / %d" % _diff([a for a, _ in pairs], [b for _, b in pairs])
-
-        def prefill_vs(ref):
-            if ref not in layers or layers[ref] is None or name.startswith(("A", "G8")) or ref == name:
-                return "-"
-            return _first_layer_diff(layers[name], layers[ref])
-
-        print(f"| {name} | {secs:.1f} | {prefill_vs('E64a')} | {prefill_vs('E64c')} | {vs('E64a')} | {vs('E64c')} | "
+        first_full = next(iter(full), None)
+        pre = _first_layer_diff(full[name], full[first_full]) if name in full and first_full != name else "-"
+        print(f"| {name} | {secs:.1f} | {pre} | {vs(ref, name) if name in got and ref != name else '-'} | "
               f"{ {k.rsplit('.', 1)[-1]: len(v) for k, v in new.items()} or '-'} | {recompiles or '-'} |", flush=True)
         for k, v in new.items():
             print(f"[probe] {name}: new variants of {k}: {v}", flush=True)
         before, comp = after, comp_after
-    for a, b in (("E64a", "E64c"), ("E64b", "E64c"), ("E64a", "E64b")):
-        _, ra = got[a]
-        _, rb = got[b]
-        for i, (x, y) in enumerate(zip(ra, rb)):
-            u, v = torch.tensor(x.sample_logprobs), torch.tensor(y.sample_logprobs)
-            if u.shape == v.shape and not torch.equal(u, v):
-                pos = (u != v).nonzero().flatten().tolist()
-                print(f"[probe] {a} vs {b}: first differing sample {i} (prompt length {len(prompts[i])}), positions "
-                      f"{pos[:10]}, {a} {u[pos[:10]].tolist()}, {b} {v[pos[:10]].tolist()}", flush=True)
-                break
+    names = list(got)
+    print("\n### every pair of generate calls\n\n| call | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
+    for a in names:
+        print(f"| {a} | " + " | ".join(vs(a, b) if a != b else "." for b in names) + " |")
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            pairs, idx = shared(a, b)
+            for k, (x, y) in zip(idx, pairs):
+                u, v = torch.tensor(x.sample_logprobs), torch.tensor(y.sample_logprobs)
+                if u.shape == v.shape and not torch.equal(u, v):
+                    pos = (u != v).nonzero().flatten().tolist()
+                    print(f"[probe] {a} vs {b}: first differing sample {k} (prompt length {len(prompts[k])}), "
+                          f"positions {pos[:10]}, {a} {u[pos[:10]].tolist()}, {b} {v[pos[:10]].tolist()}", flush=True)
+                    break
     print(f"\n[probe] fallbacks: {kernels.report()['fallbacks']}; compile counters: {json.dumps(_counters())}",
           flush=True)
+
+
+def profile_main(model, prompts, seeds, params) -> None:
+    """Where a generate call's time goes: one warm-up call, then the same call with its phases timed (the device
+    synchronized around each) and under cProfile; prints the phases and the 25 functions of most cumulative time."""
+    import cProfile
+    import io
+    import pstats
+    import time
+
+    from top_rl.rollout import decode_graph, native
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    spent: dict[str, list[float]] = {}
+
+    def timed(owner, attr, label):
+        real = getattr(owner, attr)
+
+        def wrapper(*a, **k):
+            sync()
+            t0 = time.perf_counter()
+            try:
+                return real(*a, **k)
+            finally:
+                sync()
+                spent.setdefault(label, []).append(time.perf_counter() - t0)
+        setattr(owner, attr, wrapper)
+
+    graphs = "--eager" not in sys.argv and None
+    eng = NativeEngine(model, "decode", eos_token_id=-1, cuda_graphs=False if graphs is False else None)
+    t0 = time.perf_counter()
+    eng.generate(prompts, seeds, params)
+    print(f"[probe] warm-up generate ({'eager' if graphs is False else 'graphs where audited'}): "
+          f"{time.perf_counter() - t0:.1f} s", flush=True)
+    for owner, attr, label in ((NativeEngine, "_prefill", "prefill"), (native.DecodeState, "step", "eager step"),
+                               (decode_graph.StepRunner, "_capture", "capture"),
+                               (decode_graph.StepRunner, "step", "runner step (eager, capture or replay)"),
+                               (native, "sample", "sample"), (NativeEngine, "_samples", "samples to host")):
+        timed(owner, attr, label)
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    eng.generate(prompts, seeds, params)
+    prof.disable()
+    total = time.perf_counter() - t0
+    print(f"\n### one generate call ({len(prompts)} prompts, {params.max_new_tokens} new tokens): {total:.2f} s\n\n"
+          "| phase | calls | total s | max s |\n|---|---|---|---|")
+    for label, ts in spent.items():
+        print(f"| {label} | {len(ts)} | {sum(ts):.3f} | {max(ts):.3f} |")
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(25)
+    print(buf.getvalue(), flush=True)
 
 
 def main() -> None:
@@ -244,10 +322,15 @@ def main() -> None:
     lengths = [1, 5, 64, 130, 300] if "--cpu-smoke" not in sys.argv else [1, 5, 12]
     prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.choice(lengths))] for _ in range(N)]
     seeds = [rng.randrange(2**63) for _ in range(N)]
+    if "--new" in sys.argv:  # fewer new tokens: a quicker call (the test module's shape is 40)
+        NEW = int(sys.argv[sys.argv.index("--new") + 1])
     params = SamplingParams(max_new_tokens=NEW, temperature=0.9)
     if "--poison" in sys.argv:
         return poison_main(model, prompts, seeds, params)
-    return trace_main(model, prompts, seeds, params)
+    if "--profile" in sys.argv:
+        return profile_main(model, prompts, seeds, params)
+    plan = sys.argv[sys.argv.index("--plan") + 1] if "--plan" in sys.argv else DEFAULT_PLAN
+    return trace_main(model, prompts, seeds, params, plan)
 
 
 if __name__ == "__main__":

@@ -18,13 +18,22 @@ def _run(*flags: str) -> str:
     return proc.stdout
 
 
-def test_trace_mode_prints_every_call_of_the_test_module_in_order():
+def test_trace_mode_prints_every_call_of_the_test_module_in_order_and_every_pair():
     out = _run()
-    rows = re.findall(r"^\| (\w+) \| [\d.]+ \| ([^|]+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|", out, re.M)
-    assert [r[0] for r in rows] == ["E64a", "P1", "P2", "G8", "P3", "E64b", "E64c", "A0", "A17", "Alast", "G64"], out
+    rows = re.findall(r"^\| (\w+) \| [\d.]+ \| ([^|]+) \| ([^|]+) \|", out.split("every pair")[0], re.M)
+    assert [r[0] for r in rows] == ["E64a", "Pa", "Pb", "G8", "Pc", "E64b", "E64c", "A0", "A17", "Alast", "G64"], out
     cells = [c.strip() for r in rows for c in r[1:]]
     assert set(cells) <= {"-", "none", "0 / 0"} and "none" in cells and "0 / 0" in cells, out
+    matrix = re.findall(r"^\| (E64a|G8|E64b|E64c|A0|A17|Alast|G64) \| (.+) \|$", out.split("every pair")[1], re.M)
+    assert len(matrix) == 8 and all(c.strip() in {".", "-", "0 / 0"} for _, r in matrix for c in r.split("|")), out
     assert "differing sample" not in out, out
+
+
+def test_a_plan_and_profile_run():
+    out = _run("--plan", "E4,G2,E2,A1,Alast", "--new", "3")
+    assert re.findall(r"^\| (\w+) \| [\d.]+ \|", out, re.M)[:5] == ["E4", "G2", "E2", "A1", "Alast"], out
+    prof = _run("--profile", "--eager")
+    assert re.search(r"^\| eager step \| 5 \|", prof, re.M) and "cumulative" in prof, prof
 
 
 def test_poison_mode_names_no_difference_on_the_cpu():
