@@ -159,3 +159,32 @@ def test_the_backend_table():
     for name in ("reference", "plain", "stock"):
         module = importlib.import_module(kernels._BACKEND_MODULES[name])
         assert all(callable(getattr(module, op, None)) for op in ops), name
+
+
+def test_the_flash_wrapper_passes_the_packed_batch_as_flash_takes_it(monkeypatch):
+    """The varlen call's plumbing, with stand-ins for aten's flash ops (the kernels themselves need CUDA:
+    tests/gpu/test_stock_kernels.py): cu_seqlens as int32, the longest sequence, causal, no dropout, the scale, K/V
+    unexpanded (GQA native), and the backward fed the forward's own output and log-sum-exp."""
+    q, k, v, cu = _lengths_batch(torch.bfloat16)
+    scale = 16 ** -0.5
+    seen = {}
+
+    def forward(q_, k_, v_, cu_q, cu_k, max_q, max_k, dropout, causal, debug, *, scale):
+        seen["fwd"] = (cu_q.dtype, cu_q.tolist(), cu_k is cu_q, max_q, max_k, dropout, causal, debug, scale,
+                       k_.shape[1])
+        out = plain.attention(q_, k_, v_, cu, scale)
+        return out, torch.full((q_.shape[1], q_.shape[0]), 7.0), torch.zeros(2), torch.zeros(0), torch.zeros(0)
+
+    def backward(g, q_, k_, v_, out, lse, cu_q, cu_k, max_q, max_k, dropout, causal, rng, unused, *, scale):
+        seen["bwd"] = (bool((lse == 7.0).all()), torch.equal(out, plain.attention(q_, k_, v_, cu, scale)), max_q,
+                       causal, g.is_contiguous())
+        return torch.ones_like(q_), torch.full_like(k_, 2.0), torch.full_like(v_, 3.0)
+
+    monkeypatch.setattr(torch.ops.aten, "_flash_attention_forward", forward)
+    monkeypatch.setattr(torch.ops.aten, "_flash_attention_backward", backward)
+    out = stock.flash_attention(q, k, v, cu, scale)
+    assert seen["fwd"] == (torch.int32, cu.tolist(), True, 9, 9, 0.0, True, False, scale, 2)
+    assert torch.equal(out, plain.attention(q, k, v, cu, scale))
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.ones_like(out).transpose(0, 1).contiguous().transpose(0, 1))
+    assert seen["bwd"] == (True, True, 9, True, True)
+    assert (dq == 1).all() and (dk == 2).all() and (dv == 3).all()
