@@ -77,9 +77,10 @@ def test_chunked_logprobs_equal_plains_on_the_gpu(path):
         got, want = stock.prefill_logprobs(logits, ids), plain.prefill_logprobs(logits, ids)
     else:
         got, want = stock.sample_logprobs(logits, ids, temps), plain.sample_logprobs(logits, ids, temps)
-    assert fallback.paths[f"{path}_logprobs" if path == "prefill" else "sample_logprobs"] == "chunked"
-    assert got.dtype == want.dtype and torch.allclose(got.float(), want.float(), rtol=0.0, atol=1e-5 if
-                                                      path == "prefill" else 0.07)
+    op = "prefill_logprobs" if path == "prefill" else "sample_logprobs"
+    assert fallback.paths[op] == "chunked" and not fallback.fallbacks, fallback.fallbacks
+    atol = 1e-5 if path == "prefill" else 0.07  # the sampler's are bf16: one step at |lp| ~ 12 is 0.0625
+    assert got.dtype == want.dtype and torch.allclose(got.float(), want.float(), rtol=0.0, atol=atol)
     g_out = torch.randn(want.shape, generator=g, device="cuda").to(want.dtype)
     (a,), (b,) = _grads(got, (logits,), g_out), _grads(want, (logits,), g_out)
     assert a.dtype == b.dtype == torch.bfloat16 and rel_err(a, b) < 1e-2, rel_err(a, b)
