@@ -4,12 +4,15 @@ one GPU shared by a live SGLang server and the trainer), the same prompts and se
   TOP       the contract's rl mode on the server (deterministic kernels, radix cache off) and the trainer on the
             engine's kernels; PPO's old policy = the rollout's log-probs, proven equal to the trainer's by the gate
   non-TOP   `top.enabled=false`: SGLang's default fast kernels as users run them (radix cache and CUDA graphs on) and
-            the stock trainer (plain torch kernels); run with `algo.old_logprobs=recompute`, the separate old-log-prob
+            the trainer on the `stock` kernels (top_rl/kernels/stock.py: varlen flash attention, Liger's RMSNorm, a
+            chunked log-prob; cuBLAS GEMMs); run with `algo.old_logprobs=recompute`, the separate old-log-prob
             forward verl and slime run by default. "non-TOP, no recompute" (rollout log-probs as the old policy, the
             fastest possible) is the same run without that pass: its step less `perf/trainer/old_logprobs_s`.
 
 Each job runs `--steps` steps; the first (server warm-up, first-use compilation) is left out and the rest give
-medians. Prints one table: each part's median seconds per setting and TOP / non-TOP per part and for the step.
+medians. Prints one table: each part's median seconds per setting and TOP / non-TOP per part and for the step, and
+under it the kernels each side's trainer ran (its run_dir/kernels.json, trainer rank 0: the backend and the path each
+op took, with any fallback), copied to --out as kernels_<setting>.json.
 
     python bench/rl_step_compare.py --out DIR [--steps 4] [--max-new-tokens 512] [--job-timeout 280] [-- overrides]
 (on the H200: `bash scripts/gpu_run.sh bench-compare`)
@@ -78,7 +81,23 @@ def run_job(name: str, extra: list[str], args, out: Path) -> list[dict]:
           flush=True)
     if rows:
         (out / f"metrics_{slug}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if (run_dir / "kernels.json").exists():
+        (out / f"kernels_{slug}.json").write_text((run_dir / "kernels.json").read_text())
     return rows
+
+
+def trainer_kernels(out: Path, name: str) -> str:
+    """What `name`'s trainer ran, from the kernels.json its job wrote (trainer ranks first, then engines): rank 0's
+    backend, the path each op took and the fallbacks; "not recorded" when the job wrote none."""
+    path = out / f"kernels_{name.replace(' ', '_')}.json"
+    try:
+        report = json.loads(path.read_text())[0]
+    except (OSError, ValueError, IndexError, KeyError):
+        return "not recorded (no kernels.json)"
+    paths = ", ".join(f"{op} {p}" for op, p in sorted(report.get("paths", {}).items())) or "no op recorded"
+    falls = report.get("fallbacks", {})
+    return (f"backend {report.get('backend')} ({paths}); "
+            + (f"fell back: {'; '.join(f'{op}: {e}' for op, e in falls.items())}" if falls else "no fallback"))
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 45.0) -> int:
@@ -99,7 +118,11 @@ def medians(rows: list[dict], skip: int) -> dict[str, float]:
     return {key: statistics.median(r.get(key, 0.0) for r in timed) for _, key in PARTS}
 
 
-def table(results: dict[str, list[dict]], skip: int) -> str:
+def kernel_lines(out: Path | None, names) -> list[str]:
+    return [] if out is None else [f"{name} trainer kernels: {trainer_kernels(out, name)}" for name in names]
+
+
+def table(results: dict[str, list[dict]], skip: int, out: Path | None = None) -> str:
     top, base = medians(results["TOP"], skip), medians(results["non-TOP"], skip)
     fast = dict(base)  # non-TOP without the separate old-log-prob forward
     for key in ("perf/trainer/old_logprobs_s",):
@@ -121,7 +144,8 @@ def table(results: dict[str, list[dict]], skip: int) -> str:
                   f"every step: {all(e == 1.0 for e in ess)}; non-TOP abs_diff (median): "
                   f"{statistics.median(r.get('train/train_rollout_logprob_abs_diff', 0.0) for r in results['non-TOP']):.3g}",
               f"generated tok/s (median): TOP {gen(results['TOP']):,.0f}, non-TOP {gen(results['non-TOP']):,.0f}",
-              *(f"{name}: " + memory_line(rows, skip) for name, rows in results.items())]
+              *(f"{name}: " + memory_line(rows, skip) for name, rows in results.items()),
+              *kernel_lines(out, results)]
     return "\n".join(lines)
 
 
@@ -135,12 +159,12 @@ def memory_line(rows: list[dict], skip: int) -> str:
             f"peak running requests {med('perf/rollout_peak_running_requests'):.0f}")
 
 
-def partial_table(name: str, rows: list[dict], skip: int) -> str:
+def partial_table(name: str, rows: list[dict], skip: int, out: Path | None = None) -> str:
     """One setting's parts alone (the other job failed): medians over the steps after the first, or step 1's."""
     med = medians(rows, skip)
     lines = [f"### {name} alone, {len(rows)} steps (median seconds{' after the first' if len(rows) > skip else ''})",
              "", "| part | seconds |", "|---|---|", *(f"| {label} | {med[key]:.2f} |" for label, key in PARTS),
-             "", memory_line(rows, skip)]
+             "", memory_line(rows, skip), *kernel_lines(out, [name])]
     return "\n".join(lines)
 
 
@@ -160,13 +184,13 @@ def main(argv: list[str] | None = None) -> None:
     results = {name: run_job(name, extra, args, args.out) for name, extra in SETTINGS.items()
                if not args.only or name in args.only}
     if all(len(results.get(n) or []) >= 2 for n in SETTINGS):  # a warm-up step and at least one timed
-        text = table(results, skip=1)
+        text = table(results, skip=1, out=args.out)
         print(text)
         (args.out / "rl_step_compare.md").write_text(text + "\n")
     else:
         for name, rows in results.items():  # what did run still reaches --out, part by part
             if rows:
-                text = partial_table(name, rows, skip=1)
+                text = partial_table(name, rows, skip=1, out=args.out)
                 print(text)
                 (args.out / f"rl_step_compare_{name.replace(' ', '_')}.md").write_text(text + "\n")
         print("[compare] a job gave fewer than 2 steps: no side-by-side table; see its log in --out", file=sys.stderr)

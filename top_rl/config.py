@@ -30,12 +30,12 @@ from top_rl.weights import transport as weight_transport
 class TopConfig(GateConfig):
     """TOP's switch and gate (GateConfig: enabled, on_violation; the trainer's gate reads this object itself), and
     what both sides run: the contract, its kernels and the attention backend. enabled=false is the non-TOP
-    baseline (plain kernels both sides, parity logged, no gate)."""
+    baseline (the `stock` kernels both sides, parity logged, no gate)."""
 
     # A name in top_rl.contract.CONTRACTS: the run's contract, decided here once and passed to everything below as an
     # argument (the KernelPlan carries it to the actors).
     contract: str = contract.fallback().name
-    kernels: KernelBackend = KernelBackend.reference  # reference (CPU/any device) | sglang (GPU); plain is the baseline's
+    kernels: KernelBackend = KernelBackend.reference  # reference (CPU/any device) | sglang (GPU); stock is the baseline's
     attention_backend: AttentionBackend = AttentionBackend.triton  # = the SGLang engines' --attention-backend
     fast_paths: FastPathsConfig = field(default_factory=FastPathsConfig)  # speed switches, same numbers (plan.py)
 
@@ -69,8 +69,9 @@ class RunConfig:
 
 
 def kernel_backend(cfg: RunConfig) -> str:
-    """The kernel backend every actor runs: the contract's kernels under TOP, stock torch for the baseline."""
-    return (cfg.top.kernels if cfg.top.enabled else KernelBackend.plain).value
+    """The kernel backend every actor runs: the contract's kernels under TOP, the `stock` kernels for the baseline
+    (fast stock kernels on CUDA, plain torch's ops elsewhere: top_rl/kernels/stock.py)."""
+    return (cfg.top.kernels if cfg.top.enabled else KernelBackend.stock).value
 
 
 def resolve_kernel_plan(cfg: RunConfig) -> KernelPlan:
@@ -102,7 +103,7 @@ class ConfigError(ValueError):
 
 # Choices an enum cannot state: the enum-typed fields are checked by OmegaConf when the config composes.
 _CHOICES = {
-    "top.kernels": tuple(k.value for k in KernelBackend if k != KernelBackend.plain),
+    "top.kernels": tuple(k.value for k in KernelBackend if k not in (KernelBackend.plain, KernelBackend.stock)),
 }
 _POSITIVE = ("steps", "rollout.prompts_per_step", "rollout.n_samples", "rollout.max_new_tokens",
              "rollout.num_engines", "trainer.dp", "trainer.tp", "trainer.pp", "trainer.cp", "checkpoint.keep",

@@ -74,7 +74,7 @@ def test_rollout_chunking_changes_no_number(tmp_path):
 
 
 def test_baseline_without_top_shows_the_mismatch(tmp_path):
-    """top.enabled=false: plain kernels, parity logged but not gated - and on this CPU it is not zero."""
+    """top.enabled=false: the stock kernels (plain torch ops on CPU), parity logged but not gated - and on this CPU it is not zero."""
     out, rows = _run(tmp_path, "steps=3", "top.enabled=false")
     assert out.returncode == 0, out.stderr[-3000:]
     assert len(rows) == 3

@@ -33,7 +33,7 @@ def test_the_run_config_decides_and_records_the_plan(monkeypatch):
     assert recorded["fused_forward"] is False and recorded["fused_backward"] is False
     assert recorded["attention_backward"] == "flash"
     cfg.top.enabled = False
-    assert config.resolve_kernel_plan(cfg).backend == "plain"  # the non-TOP baseline
+    assert config.resolve_kernel_plan(cfg).backend == "stock"  # the non-TOP baseline
 
 
 def test_a_bad_switch_in_the_environment_is_refused_naming_it(monkeypatch):

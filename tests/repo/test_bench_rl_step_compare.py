@@ -22,6 +22,9 @@ STAND_IN = textwrap.dedent('''
     run_dir, hang = Path(args["run_dir"]), args.get("top.enabled") == "false"
     run_dir.mkdir(parents=True)
     Path(args["rollout.sglang.log_path"]).write_text("server started\\nscheduler: CUDA out of memory at resume\\n")
+    backend = "stock" if hang else "sglang"  # the trainer rank's report first, then the engine's
+    (run_dir / "kernels.json").write_text(json.dumps([{"backend": backend, "paths": {"attention": "flash_varlen"},
+                                                       "fallbacks": {}}, {"backend": "engine", "paths": {}}]))
     with open(run_dir / "metrics.jsonl", "w") as f:
         for step in range(1, (1 if hang else int(args["steps"])) + 1):
             f.write(json.dumps({"step": step, "perf/step_time": 10.0 * step, "perf/rollout_time": 4.0,
@@ -51,6 +54,21 @@ def test_a_job_past_its_timeout_is_stopped_its_rows_kept_and_its_server_log_show
     assert not (out / "rl_step_compare.md").exists()  # no side-by-side table without both jobs
     top = (out / "rl_step_compare_TOP.md").read_text()
     assert "TOP alone, 3 steps" in top and "| step | 25.00 |" in top  # median of steps 2 and 3 (20, 30)
+    assert "TOP trainer kernels: backend sglang (attention flash_varlen); no fallback" in top
+    assert json.loads((out / "kernels_non-TOP.json").read_text())[0]["backend"] == "stock"  # copied to --out
+    assert "non-TOP trainer kernels: backend stock" in (out / "rl_step_compare_non-TOP.md").read_text()
+
+
+def test_the_trainer_kernels_line_says_what_ran_and_what_fell_back(tmp_path):
+    assert compare.trainer_kernels(tmp_path, "non-TOP") == "not recorded (no kernels.json)"
+    (tmp_path / "kernels_non-TOP.json").write_text(json.dumps([
+        {"backend": "stock", "paths": {"rms_norm": "torch", "attention": "flash_varlen"},
+         "fallbacks": {"rms_norm": "RuntimeError: no PTX"}}]))
+    assert compare.trainer_kernels(tmp_path, "non-TOP") == ("backend stock (attention flash_varlen, rms_norm torch); "
+                                                            "fell back: rms_norm: RuntimeError: no PTX")
+    rows = [{"perf/step_time": 1.0}] * 2
+    text = compare.table({"TOP": rows, "non-TOP": rows}, skip=1, out=tmp_path)
+    assert text.splitlines()[-1].startswith("non-TOP trainer kernels: backend stock (attention flash_varlen")
 
 
 def test_the_side_by_side_table_divides_top_by_non_top_per_part():

@@ -2,8 +2,10 @@
 
 A backend implements the ops; one is active per process, named by the process's `KernelPlan` (plan.py), which
 `install(plan)` sets once at start from the run config; `report()` says which path each op took. `reference` is
-torch made batch-invariant by fixed-shape tiling (CPU, any device), `plain` is stock torch (the non-TOP baseline),
-`sglang` (GPU, the sglang/ package) wraps SGLang's own Triton kernels. Callers never import a backend directly, so
+torch made batch-invariant by fixed-shape tiling (CPU, any device), `plain` is stock torch's eager ops (per-sequence
+SDPA, unfused norms, a full-vocab log-softmax), `stock` is the non-TOP baseline (`top.enabled=false`): on CUDA the
+fast kernels a verl/slime trainer runs (varlen flash attention, Liger's RMSNorm, a chunked log-prob), elsewhere
+plain's ops, bit for bit (stock.py), and `sglang` (GPU, the sglang/ package) wraps SGLang's own Triton kernels. Callers never import a backend directly, so
 a new backend plugs in without touching the model or the trainer.
 
 Op semantics (shapes use T tokens, H hidden, heads Hq / Hkv of size d):
@@ -36,12 +38,13 @@ from top_rl.kernels import plan as _plan
 
 class KernelBackend(StrEnum):
     reference = "reference"  # torch made batch-invariant by fixed-shape tiling (CPU, any device)
-    plain = "plain"  # stock torch: the non-TOP baseline
+    plain = "plain"  # stock torch's eager ops (any device)
+    stock = "stock"  # the non-TOP baseline: fast stock kernels on CUDA (flash varlen, Liger norm), plain's elsewhere
     sglang = "sglang"  # SGLang's own Triton kernels (GPU)
 
 
 _BACKEND_MODULES = {KernelBackend.reference: "top_rl.kernels.reference", KernelBackend.plain: "top_rl.kernels.plain",
-                    KernelBackend.sglang: "top_rl.kernels.sglang.backend"}
+                    KernelBackend.stock: "top_rl.kernels.stock", KernelBackend.sglang: "top_rl.kernels.sglang.backend"}
 _active: Any = None
 
 

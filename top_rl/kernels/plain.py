@@ -1,7 +1,9 @@
-"""Plain backend: stock torch ops with the same dtype policy and autograd's own backwards.
+"""Plain backend: stock torch's eager ops with the same dtype policy and autograd's own backwards.
 
-This is the non-TOP baseline (`top.enabled=false`): what a trainer and an engine get when each calls
-its framework's default kernels. Its results depend on batch shape, so trainer and engine disagree.
+Per-sequence SDPA attention, unfused RMSNorm, a full-vocab fp32 log-softmax: what a trainer and an engine get when
+each calls its framework's default ops. Its results depend on batch shape, so trainer and engine disagree. The
+non-TOP baseline (`top.enabled=false`) runs the `stock` backend (stock.py), which is these ops on CPU (bit for bit)
+and the fast stock kernels (varlen flash attention, Liger's RMSNorm, a chunked log-prob) on CUDA.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ FastPathsConfig.__doc__ = "top.fast_paths: " + (FastPaths.__doc__ or "")
 @dataclass(frozen=True)
 class KernelPlan:
     contract: str  # the run's TOP contract (top.contract): its GEMM path, tiling and attention backends
-    backend: str = "reference"  # top_rl.kernels.KernelBackend: reference | plain | sglang
+    backend: str = "reference"  # top_rl.kernels.KernelBackend: reference | plain | stock | sglang
     attention: str | None = None  # the engines' --attention-backend (sglang backend); None: not chosen
     fast_paths: FastPaths = FastPaths()
 

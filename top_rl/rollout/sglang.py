@@ -318,7 +318,10 @@ class SglangEngine(RolloutEngine):
     # ------------------------------------------------------------------------------------ the GPU handed over
     def release_memory(self) -> None:
         """Give the GPU back while the trainer on it trains (cluster.gpu_handoff): weights, KV pool and CUDA graphs.
-        Until `resume_memory` and the next weight push every request is refused (the weights are gone)."""
+        Until `resume_memory` and the next weight push every request is refused (the weights are gone).
+        No flush is needed first, radix cache on or off: SGLang 0.5.11's scheduler asserts it is idle, pauses the KV
+        pool and flushes itself (radix tree, request and token pools; scheduler_update_weights_mixin.py), and the
+        push after the resume flushes again."""
         self._call(self.client.release_memory_occupation, idempotent=False)  # no restart: the step would lose it
         self.released, self.needs_sync = True, True
 
