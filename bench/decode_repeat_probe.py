@@ -316,7 +316,17 @@ def main() -> None:
 
         model, N, NEW = tiny_model(), 4, 6
         VOCAB = model.cfg.vocab_size
-    else:
+    else:  # the tests' kernels (tests/gpu/conftest.py): the process default is the reference backend
+        import os
+
+        from top_rl.kernels import plan as kernel_plan
+
+        # installed for the process (a use_plan() context dropped after __enter__ is closed by the GC, and its
+        # finally restores the reference backend: session 12's first run measured that backend)
+        kernels.install(kernel_plan.build("sglang", attention=os.environ.get(kernel_plan.ATTENTION_ENV, "triton")))
+        if kernels.current_plan().backend != "sglang":
+            raise SystemExit(f"decode_repeat_probe: the sglang kernels are not installed ({kernels.current_plan()})")
+        print(f"[probe] kernels: {kernels.current_plan()}", flush=True)
         model = device_model(seed=1, vocab_size=VOCAB)
     rng = random.Random(0)
     lengths = [1, 5, 64, 130, 300] if "--cpu-smoke" not in sys.argv else [1, 5, 12]
