@@ -15,7 +15,8 @@ does not?
                                                     changes)
 
 Session 10 saw the module's eager fixture (the first eager call after a graph capture) differ from every later call,
-all of which agree; session 11's poisoned runs showed eager decode reads no unwritten memory.
+all of which agree. Sessions 11 and 12 ran this probe without the `sglang` kernels (the reference backend, the process
+default): their rows say nothing about the engine's kernels; the probe now installs them as tests/gpu/conftest.py does.
 """
 
 from __future__ import annotations
