@@ -41,7 +41,9 @@ def sglang_code():
         mp.setenv("TRITON_INTERPRET", "1")  # Triton decides at @jit time: set before the file is loaded
         import sglang
 
-        path = Path(sglang.__file__).parent / "srt/layers/utils/hash.py"
+        from top_rl import sglang_release
+
+        path = Path(sglang.__file__).parent / sglang_release.get(sglang.__version__).murmur_hash_file
         spec = importlib.util.spec_from_file_location("_sglang_hash_interpreted", path)
         hash_mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(hash_mod)

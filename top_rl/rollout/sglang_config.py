@@ -106,11 +106,16 @@ def check_sglang_version(cfg: SglangEngineConfig, top: contract.TopContract) -> 
         return
     have = installed_sglang_version(cfg.python)
     if have != top.sglang_version:
+        from top_rl import sglang_release
+
         found = "sglang is not installed" if have is None else f"sglang {have} is installed"
+        other = contract.RELEASE_DEFAULTS.get(have or "")
+        pick = (f"top.contract={other.name} (sglang {have}'s contract), or " if other else "")
         raise TopConfigError(
             f"{found} for {cfg.python}, but the TOP contract {top.name!r} is read from sglang "
             f"{top.sglang_version}: install sglang=={top.sglang_version} (or use the project's Docker image), or "
-            f"set skip_version_check=true to run anyway (parity is then unproven)"
+            f"{pick}set skip_version_check=true to run anyway (parity is then unproven). The releases with a TOP "
+            f"contract: {sglang_release.supported()}"
         )
 
 
