@@ -47,7 +47,8 @@ def sglang_code():
         spec = importlib.util.spec_from_file_location("_sglang_hash_interpreted", path)
         hash_mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(hash_mod)
-        from sglang.srt.layers import sampler
+        with sglang_cpu.cpu_imports():
+            from sglang.srt.layers import sampler
 
         mp.setattr(sampler, "murmur_hash32", hash_mod.murmur_hash32)
         yield hash_mod.murmur_hash32, sampler.multinomial_with_seed._torchdynamo_orig_callable

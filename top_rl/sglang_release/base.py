@@ -28,6 +28,8 @@ class SglangRelease:
     cuda_graph_max_bs_flag: str = "--cuda-graph-max-bs"
     # CPU: packages `import sglang.srt.server_args` needs beyond 0.5.11's (requirements/sglang-cpu.txt)
     cpu_extra_requirements: tuple[str, ...] = ()
+    # CPU: whether io_struct / schedule_batch / sampler import sgl_kernel on a CPU host (tests stand it in)
+    cpu_imports_sgl_kernel: bool = False
     # tests/sglang_cpu.py: how the process-global ServerArgs is published and restored
     global_args: str = "module_global"  # "module_global" (server_args._global_server_args) | "runtime_context"
 

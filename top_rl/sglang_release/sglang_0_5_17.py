@@ -21,5 +21,6 @@ RELEASE = SglangRelease(
                  "cuda_graph_backend_decode": None, "cuda_graph_config": None, "cuda_graph_tc_compiler": None},
     cuda_graph_max_bs_flag="--cuda-graph-max-bs-decode",
     cpu_extra_requirements=("xgrammar==0.2.1", "apache-tvm-ffi==0.1.11"),  # §0.3.5
+    cpu_imports_sgl_kernel=True,  # §0.3.5 (sglang/kernels/ops/kvcache/cache_move.py:7-10 when is_cpu())
     global_args="runtime_context",  # §0.3.4
 )
