@@ -31,6 +31,16 @@ os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 from top_rl import contract as _contract  # noqa: E402
 from top_rl import sglang_release as _releases  # noqa: E402
 
+# The SGLang-specific tests CI runs once per release with a contract (.ci/run: the whole suite under the venv's 0.5.11,
+# then these again with 0.5.17 on PYTHONPATH): SGLang's flag parser, its seeded sampler, its torch-native ops.
+PER_RELEASE_TESTS = (
+    "tests/repo/test_sglang_release.py",
+    "tests/kernels/test_contract_engine_flags.py",
+    "tests/rollout/test_sglang_launch.py",
+    "tests/rollout/test_seeded_sampler.py",
+    "tests/kernels/test_sglang_native_ops.py",
+)
+
 CONTRACT = _contract.fallback()  # the installed release's contract (0.5.11's where none, or another, is installed)
 SGLANG_VERSION = CONTRACT.sglang_version  # the release the tests run against
 RELEASE = _releases.get(SGLANG_VERSION)
