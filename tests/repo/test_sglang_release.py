@@ -83,3 +83,36 @@ def test_sglang_internal_paths_in_code_are_stable_or_an_adapters():
                 found.setdefault(rel, []).append(path)
     assert not found, f"SGLang-internal paths that are not stable across releases: {found}; add them to an adapter"
     assert not moved & STABLE
+
+
+def _sglang_run(*overrides):
+    from top_rl.cli import compose
+
+    return compose(["top.kernels=sglang", "rollout.engine=sglang", "rollout.logprob_source=prefill",
+                    "model.path=/models/Qwen3-0.6B", *overrides])
+
+
+@pytest.mark.parametrize("installed", ["0.5.17", None])
+def test_the_dry_run_names_the_contract_and_release_it_runs(monkeypatch, installed):
+    from top_rl import cli
+    from top_rl.rollout import sglang_plan
+
+    monkeypatch.setattr(sglang_config, "installed_sglang_version", lambda python=None: installed)
+    monkeypatch.setattr(sglang_plan, "installed_sglang_version", lambda python=None: installed)
+    plan = cli.launch_plan(_sglang_run(f"top.contract={V17.name}"))
+    assert plan["runs"] == {"contract": V17.name, "sglang_release": "0.5.17", "sglang_installed": installed}
+    assert plan["top"]["contract"]["release"] == {"sglang": "0.5.17", "status": "built",
+                                                  "numerics": "docs/numerics_0.5.17.md"}
+    argv = plan["engines"][0]["argv"]
+    assert argv[argv.index("--cuda-graph-backend-prefill") + 1] == "disabled"
+    assert "--cuda-graph-max-bs-decode" not in argv or "--cuda-graph-max-bs" not in argv
+
+
+def test_the_dry_run_refuses_a_contract_of_another_release_than_the_engines(monkeypatch):
+    from top_rl import cli
+    from top_rl.rollout import sglang_plan
+
+    monkeypatch.setattr(sglang_plan, "installed_sglang_version", lambda python=None: "0.5.17")
+    monkeypatch.setattr(sglang_config, "installed_sglang_version", lambda python=None: "0.5.17")
+    with pytest.raises(TopConfigError, match=f"sglang 0.5.17 is installed.*top.contract={V17.name}"):
+        cli.launch_plan(_sglang_run(f"top.contract={V11.name}"))
