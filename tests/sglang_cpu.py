@@ -34,7 +34,7 @@ from top_rl import sglang_release as _releases  # noqa: E402
 # The SGLang-specific tests CI runs once per release with a contract (.ci/run: the whole suite under the venv's 0.5.11,
 # then these again with 0.5.17 on PYTHONPATH): SGLang's flag parser, its seeded sampler, its torch-native ops, the
 # stand-in server on SGLang's own HTTP app, TokenizerManager and request structs (in-thread and as a launched process),
-# the parity probe against it, and SGLang's own Qwen3 built on CPU. (The whole loop on the stand-in,
+# the parity probe against it, SGLang's own Qwen3 built on CPU, and the trainer's seam to its Triton attention. (The whole loop on the stand-in,
 # tests/entry/test_loop_sglang_standin.py, runs under 0.5.11 only: it adds minutes and no release-specific code.)
 PER_RELEASE_TESTS = (
     "tests/repo/test_sglang_release.py",
@@ -48,6 +48,7 @@ PER_RELEASE_TESTS = (
     "tests/rollout/test_sglang_engine_process.py",
     "tests/rollout/test_sglang_reference_build.py",
     "tests/tools/test_parity_probe.py",
+    "tests/kernels/test_attention_selector.py",  # the trainer's call of SGLang's Triton attention (moved in 0.5.17)
 )
 
 CONTRACT = _contract.fallback()  # the installed release's contract (0.5.11's where none, or another, is installed)
