@@ -223,8 +223,8 @@ def check_config(cfg: SglangEngineConfig, trainer_attention_backend: str,
         raise TopConfigError(f"logprob_source={cfg.logprob_source!r}; choose 'prefill' or 'decode'")
     if not 1 <= cfg.port <= MAX_PORT:
         raise TopConfigError(
-            f"port={cfg.port}: SGLang {top.sglang_version} also opens port + 10000 for gRPC and refuses a port above "
-            f"{MAX_PORT}; set rollout.sglang.port so that port + num_engines - 1 <= {MAX_PORT} (e.g. 30000)")
+            f"port={cfg.port}: SGLang 0.5.11 also opens port + 10000 for gRPC and refuses a port above "
+            f"{MAX_PORT} (TOP-RL keeps that bound for every release); set rollout.sglang.port so that port + num_engines - 1 <= {MAX_PORT} (e.g. 30000)")
     if check_version:
         check_sglang_version(cfg, top)
     check_tp(cfg, top)
