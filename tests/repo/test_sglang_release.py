@@ -116,3 +116,27 @@ def test_the_dry_run_refuses_a_contract_of_another_release_than_the_engines(monk
     monkeypatch.setattr(sglang_config, "installed_sglang_version", lambda python=None: "0.5.17")
     with pytest.raises(TopConfigError, match=f"sglang 0.5.17 is installed.*top.contract={V17.name}"):
         cli.launch_plan(_sglang_run(f"top.contract={V11.name}"))
+
+
+def test_the_by_name_check_refuses_what_the_0517_contract_pins():
+    """Where the planning interpreter has no (or another) SGLang, extra_args are refused by name: 0.5.17's pinned graph
+    and GEMM flags and its new graph switches among them."""
+    from top_rl.rollout import sglang_launch
+
+    refused = sglang_launch._refused_by_name(SglangEngineConfig(model_path="/m"), V17)
+    for flag in ("--cuda-graph-backend-prefill", "--bf16-gemm-backend", "--enforce-piecewise-cuda-graph",
+                 "--cuda-graph-backend-decode", "--cuda-graph-config", "--enable-breakable-cuda-graph"):
+        assert flag in refused, flag
+    assert "--cuda-graph-backend-prefill" not in sglang_launch._refused_by_name(SglangEngineConfig(model_path="/m"), V11)
+
+
+def test_the_cpu_install_follows_the_adapters():
+    import subprocess
+
+    req = (ROOT / "requirements/sglang-cpu-0.5.17.txt").read_text().splitlines()
+    pins = [line.split("#")[0].strip() for line in req if line.strip() and not line.startswith("#")]
+    assert pins == ["sglang==0.5.17", *V17.release.cpu_extra_requirements]
+    assert "sglang==0.5.11" in (ROOT / "requirements/sglang-cpu.txt").read_text().splitlines()
+    out = subprocess.run(["bash", str(ROOT / "scripts/install_sglang_cpu.sh"), "--release", "0.5.12"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "SGLang 0.5.12 has no TOP contract" in out.stderr and "0.5.17" in out.stderr
