@@ -2,7 +2,10 @@
 #   docker build -t top-rl:sglang-0.5.11 .
 #   docker run --gpus all --ipc=host --network=host --shm-size=32g -v /models:/models \
 #     top-rl:sglang-0.5.11 top-rl +experiment=gsm8k_qwen3_0.6b
-# The TOP contract is read from SGLang 0.5.11; launch/check_image.py fails the build on any other release.
+# SGLang 0.5.17 (its contract is built from the wheel's source, NOT yet proven on a GPU; README "Which SGLang"):
+#   docker build --build-arg SGLANG_IMAGE=lmsysorg/sglang:v0.5.17 -t top-rl:sglang-0.5.17 .
+# A run takes the contract of the image's release (top_rl/contract.py RELEASE_DEFAULTS) unless top.contract names
+# one; launch/check_image.py fails the build on a release without a contract.
 # The image's CUDA stack (torch 2.11.0, triton, sgl-kernel, flashinfer, NCCL) is kept exactly as SGLang pinned it:
 # the trainer must run the same kernels as the servers, so nothing installed here may change it.
 ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.11

@@ -1,7 +1,7 @@
 """Check that this environment is the one TOP-RL's contract was written for (run by the Dockerfile's build;
 useful on any GPU node):  python launch/check_image.py [constraints.txt]
 
-Checks: Python 3.12, the pinned sglang release, megatron-core 0.19.x, top_rl importable, and (given the
+Checks: Python 3.12, an sglang release with a TOP contract (top_rl/sglang_release/: 0.5.11, 0.5.17), megatron-core 0.19.x, top_rl importable, and (given the
 constraints file written from the base image) that no install changed the image's CUDA stack.
 """
 
@@ -11,7 +11,7 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    from top_rl import contract
+    from top_rl import contract, sglang_release
 
     errors = []
     if sys.version_info[:2] != (3, 12):
@@ -20,8 +20,8 @@ def main(argv: list[str]) -> int:
         sg = md.version("sglang")
     except md.PackageNotFoundError:
         sg = None
-    if sg != contract.DEFAULT.sglang_version:
-        errors.append(f"sglang {sg}; the TOP contract pins {contract.DEFAULT.sglang_version}")
+    if sg not in sglang_release.RELEASES:
+        errors.append(f"sglang {sg}; the releases with a TOP contract are {sglang_release.supported()}")
     try:
         mc = md.version("megatron-core")
     except md.PackageNotFoundError:
@@ -41,7 +41,8 @@ def main(argv: list[str]) -> int:
     for e in errors:
         print(f"check_image: {e}", file=sys.stderr)
     if not errors:
-        print(f"check_image: ok (Python {sys.version.split()[0]}, sglang {sg}, megatron-core {mc})")
+        print(f"check_image: ok (Python {sys.version.split()[0]}, sglang {sg}: contract "
+              f"{contract.RELEASE_DEFAULTS[sg].name}, megatron-core {mc})")
     return 1 if errors else 0
 
 

@@ -1,4 +1,8 @@
-"""Import the pinned SGLang wheel on CPU and give its layers the global state they read.
+"""Import the installed SGLang wheel (one with a TOP contract) on CPU and give its layers the global state they read.
+
+The tests run against whichever release is importable: 0.5.11 from the venv, or 0.5.17 from a `--target` dir on
+PYTHONPATH (scripts/install_sglang_cpu.sh --release 0.5.17 --target DIR; .ci/run runs the SGLang tests again so).
+`SGLANG_VERSION` is that release, `RELEASE` its adapter (top_rl/sglang_release/), `CONTRACT` its default contract.
 
 SGLang's layers read a process-global `ServerArgs` (`get_global_server_args()`); in rl mode
 (`rl_on_policy_target="fsdp"`) `RotaryEmbedding` / `SiluAndMul` dispatch to `forward_native` and RoPE
@@ -24,9 +28,32 @@ import os
 
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
-from top_rl.contract import DEFAULT as _CONTRACT  # noqa: E402
+from top_rl import contract as _contract  # noqa: E402
+from top_rl import sglang_release as _releases  # noqa: E402
 
-SGLANG_VERSION = _CONTRACT.sglang_version  # the release the contract is read from
+# The SGLang-specific tests CI runs once per release with a contract (.ci/run: the whole suite under the venv's 0.5.11,
+# then these again with 0.5.17 on PYTHONPATH): SGLang's flag parser, its seeded sampler, its torch-native ops, the
+# stand-in server on SGLang's own HTTP app, TokenizerManager and request structs (in-thread and as a launched process),
+# the parity probe against it, SGLang's own Qwen3 built on CPU, and the trainer's seam to its Triton attention. (The whole loop on the stand-in,
+# tests/entry/test_loop_sglang_standin.py, runs under 0.5.11 only: it adds minutes and no release-specific code.)
+PER_RELEASE_TESTS = (
+    "tests/repo/test_sglang_release.py",
+    "tests/kernels/test_contract_engine_flags.py",
+    "tests/rollout/test_sglang_launch.py",
+    "tests/rollout/test_seeded_sampler.py",
+    "tests/kernels/test_sglang_native_ops.py",
+    "tests/rollout/test_sglang_standin_protocol.py",
+    "tests/rollout/test_sglang_engine.py",
+    "tests/rollout/test_sglang_engine_weights.py",
+    "tests/rollout/test_sglang_engine_process.py",
+    "tests/rollout/test_sglang_reference_build.py",
+    "tests/tools/test_parity_probe.py",
+    "tests/kernels/test_attention_selector.py",  # the trainer's call of SGLang's Triton attention (moved in 0.5.17)
+)
+
+CONTRACT = _contract.fallback()  # the installed release's contract (0.5.11's where none, or another, is installed)
+SGLANG_VERSION = CONTRACT.sglang_version  # the release the tests run against
+RELEASE = _releases.get(SGLANG_VERSION)
 
 
 def import_error() -> str | None:
@@ -41,7 +68,8 @@ def import_error() -> str | None:
     except Exception as e:  # ImportError, or an import-time failure of a missing light dependency
         return f"sglang not importable ({type(e).__name__}: {e}); run scripts/install_sglang_cpu.sh"
     if sglang.__version__ != SGLANG_VERSION:
-        return f"sglang {sglang.__version__} installed, tests are pinned to {SGLANG_VERSION}"
+        return (f"sglang {sglang.__version__} installed, which has no TOP contract (the releases with one: "
+                f"{_releases.supported()})")
     return None
 
 
@@ -65,6 +93,19 @@ def server_args(**overrides):
     return sa
 
 
+@contextlib.contextmanager
+def cpu_imports():
+    """While SGLang modules are imported: the sgl_kernel stand-in where the release imports sgl_kernel on a CPU host
+    (0.5.17: io_struct, schedule_batch, layers.sampler; tests/doubles/sgl_kernel_standin.py), else nothing."""
+    if not RELEASE.cpu_imports_sgl_kernel:
+        yield
+        return
+    from tests.doubles import sgl_kernel_standin
+
+    with sgl_kernel_standin.installed():
+        yield
+
+
 RL_MODE = dict(model_path="x", rl_on_policy_target="fsdp", enable_deterministic_inference=True,
                disable_radix_cache=True, dtype="bfloat16", device="cpu")
 
@@ -76,7 +117,7 @@ def rl_mode(**overrides):
     import torch
     from sglang.srt import server_args as sa_mod
 
-    prev = sa_mod._global_server_args
+    restore = _global_args_restorer(sa_mod)
     sa_mod.set_global_server_args_for_scheduler(server_args(**{**RL_MODE, **overrides}))
     orig_cuda = torch.Tensor.cuda
     if not torch.cuda.is_available():
@@ -85,4 +126,19 @@ def rl_mode(**overrides):
         yield sa_mod.get_global_server_args()
     finally:
         torch.Tensor.cuda = orig_cuda
-        sa_mod._global_server_args = prev
+        restore()
+
+
+def _global_args_restorer(sa_mod):
+    """A function putting back the process-global ServerArgs as they are now. 0.5.11 keeps them in
+    server_args._global_server_args; 0.5.17 in sglang.srt.runtime_context, whose layers read snapshots ("config bags")
+    taken at publish, so the whole published state is put back."""
+    if RELEASE.global_args == "module_global":
+        prev = sa_mod._global_server_args
+        return lambda: setattr(sa_mod, "_global_server_args", prev)
+    from sglang.srt import runtime_context
+
+    ctx = runtime_context.get_context()
+    names = ("_server_args", "_config_bags", "_overrides_log", "_publish_role")
+    prev = {n: getattr(ctx, n) for n in names}
+    return lambda: [setattr(ctx, n, v) for n, v in prev.items()]

@@ -194,6 +194,9 @@ def launch_plan(cfg) -> dict:
         "steps": cfg.steps,
         "top": {"enabled": cfg.top.enabled, "contract": top.describe() if cfg.top.enabled else None,
                 "on_violation": cfg.top.on_violation},
+        # the contract and SGLang release the run will run (the contract's; `installed`: what the engines' python holds)
+        "runs": {"contract": top.name if cfg.top.enabled else None, "sglang_release": top.sglang_version,
+                 "sglang_installed": _installed_sglang(cfg)},
         "engines": engines,
         "trainer": {"framework": "megatron-core", "dp": t.dp, "tp": t.tp, "pp": t.pp, "cp": t.cp, "world_size": world,
                     "dtype": cfg.model.dtype, "recompute": "full, non-reentrant" if t.recompute else "off",
@@ -204,6 +207,13 @@ def launch_plan(cfg) -> dict:
         "model": cfg.model.path or f"random {cfg.model.family} (model.* fields)",
         "task": dataclasses.asdict(cfg.task),
     }
+
+
+def _installed_sglang(cfg) -> str | None:
+    """The sglang release the run's SGLang engines would import (their python's), or this interpreter's."""
+    from top_rl.rollout.sglang_config import installed_sglang_version
+
+    return installed_sglang_version(cfg.rollout.sglang.python if cfg.rollout.engine == "sglang" else None)
 
 
 def _hydra_entry():

@@ -101,7 +101,7 @@ ENGINE_FLAGS_OFF = (
 @dataclass(frozen=True)
 class TopContract:
     name: str
-    sglang_version: str
+    sglang_version: str  # a key of top_rl.sglang_release.RELEASES: the release's adapter (module paths, dests, ...)
     tiling: GemmTiling
     # Engine flags every SGLang server of a TOP run gets (§1.1: pass both determinism flags, or piecewise
     # CUDA graphs stay on; §1.2: fp32 lm head, torch compile, mixed chunk, speculative decoding off).
@@ -156,7 +156,18 @@ class TopContract:
         out["engine_env"] = [list(kv) for kv in self.engine_env]
         if self.gemm == "deepgemm":
             out["deep_gemm"] = dict(DEEPGEMM_SOURCE)
+        from top_rl import sglang_release
+
+        known = sglang_release.RELEASES.get(self.sglang_version)  # None: a made-up release (tests)
+        out["release"] = known.describe() if known else None
         return out
+
+    @property
+    def release(self):
+        """The adapter of this contract's SGLang release (top_rl.sglang_release.SglangRelease)."""
+        from top_rl import sglang_release
+
+        return sglang_release.get(self.sglang_version)
 
 
 QWEN3_DENSE_TOP_V1 = TopContract(
@@ -204,7 +215,39 @@ QWEN3_DENSE_TOP_V1 = TopContract(
 QWEN3_DENSE_TOP_V1_DEEPGEMM = dataclasses.replace(QWEN3_DENSE_TOP_V1, name="qwen3_dense_top_v1_deepgemm",
                                                   gemm="deepgemm")
 
-CONTRACTS = {c.name: c for c in (QWEN3_DENSE_TOP_V1, QWEN3_DENSE_TOP_V1_DEEPGEMM)}  # what top.contract may choose
+# SGLang 0.5.17 (the newest release on torch 2.11): the same dense-Qwen3 contract, read from that wheel's source
+# (docs/numerics_0.5.17.md; its release adapter is top_rl/sglang_release.py). Two more flags keep 0.5.11's numerics:
+# `--cuda-graph-backend-prefill disabled` (0.5.17 runs prefill under a breakable CUDA graph that deterministic mode
+# leaves on, §0.1.1) and `--bf16-gemm-backend torch` (on SM100/SM103 `auto` takes the linear layers off mm_BI, §0.1.2).
+# Built and tested on CPU only: NOT yet proven on a GPU (no torch.equal run on the H200 with this release). Only the
+# Triton GEMM: 0.5.17's DeepGEMM is another package (sgl-deep-gemm 0.1.5.post1, DEEPGEMM_SOURCE_0_5_17) whose batch
+# invariance is unmeasured, so no DeepGEMM contract is offered for it.
+ENGINE_FLAGS_OFF_0_5_17 = ENGINE_FLAGS_OFF + (
+    # each of these sets the prefill/decode graph backend the contract pins (the parser check catches them as a wrong
+    # cuda_graph_backend_*; named here so that the by-name check refuses them too)
+    ("--enforce-piecewise-cuda-graph", "a torch.compile piecewise prefill graph replaces the eager prefill"),
+    ("--cuda-graph-backend-decode", "the decode graph backend stays SGLang's default (full graphs)"),
+    ("--cuda-graph-config", "per-phase CUDA graph settings override the contract's eager prefill"),
+    ("--cuda-graph-tc-compiler", "the inductor graph compiler takes another q/k-norm path (numerics.md §4.4)"),
+)
+QWEN3_DENSE_TOP_V1_SGLANG_0_5_17 = dataclasses.replace(
+    QWEN3_DENSE_TOP_V1,
+    name="qwen3_dense_top_v1_sglang0517",
+    sglang_version="0.5.17",
+    engine_flags=QWEN3_DENSE_TOP_V1.engine_flags + ("--cuda-graph-backend-prefill", "disabled",
+                                                    "--bf16-gemm-backend", "torch"),
+    engine_flags_off=ENGINE_FLAGS_OFF_0_5_17,
+)
+# 0.5.17's DeepGEMM (recorded, not offered): the same digest function over sgl-deep-gemm 0.1.5.post1's deep_gemm/
+DEEPGEMM_SOURCE_0_5_17 = {
+    "package": "sgl-deep-gemm==0.1.5.post1 (deep_gemm)",
+    "sources_sha256": "a8650bc957ade07d63b93a995877df46aaab7e192328816320b6ebca3d9f4916",  # numerics_0.5.17.md §0.1.3
+}
+
+# What top.contract may choose. Each contract's sglang_version must have a release adapter (top_rl/sglang_release.py).
+CONTRACTS = {c.name: c for c in (QWEN3_DENSE_TOP_V1, QWEN3_DENSE_TOP_V1_DEEPGEMM, QWEN3_DENSE_TOP_V1_SGLANG_0_5_17)}
+# The contract a release runs where nothing names one (its Triton-GEMM contract): one per release with an adapter.
+RELEASE_DEFAULTS = {c.sglang_version: c for c in (QWEN3_DENSE_TOP_V1, QWEN3_DENSE_TOP_V1_SGLANG_0_5_17)}
 # The contract where nothing names one. Below the entry layer (cli.py, preflight.py) nothing reads it: every function
 # takes the run's contract (top.contract, decided once from the config) as an argument, or the installed KernelPlan's
 # in a kernel process, so a second contract that differs is honoured everywhere or refused. The few places that
@@ -215,8 +258,24 @@ DEFAULT = QWEN3_DENSE_TOP_V1
 def fallback() -> TopContract:
     """The contract taken where nothing names one: the run config's default (config.TopConfig.contract), a process
     with no KernelPlan installed (a test, a bench: kernels.plan.build), a tool's `contract` argument left out. Never a
-    default argument of a function a run calls: those take the run's contract."""
-    return DEFAULT
+    default argument of a function a run calls: those take the run's contract.
+
+    It is the contract of the SGLang release this interpreter imports (RELEASE_DEFAULTS), so a run takes the contract
+    that matches the installed release unless top.contract names one; DEFAULT where sglang is not installed (the
+    native engine's runs need none). An installed release with no contract also gets DEFAULT, which the SGLang
+    engine's version check then refuses before a server starts, naming the releases with a contract."""
+    from top_rl import sglang_release
+
+    return RELEASE_DEFAULTS.get(sglang_release.installed_version() or "", DEFAULT)
+
+
+def for_release(version: str) -> TopContract:
+    """The contract SGLang `version` runs where nothing names one; another release is refused, naming the ones with a
+    contract."""
+    from top_rl import sglang_release
+
+    sglang_release.get(version)  # refuses a release without an adapter
+    return RELEASE_DEFAULTS[version]
 
 
 def with_gemm(top: TopContract, gemm: str) -> list[str]:

@@ -1,6 +1,6 @@
-"""A STAND-IN for an SGLang 0.5.11 server (tests and CPU dry runs): SGLang's own front half, a stand-in back.
+"""A STAND-IN for an SGLang 0.5.11 or 0.5.17 server (tests and CPU dry runs): SGLang's own front half, a stand-in back.
 
-Front (SGLang's code, imported from the pinned wheel): the FastAPI app of `sglang.srt.entrypoints.http_server`
+Front (SGLang's code, imported from the installed wheel): the FastAPI app of `sglang.srt.entrypoints.http_server`
 (its routes, methods, validation and error bodies), its `ServerArgs` (built by its own CLI parser in the
 subprocess form) and its `TokenizerManager` (request normalization, `SamplingParams(**...)` with
 `normalize`/`verify`, validation, response and `meta_info` building, weight-version bookkeeping). Only the
@@ -85,7 +85,7 @@ class _Inbox:
             else:
                 self.loop.call_soon_threadsafe(self.queue.put_nowait, obj)
 
-    async def recv_pyobj(self):
+    async def recv_pyobj(self, flags=0):  # 0.5.17's async_sock_recv passes flags
         return await self.queue.get()
 
 
@@ -103,6 +103,8 @@ def _tokenizer_manager_class():
             self.recv_from_detokenizer = _Inbox()
             self.send_to_scheduler = self._standin_scheduler
             self._standin_scheduler.deliver = self.recv_from_detokenizer.deliver
+            self.tokenizer_ipc_name = None  # 0.5.17: one tokenizer worker (its own init sets these two)
+            self.load_snapshot_reader = None
 
         def auto_create_handle_loop(self):
             if self.event_loop is None:

@@ -54,6 +54,28 @@ _UNSUPPORTED = ("frequency_penalty", "presence_penalty", "min_new_tokens", "logi
 _NEUTRAL = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "min_new_tokens": 0}
 
 
+def _construct(cls, **kw):
+    """`cls(**kw)`; for 0.5.17's msgspec structs (kw_only, fields added and removed) with only the fields `cls` has,
+    a required field `kw` lacks set to None (the stand-in computes none of them)."""
+    import msgspec
+
+    if isinstance(cls, type) and issubclass(cls, msgspec.Struct):
+        fields = {f.name: f.required for f in msgspec.structs.fields(cls)}
+        kw = {k: v for k, v in kw.items() if k in fields}
+        kw.update({k: None for k, required in fields.items() if required and k not in kw})
+    return cls(**kw)
+
+
+class _Done:
+    """`await`-able, already finished: what an awaited send of 0.5.17's async_sock_send gets back."""
+
+    def __await__(self):
+        return iter(())
+
+
+_DONE = _Done()
+
+
 class StandinScheduler:
     """One thread computes requests in arrival order; control requests that need no model (flush, internal
     state, aborts) are answered on arrival, as the real scheduler answers them between batches."""
@@ -81,8 +103,13 @@ class StandinScheduler:
         self._thread.start()
 
     # ------------------------------------------------------------------------------ transport
-    def send_pyobj(self, obj) -> None:
-        """What the tokenizer manager's `send_to_scheduler` socket receives."""
+    def send_pyobj(self, obj, flags=0, protocol=None):
+        """What the tokenizer manager's `send_to_scheduler` socket receives (0.5.17's sock_send passes flags and the
+        pickle protocol, and its async_sock_send awaits the call: the answer is an awaitable that is already done)."""
+        self._send(obj)
+        return _DONE
+
+    def _send(self, obj) -> None:
         io = self.io
         if isinstance(obj, io.FlushCacheReqInput):
             return self._flush(obj)
@@ -90,7 +117,7 @@ class StandinScheduler:
             return self.deliver(io.GetInternalStateReqOutput(internal_state={"stand_in_scheduler": True}))
         if isinstance(obj, io.AbortReq):
             return None  # every request is computed to the end; the tokenizer manager already dropped its state
-        if isinstance(obj, io.GetLoadsReqInput):
+        if isinstance(obj, getattr(io, "GetLoadsReqInput", ())):  # removed in 0.5.17
             return self.deliver(self._loads())
         if isinstance(obj, (io.TokenizedGenerateReqInput, io.BatchTokenizedGenerateReqInput)):
             with self._lock:
@@ -278,7 +305,7 @@ class StandinScheduler:
             lp = {k: [[]] for k in lp}
             lp.update(input_token_logprobs_val=[in_val], input_token_logprobs_idx=[in_idx],
                       output_token_logprobs_val=[out_lps], output_token_logprobs_idx=[list(out_ids)])
-        return self.io.BatchTokenIDOutput(
+        return _construct(self.io.BatchTokenIDOutput,
             rids=[req.rid], finished_reasons=[finish], decoded_texts=[""], decode_ids=[list(out_ids)],
             read_offsets=[0], output_ids=[list(out_ids)], skip_special_tokens=[True],
             spaces_between_special_tokens=[True], no_stop_trim=[False], prompt_tokens=[n_in], reasoning_tokens=[0],

@@ -49,7 +49,10 @@ def test_contracts_name_their_gemm():
         d = json.loads(json.dumps(c.describe()))
         assert d["gemm"] == c.gemm and dict(map(tuple, d["engine_env"])) == dict(c.engine_env)
     assert contract.get(DG.name) is DG
-    assert set(contract.CONTRACTS) == {V1.name, DG.name}  # both run options (top.contract)
+    V17 = contract.QWEN3_DENSE_TOP_V1_SGLANG_0_5_17
+    assert set(contract.CONTRACTS) == {V1.name, DG.name, V17.name}  # the run options (top.contract)
+    # 0.5.17 has only the Triton GEMM: its DeepGEMM is another package, unmeasured (numerics_0.5.17.md §0.1.3)
+    assert contract.with_gemm(V17, "deepgemm") == [] and contract.with_gemm(V17, "triton_persistent") == [V17.name]
 
 
 def test_unknown_gemm_or_gemm_switch_in_base_env_refused():

@@ -12,7 +12,7 @@ PACKAGE = ROOT / "top_rl"
 
 # Lowest first. A module may import its own layer's modules and anything below, never above.
 LAYERS = [
-    {"contract", "dtypes", "atomic"},  # plain data and file writes
+    {"contract", "sglang_release", "dtypes", "atomic"},  # plain data and file writes
     {"kernels"},  # the engine's ops
     {"model"},  # Qwen3 over the kernels, HF I/O, packing
     {"rl", "tasks"},  # RL math, tasks and their prompt streams

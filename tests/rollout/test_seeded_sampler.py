@@ -41,11 +41,14 @@ def sglang_code():
         mp.setenv("TRITON_INTERPRET", "1")  # Triton decides at @jit time: set before the file is loaded
         import sglang
 
-        path = Path(sglang.__file__).parent / "srt/layers/utils/hash.py"
+        from top_rl import sglang_release
+
+        path = Path(sglang.__file__).parent / sglang_release.get(sglang.__version__).murmur_hash_file
         spec = importlib.util.spec_from_file_location("_sglang_hash_interpreted", path)
         hash_mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(hash_mod)
-        from sglang.srt.layers import sampler
+        with sglang_cpu.cpu_imports():
+            from sglang.srt.layers import sampler
 
         mp.setattr(sampler, "murmur_hash32", hash_mod.murmur_hash32)
         yield hash_mod.murmur_hash32, sampler.multinomial_with_seed._torchdynamo_orig_callable

@@ -54,7 +54,7 @@ def _engine(server, ckpt, tmp_path=None, **kw) -> SglangEngine:
                              weights_dir=str(tmp_path or ""), **kw)
     # `decode` needs a backend proven decode == extend; the stand-in computes both with the reference kernels, so
     # these protocol tests use a contract in which fa3 is proven (the pinned one proves none yet)
-    top = dataclasses.replace(contract.DEFAULT, decode_equals_extend=(cfg.attention_backend,))
+    top = dataclasses.replace(sglang_cpu.CONTRACT, decode_equals_extend=(cfg.attention_backend,))
     return SglangEngine(cfg, cfg.attention_backend, top=top)
 
 
@@ -229,7 +229,11 @@ def test_disk_sync_versions_and_stale_server(server, ckpt, tmp_path):
     body = [b for p, b in server.requests if p == "/update_weights_from_disk"][-1]
     assert body == {"model_path": str(tmp_path / "v000003"), "flush_cache": True, "weight_version": "3",
                     "torch_empty_cache": True}  # 0.5.11 frees the CUDA cache after a flush only when asked
-    server.server_args.weight_version = "default"  # as if the server restarted with its initial weights
+    # as if the server restarted with its initial weights (0.5.17's ServerArgs are read-only: its own update path)
+    if sglang_cpu.RELEASE.global_args == "module_global":
+        server.server_args.weight_version = "default"
+    else:
+        server.tokenizer_manager._update_weight_version_if_provided("default")
     with pytest.raises(SglangProtocolError, match="weight_version 'default', expected '3'"):
         eng.generate(PROMPTS, SEEDS, params)
 

@@ -31,12 +31,14 @@ from top_rl.rollout.sglang_client import SglangUnavailable  # noqa: E402
 from top_rl.rollout.sglang_config import SglangEngineConfig  # noqa: E402
 from top_rl.rollout.sglang_server import SglangStartupError  # noqa: E402
 
-V1 = contract.DEFAULT  # the contract these engines run under
+V1 = sglang_cpu.CONTRACT  # the contract these engines run under (the installed release's)
 
 _ERR = sglang_cpu.import_error()
 pytestmark = pytest.mark.skipif(_ERR is not None, reason=_ERR or "")
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS, SEEDS = [[5, 6, 7], [9, 8]], [1, 2]
+# the repo, then this process's PYTHONPATH (CI's 0.5.17 pass puts that release's --target dir there)
+_PYTHONPATH = os.pathsep.join([str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
 PARAMS = SamplingParams(max_new_tokens=4, temperature=0.9)
 
 
@@ -52,7 +54,7 @@ def setup(tmp_path_factory):
     save_model(tiny_model(), root / "ckpt")
     wrapper = root / "python"  # runs the stand-in for `-m sglang.launch_server`, the real python otherwise
     wrapper.write_text(f'#!/bin/sh\nif [ "$1" = "-m" ] && [ "$2" = "sglang.launch_server" ]; then\n  shift 2\n'
-                       f'  exec env PYTHONPATH={ROOT} {sys.executable} -m tests.doubles.sglang_standin "$@"\nfi\nexec {sys.executable} "$@"\n')
+                       f'  exec env PYTHONPATH={_PYTHONPATH} {sys.executable} -m tests.doubles.sglang_standin "$@"\nfi\nexec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
     return root, wrapper
 
@@ -61,7 +63,7 @@ def _cfg(setup, tmp_path, **kw) -> SglangEngineConfig:
     root, wrapper = setup
     base = dict(model_path=str(root / "ckpt"), port=_free_port(), python=str(wrapper), weights_dir=str(tmp_path / "w"),
                 log_path=str(tmp_path / "server.log"), startup_timeout_s=120, retry_backoff_s=0.05, max_retries=1,
-                env={"PYTHONPATH": str(ROOT)})
+                env={"PYTHONPATH": _PYTHONPATH})
     return SglangEngineConfig(**{**base, **kw})
 
 

@@ -21,7 +21,8 @@ from top_rl.rollout.sglang_launch import MODULE, build_launch, engine_flags, val
 
 _ERR = sglang_cpu.import_error()
 needs_sglang = pytest.mark.skipif(_ERR is not None, reason=_ERR or "")
-C = contract.DEFAULT
+C = sglang_cpu.CONTRACT  # the installed release's contract (0.5.11 from the venv, 0.5.17 in CI's second pass)
+R = C.release  # its adapter: the parser's dests (top_rl/sglang_release/)
 ENV = {"PATH": "/usr/bin", "HOME": "/root"}
 
 
@@ -52,7 +53,7 @@ def test_every_command_parses_and_carries_the_contract(cfg):
     spec = build_launch(cfg, cfg.attention_backend, base_env=ENV, check=cfg.top, top=C)
     assert spec.argv[:3] == [sys.executable, "-m", MODULE]
     ns = validate_argv(spec.argv, cfg, top=C)  # SGLang's parser + contract checks on the parsed values
-    assert ns.attention_backend == cfg.attention_backend and ns.tensor_parallel_size == cfg.tp_size
+    assert ns.attention_backend == cfg.attention_backend and getattr(ns, R.dest("tensor_parallel_size")) == cfg.tp_size
     assert ns.port == cfg.port and ns.host == cfg.host and ns.model_path == cfg.model_path
     assert ns.skip_tokenizer_init is True and ns.dtype == "bfloat16" and ns.kv_cache_dtype == "auto"
     if cfg.mem_fraction_static is not None:
@@ -97,16 +98,25 @@ def test_extra_args_cannot_override_owned_flags(extra):
     (["--enable-fp32-lm-head"], "enable_fp32_lm_head"),
     (["--enable-mixed-chunk"], "enable_mixed_chunk"),
     (["--dtype", "float16"], "dtype"),
-    (["--dp-size", "2"], "data_parallel_size"),
+    (["--dp-size", "2"], R.dest("data_parallel_size")),
     (["--attention-backen", "triton"], "attention_backend"),  # argparse prefix of --attention-backend
     (["--attention", "triton"], "ambiguous"),
     (["--enable-deterministic-inferense"], "parser rejects"),
     # flags new in 0.5.11 that change the decode graphs, the q/k-norm path or TP sums
     (["--debug-cuda-graph"], "debug_cuda_graph"),
-    (["--enable-breakable-cuda-graph"], "enable_breakable_cuda_graph"),
-    (["--piecewise-cuda-graph-compiler", "inductor"], "piecewise_cuda_graph_compiler"),
+    # 0.5.17 parses these into the per-phase graph settings its contract pins (numerics_0.5.17.md §0.2)
+    (["--enable-breakable-cuda-graph"], {"0.5.11": "enable_breakable_cuda_graph"}.get(R.version,
+                                                                                       "cuda_graph_backend_prefill")),
+    (["--piecewise-cuda-graph-compiler", "inductor"], {"0.5.11": "piecewise_cuda_graph_compiler"}.get(
+        R.version, "cuda_graph_tc_compiler")),
     (["--enable-quant-communications"], "enable_quant_communications"),
-])
+] + ([  # flags 0.5.17 added that undo its contract's eager prefill or mm_BI linears
+    (["--cuda-graph-backend-prefill", "breakable"], "cuda_graph_backend_prefill"),
+    (["--enforce-piecewise-cuda-graph"], "cuda_graph_backend_prefill"),
+    (["--bf16-gemm-backend", "cutedsl"], "bf16_gemm_backend"),
+    (["--cuda-graph-backend-decode", "breakable"], "cuda_graph_backend_decode"),
+    (["--cuda-graph-tc-compiler", "inductor"], "cuda_graph_tc_compiler"),
+] if R.version == "0.5.17" else []))
 def test_parser_check_refuses_contradicting_extra_args(extra, why):
     cfg = _cfg(extra_args=extra)
     spec = build_launch(cfg, "fa3", base_env=ENV, check=False, top=C)

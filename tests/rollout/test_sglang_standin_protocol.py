@@ -33,7 +33,7 @@ _ERR = sglang_cpu.import_error()
 pytestmark = pytest.mark.skipif(_ERR is not None, reason=_ERR or "")
 
 # SGLang's TokenizerManager._handle_batch_output + add_logprob_to_meta_info, non-stream, skip_tokenizer_init
-META_KEYS = {"id", "finish_reason", "prompt_tokens", "weight_version", "total_retractions", "input_token_logprobs",
+META_KEYS = {"id", "finish_reason", "prompt_tokens", "weight_version", sglang_cpu.RELEASE.retractions_key, "input_token_logprobs",
              "output_token_logprobs", "output_token_logprobs_length", "reasoning_tokens", "completion_tokens",
              "cached_tokens", "e2e_latency", "response_sent_to_client_ts"}
 

@@ -25,6 +25,8 @@ import os
 import re
 import warnings
 
+from top_rl.sglang_release import RELEASES
+
 # (module that calls warnings.warn, start of the message); all are UserWarnings.
 WARNINGS = [
     ("megatron.core.optimizer", "Transformer Engine and Apex are not installed"),
@@ -37,7 +39,7 @@ WARNINGS = [
     ("megatron.core.hyper_comm_grid", "absl.logging is not installed"),
     ("megatron.core.transformer.transformer_config", "full scope is deprecated"),
     # SGLang's parser, imported on a CPU driver to check extra_args before Ray starts (rollout.sglang_launch)
-    ("sglang.srt.layers.attention.fla.utils", "Triton is not supported on current platform"),
+    *((r.fla_logger, "Triton is not supported on current platform") for r in RELEASES.values()),
 ]
 
 # (logger name, start of the message)

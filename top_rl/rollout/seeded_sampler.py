@@ -3,7 +3,7 @@
 SGLang 0.5.11 (the same code in 0.5.10.post1), `--rl-on-policy-target` with deterministic inference and no top-k/top-p/min-p
 (sglang/srt/layers/sampler.py: Sampler.forward -> _sample_from_logprobs -> multinomial_with_seed):
   logprobs = log_softmax(bf16(bf16(logits) / T))          kernels.sampler_log_softmax: the engine's bits
-  hashed   = murmur_hash32(uint64(seed), positions, arange(V))   layers/utils/hash.py, uint32 [n, V]
+  hashed   = murmur_hash32(uint64(seed), positions, arange(V))   layers/utils/hash.py (0.5.17: kernels/ops/sampling/murmur_hash.py), uint32 [n, V]
   u        = float64(hashed) / 4294967295
   noise    = -log(-log(u) clamped to float64's lowest)    (Gumbel; float64 throughout)
   token    = argmax(noise + float64(logprobs))
@@ -87,17 +87,24 @@ def murmur_hash32_torch(seeds: torch.Tensor, positions: torch.Tensor, cols: torc
 # ------------------------------------------------------------------------------------------ SGLang's kernel
 @functools.cache
 def sglang_murmur_hash32():
-    """SGLang's own `murmur_hash32` (Triton), or None where the wheel or triton is missing."""
+    """SGLang's own `murmur_hash32` (Triton), or None where the wheel or triton is missing. Its file is where the
+    installed release's adapter says (top_rl/sglang_release.py); a release without one, or a wheel without that file,
+    is refused rather than silently served by the torch hash."""
+    from top_rl import sglang_release
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or spec.origin is None:
+        return None
+    release = sglang_release.installed()  # refuses an unknown release, naming the ones with a contract
+    path = Path(spec.origin).parent / release.murmur_hash_file
+    if not path.is_file():
+        raise RuntimeError(f"SGLang {release.version}'s murmur_hash32 is not at {path} (top_rl/sglang_release.py)")
     try:
-        spec = importlib.util.find_spec("sglang")
-        if spec is None or spec.origin is None:
-            return None
-        path = Path(spec.origin).parent / "srt/layers/utils/hash.py"
         file_spec = importlib.util.spec_from_file_location("_top_rl_sglang_hash", path)
         mod = importlib.util.module_from_spec(file_spec)
         file_spec.loader.exec_module(mod)
         return mod.murmur_hash32
-    except Exception:  # noqa: BLE001 - no triton, no file: the torch version computes the same
+    except Exception:  # noqa: BLE001 - no triton: the torch version computes the same
         return None
 
 

@@ -106,11 +106,16 @@ def check_sglang_version(cfg: SglangEngineConfig, top: contract.TopContract) -> 
         return
     have = installed_sglang_version(cfg.python)
     if have != top.sglang_version:
+        from top_rl import sglang_release
+
         found = "sglang is not installed" if have is None else f"sglang {have} is installed"
+        other = contract.RELEASE_DEFAULTS.get(have or "")
+        pick = (f"top.contract={other.name} (sglang {have}'s contract), or " if other else "")
         raise TopConfigError(
             f"{found} for {cfg.python}, but the TOP contract {top.name!r} is read from sglang "
             f"{top.sglang_version}: install sglang=={top.sglang_version} (or use the project's Docker image), or "
-            f"set skip_version_check=true to run anyway (parity is then unproven)"
+            f"{pick}set skip_version_check=true to run anyway (parity is then unproven). The releases with a TOP "
+            f"contract: {sglang_release.supported()}"
         )
 
 
@@ -218,8 +223,8 @@ def check_config(cfg: SglangEngineConfig, trainer_attention_backend: str,
         raise TopConfigError(f"logprob_source={cfg.logprob_source!r}; choose 'prefill' or 'decode'")
     if not 1 <= cfg.port <= MAX_PORT:
         raise TopConfigError(
-            f"port={cfg.port}: SGLang {top.sglang_version} also opens port + 10000 for gRPC and refuses a port above "
-            f"{MAX_PORT}; set rollout.sglang.port so that port + num_engines - 1 <= {MAX_PORT} (e.g. 30000)")
+            f"port={cfg.port}: SGLang 0.5.11 also opens port + 10000 for gRPC and refuses a port above "
+            f"{MAX_PORT} (TOP-RL keeps that bound for every release); set rollout.sglang.port so that port + num_engines - 1 <= {MAX_PORT} (e.g. 30000)")
     if check_version:
         check_sglang_version(cfg, top)
     check_tp(cfg, top)

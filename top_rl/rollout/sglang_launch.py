@@ -25,6 +25,7 @@ OWNED_FLAGS = {
     "--model-path": "model_path", "--model": "model_path", "--host": "host", "--port": "port",
     "--tp-size": "tp_size", "--tensor-parallel-size": "tp_size", "--attention-backend": "attention_backend",
     "--mem-fraction-static": "mem_fraction_static", "--cuda-graph-max-bs": "cuda_graph_max_bs",
+    "--cuda-graph-max-bs-decode": "cuda_graph_max_bs",  # 0.5.17's name of --cuda-graph-max-bs
     "--max-running-requests": "max_running_requests", "--chunked-prefill-size": "chunked_prefill_size",
     "--enable-memory-saver": "enable_memory_saver (cluster.gpu_handoff)",
 }
@@ -88,6 +89,7 @@ def build_launch(cfg: SglangEngineConfig, trainer_attention_backend: str, base_e
         argv += ["--mem-fraction-static", repr(float(cfg.mem_fraction_static))]
     for flag, key in _SIZE_FLAGS:
         if getattr(cfg, key) is not None:
+            flag = top.release.cuda_graph_max_bs_flag if key == "cuda_graph_max_bs" else flag  # the release's name
             argv += [flag, str(int(getattr(cfg, key)))]
     if cfg.enable_memory_saver:
         argv.append("--enable-memory-saver")
@@ -135,10 +137,13 @@ def validate_argv(argv: list[str], cfg: SglangEngineConfig, top: contract.TopCon
     if cfg.top:
         # §1.1: both determinism flags (piecewise CUDA graphs stay on with the rl target alone).
         want.update(enable_deterministic_inference=True, rl_on_policy_target="fsdp")
-        # 0.5.11: the inductor piecewise compiler takes another q/k-norm path (§4.4)
-        want["piecewise_cuda_graph_compiler"] = "eager"
+        # what the release's contract pins beyond them (0.5.11: the eager piecewise compiler, §4.4; 0.5.17: eager
+        # prefill, the torch bf16 GEMM: numerics_0.5.17.md §0.1)
+        want.update(top.release.argv_pinned)
         if cfg.attention_backend in top.radix_cache_required_off:
             want["disable_radix_cache"] = True
+    release = top.release  # this release's argparse dest of each setting (0.5.17 renamed tp/pp/dp and the graph bs)
+    want = {release.dest(k): v for k, v in want.items()}
     bad = [f"{k}={getattr(ns, k, '<absent>')!r} (need {v!r})" for k, v in want.items() if getattr(ns, k, None) != v]
     for flag, why in top.engine_flags_off if cfg.top else ():  # §1.2: a set value (True, a name) turns it on
         value = getattr(ns, flag[2:].replace("-", "_"), None)

@@ -10,7 +10,8 @@ from typing import Any, Mapping
 
 from top_rl import contract
 from top_rl.rollout.config import FROM_THE_RUN
-from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, check_config
+from top_rl.rollout.sglang_config import (SglangEngineConfig, TopConfigError, check_config, check_sglang_version,
+                                         installed_sglang_version)
 from top_rl.rollout.sglang_launch import build_launch, check_extra_args
 
 _FIELDS = {f.name for f in dataclasses.fields(SglangEngineConfig)}
@@ -99,6 +100,9 @@ def launch_plan(run_cfg, index: int = 0) -> dict:
     engine_config's refusals. Without model.path the servers start from the run's
     random initial policy, written by trainer rank 0 at start."""
     cfg = engine_config(run_cfg, index)
-    spec = build_launch(cfg, run_cfg.top.attention_backend, top=contract.get(run_cfg.top.contract), check=False)
+    top = contract.get(run_cfg.top.contract)
+    if installed_sglang_version(cfg.python) is not None:  # another release where the server would start: refused
+        check_sglang_version(cfg, top)  # (a planning machine without SGLang plans; the engine's start() checks)
+    spec = build_launch(cfg, run_cfg.top.attention_backend, top=top, check=False)
     return {"kind": "sglang", "url": cfg.url, **spec.describe(),
             "logprob_source": cfg.logprob_source, "attention_backend": cfg.attention_backend, "top": cfg.top}

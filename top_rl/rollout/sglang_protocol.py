@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from top_rl.rollout.sglang_client import SglangHTTPError, SglangProtocolError
+from top_rl.sglang_release import RELEASES
+
+_RETRACTIONS = tuple(dict.fromkeys(r.retractions_key for r in RELEASES.values()))  # the key each release names it by
 
 GENERATE = "POST /generate"
 
@@ -116,7 +119,7 @@ def parse_generation(item: dict, i: int) -> Generation:
     if kind not in ("stop", "length"):
         raise _fail(f"sample {i}: finish_reason {fr!r} is not a stop/length object")
     info = {k: meta[k] for k in ("weight_version", "prompt_tokens", "completion_tokens", "cached_tokens",
-                                 "total_retractions", "id") if k in meta}
+                                 "id", *_RETRACTIONS) if k in meta}
     info["finish_reason"] = fr
     return Generation(list(out), [_value(t[0], i, j, "output_token_logprobs") for j, t in enumerate(trip)], kind, info)
 

@@ -53,8 +53,9 @@ def _lengths(cu_seqlens: torch.Tensor) -> torch.Tensor:
 @functools.cache
 def _triton_ops():
     engine_env.pin_engine_env()
-    ext = importlib.import_module("sglang.srt.layers.attention.triton_ops.extend_attention")
-    dec = importlib.import_module("sglang.srt.layers.attention.triton_ops.decode_attention")
+    release = engine_env.active_contract().release  # where this release keeps them (top_rl/sglang_release.py)
+    ext = importlib.import_module(release.triton_extend_module)
+    dec = importlib.import_module(release.triton_decode_module)
     return ext.extend_attention_fwd_unified, dec.decode_attention_fwd
 
 
