@@ -93,7 +93,11 @@ if [[ "$WHAT" == e2e ]]; then
   # (s) conf/experiment/one_gpu_qwen3_0.6b_sglang.yaml (s2: the same with E2E_S2_ARGS, e.g. rollout.policy_lag=1
   # beside a policy_lag=0 run in one call); (g) GSM8K on a random Qwen3-0.6B shape with the shipped
   # data and Qwen3 tokenizer, 64 prompts x 8 samples x 1024 new tokens (resumable: E2E_G_STEPS more steps per call,
-  # checkpointed every E2E_G_EVERY, continued by the next call while the machine is warm).
+  # checkpointed every E2E_G_EVERY, continued by the next call while the machine is warm); (g4b) the same GSM8K job on a
+  # random Qwen3-4B shape (conf/model/qwen3_4b.yaml) with trainer.offload_during_rollout: the trainer's optimizer
+  # state and gradients wait in host memory while the server generates (E2E_G4B_STEPS, default 3; E2E_G4B_ARGS;
+  # its own limit E2E_G4B_TIMEOUT, default 540 s). Its run ends with a checkpoint (~56 GB at 4B: the disk may refuse
+  # it; the step rows are logged before it).
   JOB=("$PY" -m top_rl.cli tracking.wandb_mode=disabled tracking.console=true)
   NATIVE=(+experiment=one_node_qwen3_0.6b_arith)
   B=(trainer.dp=2 cluster.colocate=true cluster.engine_gpus=0.5 cluster.trainer_gpus=0.5)
@@ -102,6 +106,12 @@ if [[ "$WHAT" == e2e ]]; then
   G=(+experiment=gsm8k_qwen3_0.6b model.path=null rollout.num_engines=1 cluster.colocate=true cluster.engine_gpus=0.5
      cluster.trainer_gpus=0.5 cluster.gpu_handoff=true rollout.sglang.mem_fraction_static=0.6
      rollout.sglang.cuda_graph_max_bs=512 rollout.sglang.max_running_requests=512 "checkpoint.every=${E2E_G_EVERY:-0}")
+  # (g4b) G on the Qwen3-4B shape, the optimizer state offloaded during the rollout (the server at 0.7 of the GPU beside
+  # the trainer's weights only; the estimate: top_rl/rollout/sglang_memory.py, OFFLOADED_RESIDENT_BYTES_PER_PARAM)
+  G4B=(+experiment=gsm8k_qwen3_0.6b model=qwen3_4b model.path=null rollout.num_engines=1 cluster.colocate=true
+       cluster.engine_gpus=0.5 cluster.trainer_gpus=0.5 cluster.gpu_handoff=true trainer.offload_during_rollout=true
+       rollout.sglang.mem_fraction_static=0.7 rollout.sglang.cuda_graph_max_bs=512
+       rollout.sglang.max_running_requests=512 checkpoint.every=0)
   : >"$OUT/e2e.log"
   for run in ${E2E_RUNS:-a b c}; do
     keep=""
@@ -116,11 +126,14 @@ if [[ "$WHAT" == e2e ]]; then
          done_steps=$( [ -f /tmp/e2e_g/metrics.jsonl ] && wc -l </tmp/e2e_g/metrics.jsonl || echo 0)
          args=("${G[@]}" steps=$((done_steps + ${E2E_G_STEPS:-10})) ${E2E_G_ARGS:-})
          [ -d /tmp/e2e_g/checkpoints ] && args+=(resume=true) ;;
+      g4b) args=("${G4B[@]}" steps="${E2E_G4B_STEPS:-3}" ${E2E_G4B_ARGS:-}) ;;
     esac
     [ -n "$keep" ] || rm -rf "/tmp/e2e_$run"
     start=$(date +%s)
     if [[ $run == c ]]; then fault="kill_engine:${E2E_C_KILL_AT:-4}"; else fault=""; fi
-    TOP_RL_FAULT="$fault" timeout "${E2E_TIMEOUT:-240}" "${JOB[@]}" run_dir="/tmp/e2e_$run" "${args[@]}" \
+    limit=${E2E_TIMEOUT:-240}
+    [[ $run == g4b ]] && limit=${E2E_G4B_TIMEOUT:-540}
+    TOP_RL_FAULT="$fault" timeout "$limit" "${JOB[@]}" run_dir="/tmp/e2e_$run" "${args[@]}" \
       >"/tmp/e2e_$run.log" 2>&1 &
     job=$!
     while kill -0 "$job" 2>/dev/null; do  # the rows so far reach $OUT even if the call's own limit ends it

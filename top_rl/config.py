@@ -183,6 +183,10 @@ def validate(cfg: RunConfig) -> RunConfig:
         errors.append(f"cluster.gpu_handoff=true hands a GPU between SGLang servers and the trainer rank they share it "
                       f"with (SGLang's release/resume_memory_occupation): it needs rollout.engine=sglang, not "
                       f"{cfg.rollout.engine}")
+    if cfg.trainer.offload_during_rollout and not cfg.cluster.gpu_handoff:
+        errors.append("trainer.offload_during_rollout=true parks the trainer's optimizer state in host memory while a "
+                      "server it shares the GPU with generates, which only cluster.gpu_handoff=true does; set "
+                      "cluster.gpu_handoff=true (with cluster.colocate=true) or trainer.offload_during_rollout=false")
     errors += _policy_lag_errors(cfg)
     transport_refusal = weight_transport.refusal(cfg.cluster.weight_transport, cfg.rollout.engine)
     if transport_refusal:

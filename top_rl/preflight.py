@@ -201,7 +201,7 @@ def shared_gpu_memory(cfg, ready: Ready) -> None:
     fraction = config_from_dict(cfg.rollout.sglang).mem_fraction_static or 0.88  # None: SGLang's own (~0.88 on H200)
     tokens = t.micro_batch_tokens or (t.micro_batch_size or 1) * ready.model_cfg.max_position_embeddings
     est = sglang_memory.estimate(ready.model_cfg, tokens, t.recompute, fraction, servers, gpu,
-                                 handoff=cfg.cluster.gpu_handoff)
+                                 handoff=cfg.cluster.gpu_handoff, offload=t.offload_during_rollout)
     if est.needed > gpu:
         best = est.best_fraction()
         fix = (f"set rollout.sglang.mem_fraction_static <= {best:.2f}" if best > 0.05 else

@@ -80,6 +80,12 @@ def test_settings_the_loop_cannot_run_are_refused_naming_the_key():
     with pytest.raises(ConfigError, match=r"cluster\.gpu_handoff=true hands a GPU .* needs rollout\.engine=sglang, not "
                                           r"native"):
         compose(["cluster.gpu_handoff=true"])
+    with pytest.raises(ConfigError, match=r"trainer\.offload_during_rollout=true parks .* only cluster\.gpu_handoff=true "
+                                          r"does; set cluster\.gpu_handoff=true .* or trainer\.offload_during_rollout=false"):
+        compose(["+experiment=one_gpu_qwen3_0.6b_sglang", "cluster.gpu_handoff=false", "trainer.offload_during_rollout=true"])
+    handed = compose(["+experiment=one_gpu_qwen3_0.6b_sglang", "cluster.gpu_handoff=true",
+                      "trainer.offload_during_rollout=true"])
+    assert handed.trainer.offload_during_rollout and handed.cluster.gpu_handoff
     with pytest.raises(ConfigError, match=r"cluster\.weight_transport=disk does not reach a native rollout engine; "
                                           r"choose one of \['auto', 'broadcast', 'ipc', 'object_store'\]"):
         compose(["cluster.weight_transport=disk"])

@@ -67,3 +67,39 @@ def test_a_handed_over_gpu_fits_each_phase_and_counts_the_trainers_resident_memo
                                                     r"mem_fraction_static <= 0\.6\d"):
             preflight.check(compose([f"run_dir={tmp_path / 'a'}", *job, f"rollout.sglang.mem_fraction_static={fraction}"]))
     preflight.check(compose([f"run_dir={tmp_path / 'b'}", *job, "rollout.sglang.mem_fraction_static=0.6"]))
+
+
+QWEN3_4B = Qwen3Config(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                       num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                       tie_word_embeddings=True)
+
+
+def test_offload_during_rollout_counts_only_the_weights_between_steps(tmp_path, monkeypatch):
+    """trainer.offload_during_rollout: between steps the trainer keeps its weights only (4 B a parameter, a formula
+    not yet measured on a GPU), so the Qwen3-4B shape handed over on one H200 fits at 0.7 with it and is refused
+    without it, the refusal naming its numbers; the step phase is the formula's whole trainer."""
+    assert sglang_memory.param_count(QWEN3_4B) == 4_022_468_096  # Qwen3-4B's parameter count
+    est = sglang_memory.estimate(QWEN3_4B, 16384, True, 0.7, 1, H200, handoff=True, offload=True)
+    assert est.trainer_resident_bytes == 4 * 4_022_468_096
+    assert est.trainer_bytes == sglang_memory.trainer_bytes(QWEN3_4B, 16384, True)
+    assert est.needed <= H200 and "offloaded: trainer.offload_during_rollout" in est.describe()
+    kept = sglang_memory.estimate(QWEN3_4B, 16384, True, 0.7, 1, H200, handoff=True)
+    assert kept.trainer_resident_bytes == 64 * 4_022_468_096 and kept.needed > H200
+    # without the handoff nothing is offloaded (config.validate refuses the switch there)
+    assert not sglang_memory.estimate(QWEN3_4B, 16384, True, 0.7, 1, H200, offload=True).offload
+
+    monkeypatch.setattr(sglang_memory, "local_gpu_bytes", lambda: H200)
+    monkeypatch.setattr(preflight.placement, "check_before_start", lambda *a, **k: None)
+    job = ["+experiment=gsm8k_qwen3_0.6b", "model=qwen3_4b", "model.path=null", "rollout.num_engines=1",
+           "cluster.colocate=true", "cluster.engine_gpus=0.5", "cluster.trainer_gpus=0.5", "cluster.gpu_handoff=true",
+           "rollout.sglang.mem_fraction_static=0.7", "model.max_position_embeddings=2048"]
+    preflight.check(compose([f"run_dir={tmp_path / 'a'}", *job, "trainer.offload_during_rollout=true"]))
+    with pytest.raises(preflight.Refused, match=r"rollout: 1 SGLang server\(s\) x \(98\.3 GiB static.*the trainer's "
+                                                r"resident ~239\.\d GiB; step: .* needs \d+\.\d GiB of the GPU's "
+                                                r"140\.4 GiB.*the trainer alone leaves no room"):
+        preflight.check(compose([f"run_dir={tmp_path / 'b'}", *job]))
+    with pytest.raises(preflight.Refused, match=r"the trainer's resident ~1[45]\.\d GiB \(optimizer state and gradients "
+                                                r"offloaded: trainer\.offload_during_rollout\).*needs 1[45]\d\.\d GiB.*"
+                                                r"set rollout\.sglang\.mem_fraction_static <= 0\.8\d"):
+        preflight.check(compose([f"run_dir={tmp_path / 'c'}", *job, "trainer.offload_during_rollout=true",
+                                 "rollout.sglang.mem_fraction_static=0.9"]))

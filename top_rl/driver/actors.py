@@ -143,6 +143,26 @@ def gpu_memory_gib() -> dict[str, float]:
     return out
 
 
+def offloaded_step(trainer, batch, step_cfg, offload: bool):
+    """One rl_step; with trainer.offload_during_rollout (cluster.gpu_handoff) the optimizer state comes back from host
+    memory before it and goes back after it (top_rl.train.optim), while the server that shares the GPU has given its
+    memory back, and the two moves are timed into the report (perf/trainer/onload_s, perf/trainer/offload_s). The
+    weight push after the step reads the model's weights, which stay on the GPU."""
+    if not offload:
+        return trainer.rl_step(batch, step_cfg)
+    t = time.perf_counter()
+    trainer.optimizer.onload()
+    onload_s = time.perf_counter() - t
+    report = trainer.rl_step(batch, step_cfg)  # a halted step (the gate's verdict) returns here too
+    t = time.perf_counter()
+    trainer.optimizer.offload()
+    offload_s = time.perf_counter() - t
+    if report is not None:
+        report.timings["onload"] = onload_s
+        report.timings["offload"] = offload_s
+    return report
+
+
 @ray.remote
 class TrainerActor:
     """One trainer rank (Megatron-core over the kernel seam). Calls are SPMD: the driver sends each call to
@@ -190,14 +210,22 @@ class TrainerActor:
         self.trainer.snapshots = PolicySnapshots(keep=spec.step_cfg.policy_lag)
         self.step_cfg = spec.step_cfg
         self.release_cache = spec.release_cache_after_step
+        self.offload = spec.trainer_cfg.offload_during_rollout  # with cluster.gpu_handoff only (config.validate)
         self.faults = spec.faults
         if spec.model_cfg.path:
             self.trainer.load_hf(spec.model_cfg.path)
         else:
             self.trainer.load_hf(spec.model_cfg.build(spec.vocab_size, spec.eos_token_id).hf_state_dict())
+        self._offload_between_steps()  # the first rollout too runs beside the weights only
+
+    def _offload_between_steps(self) -> None:
+        if self.offload:
+            self.trainer.optimizer.offload()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
 
     def rl_step(self, batch):
-        report = self.trainer.rl_step(batch, self.step_cfg)
+        report = offloaded_step(self.trainer, batch, self.step_cfg, self.offload)
         if self.release_cache and torch.cuda.is_available():
             torch.cuda.empty_cache()  # the step's activations: the server resuming on this GPU takes them (gpu_handoff)
         if report is not None and torch.cuda.is_available():
@@ -258,6 +286,7 @@ class TrainerActor:
             raise ValueError(f"{path} holds weight version {self.trainer.snapshots.current}, the resume expects "
                              f"version {version} (its step + 1)")
         rng.restore(state["rng"])
+        self._offload_between_steps()  # loading brought the optimizer state onto the GPU
 
     def save_hf(self, path: str) -> None:
         """The policy as a Hugging Face checkpoint, written by rank 0 (every rank takes part in the gather)."""

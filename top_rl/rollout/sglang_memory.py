@@ -11,7 +11,9 @@ refuse a layout that cannot work, naming the numbers, before any GPU is touched;
 With cluster.gpu_handoff the GPU is shared in time: the servers give back their memory while the trainer steps, and
 the trainer empties its cache before they take it again, so the two phases must each fit: the rollout (the servers'
 memory beside what the trainer keeps between steps: weights, master weights, gradients, Adam) and the step (the
-whole trainer beside each server's CUDA context).
+whole trainer beside each server's CUDA context). With trainer.offload_during_rollout the trainer parks its fp32 master
+weights, Adam moments and fp32 gradients in host memory between steps (top_rl.train.optim), so the rollout phase counts
+only its weights beside the servers (OFFLOADED_RESIDENT_BYTES_PER_PARAM).
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ SGLANG_DEFAULT_CHUNK = 8192  # chunked_prefill_size SGLang picks on a large GPU 
 # live tensors (perf/trainer/gpu_allocated_gib; what holds the extra ~20 GiB is not found yet: a CPU run of the same
 # steps keeps none). The estimate takes the largest seen, so a layout that ran out of memory there is refused here.
 RESIDENT_BYTES_PER_PARAM = 64  # 35.2 GiB / 596,049,920 parameters = 63.4
+# What stays between steps with trainer.offload_during_rollout: the model's weights only (2 B a parameter in the compute
+# dtype, 4 for the fp32 embedding and norms), counted at 4 B for every parameter. A formula, NOT yet measured on a GPU
+# (the e2e g4b case reports perf/trainer/gpu_resident_gib): the ~20 GiB of live tensors the 0.6B job kept after step 2
+# (above) are not counted here, and the step is counted by the formula (trainer_bytes), not by the measured 64 B.
+OFFLOADED_RESIDENT_BYTES_PER_PARAM = 4
 
 
 def param_count(arch) -> int:
@@ -48,6 +55,7 @@ class SharedGpuEstimate:
     trainer_bytes: int
     trainer_resident_bytes: int = 0  # what the trainer keeps between steps (weights, master copy, grads, Adam)
     handoff: bool = False  # cluster.gpu_handoff (module doc)
+    offload: bool = False  # trainer.offload_during_rollout: trainer_resident_bytes is its weights only (module doc)
 
     @property
     def servers_bytes(self) -> int:
@@ -71,7 +79,8 @@ class SharedGpuEstimate:
         servers = (f"{self.servers} SGLang server(s) x ({g(self.server_static_bytes)} static + "
                    f"{g(self.server_dynamic_bytes)} per prefill chunk)")
         if self.handoff:
-            return (f"rollout: {servers} + the trainer's resident ~{g(self.trainer_resident_bytes)}; step: the trainer "
+            kept = " (optimizer state and gradients offloaded: trainer.offload_during_rollout)" if self.offload else ""
+            return (f"rollout: {servers} + the trainer's resident ~{g(self.trainer_resident_bytes)}{kept}; step: the trainer "
                     f"rank ~{g(self.trainer_bytes)}; with CUDA contexts the larger needs {g(self.needed)} of the GPU's "
                     f"{g(self.gpu_bytes)}")
         return f"{servers} + the trainer rank ~{g(self.trainer_bytes)} + CUDA contexts = {g(self.needed)} of the GPU's " \
@@ -91,13 +100,20 @@ def trainer_bytes(arch, micro_batch_tokens: int, recompute: bool) -> int:
 
 
 def estimate(arch, micro_batch_tokens: int, recompute: bool, mem_fraction_static: float, servers: int,
-             gpu_bytes: int, chunked_prefill_size: int = SGLANG_DEFAULT_CHUNK, handoff: bool = False) -> SharedGpuEstimate:
-    resident = RESIDENT_BYTES_PER_PARAM * param_count(arch)
-    # A step never holds less than what stays after it (measured above the formula's step: see RESIDENT_BYTES_PER_PARAM)
-    step = max(trainer_bytes(arch, micro_batch_tokens, recompute), resident)
+             gpu_bytes: int, chunked_prefill_size: int = SGLANG_DEFAULT_CHUNK, handoff: bool = False,
+             offload: bool = False) -> SharedGpuEstimate:
+    """`offload`: trainer.offload_during_rollout (with `handoff` only; config.validate refuses it otherwise)."""
+    offload = offload and handoff
+    if offload:  # the weights only between steps; the step by the formula (OFFLOADED_RESIDENT_BYTES_PER_PARAM)
+        resident = OFFLOADED_RESIDENT_BYTES_PER_PARAM * param_count(arch)
+        step = trainer_bytes(arch, micro_batch_tokens, recompute)
+    else:
+        resident = RESIDENT_BYTES_PER_PARAM * param_count(arch)
+        # A step never holds less than what stays after it (measured above the formula's step: see RESIDENT_BYTES_PER_PARAM)
+        step = max(trainer_bytes(arch, micro_batch_tokens, recompute), resident)
     return SharedGpuEstimate(gpu_bytes=gpu_bytes, server_static_bytes=int(mem_fraction_static * gpu_bytes),
                              servers=servers, server_dynamic_bytes=chunked_prefill_size * arch.vocab_size * 6,
-                             trainer_bytes=step, trainer_resident_bytes=resident, handoff=handoff)
+                             trainer_bytes=step, trainer_resident_bytes=resident, handoff=handoff, offload=offload)
 
 
 def local_gpu_bytes() -> int | None:

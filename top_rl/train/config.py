@@ -25,6 +25,9 @@ class TrainerConfig:
     # The compute dtype (embedding, norms and residual stream stay fp32: the contract). None: the model config's
     # torch_dtype. A run sets it from model.dtype (one dtype for engine and trainer) and refuses trainer.dtype.
     dtype: ComputeDtype | None = None
+    # With cluster.gpu_handoff=true only: between steps the fp32 master weights, Adam moments and fp32 gradient buffers
+    # wait in pinned host memory (top_rl.train.optim), so the server's KV pool takes most of the GPU while it generates
+    offload_during_rollout: bool = False
     megatron_rope: bool = False  # Megatron's unfused RoPE instead of kernels.rope: eager engines only (train/qwen3_megatron.py)
 
     @property

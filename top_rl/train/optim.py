@@ -15,6 +15,8 @@ norm is `torch._foreach_norm` reduced on the device, clipping is the fused kerne
 `found_inf`, which leaves weights, moments and step counts as they were; the trainer reads the norm once, after the
 step is queued, and refuses a non-finite one (top_rl.train.trainer). Megatron's own optimizer, without Apex or
 Transformer Engine, drained the GPU queue 226 times a 0.6B step in its grad-norm fallback (bench/host_time.py).
+With trainer.offload_during_rollout, GpuAdamW parks its fp32 masters and Adam state in pinned host memory and frees DDP's
+gradient buffers between steps, the tensors keeping their identity (top_rl/train/offload.py).
 Megatron's DDP cannot run on CPU (docs/megatron.md §2.3); the fused step (FusedMasterAdamW) runs on either device,
 and tests/train/test_fused_adamw.py checks it on CPU against torch's for-loop AdamW.
 """
@@ -27,6 +29,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from top_rl.train.offload import HostCopies, refuse_offloaded, release_grad_buffers, restore_grad_buffers
 from top_rl.train.parallel import Layout, groups
 
 
@@ -91,6 +94,15 @@ class CpuAdamW(_ConfigHyperparameters):
     @property
     def forward_module(self):
         return None  # the model itself
+
+    # trainer.offload_during_rollout is a GPU setting (it needs cluster.gpu_handoff): on the CPU nothing moves
+    offloaded = False
+
+    def offload(self) -> None:
+        pass
+
+    def onload(self) -> None:
+        pass
 
     def zero_grad(self) -> None:
         for n, p in self.named:
@@ -166,6 +178,7 @@ class CpuAdamW(_ConfigHyperparameters):
         self.opt.load_state_dict(copy.deepcopy(sd["adamw"]))
 
 
+
 class FusedMasterAdamW:
     """fp32 master weights of a model's parameters stepped by torch's fused AdamW with no host sync (module doc).
     `grads`: parameter name -> the fp32 tensor holding its summed gradient (DDP's main_grad on GPU; any fp32 tensor
@@ -180,8 +193,10 @@ class FusedMasterAdamW:
         self.reset()
 
     def reset(self) -> None:
-        """Fresh fp32 masters from the model's current values and empty AdamW state (after loading new weights)."""
+        """Fresh fp32 masters from the model's current values and empty AdamW state (after loading new weights).
+        Parked copies of the old ones are dropped with them."""
         cfg = self.cfg
+        self.host = HostCopies()
         self.master = {n: p if p.dtype == torch.float32 else torch.nn.Parameter(p.detach().float().clone())
                        for n, p in self.named}
         self.rounded = [(p, self.master[n]) for n, p in self.named if self.master[n] is not p]
@@ -190,6 +205,22 @@ class FusedMasterAdamW:
         self.opt = torch.optim.AdamW(
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=True)
+
+    @property
+    def offloaded(self) -> bool:
+        return bool(self.host.parked)
+
+    def offload(self) -> None:
+        """Park the fp32 masters of compute-dtype parameters and every AdamW state tensor (exp_avg, exp_avg_sq, step)
+        in host memory (HostCopies). fp32 parameters are their own master: they are the model's weights and stay.
+        Idempotent."""
+        if not self.offloaded:
+            state = [v for s in self.opt.state.values() for v in s.values() if torch.is_tensor(v)]
+            self.host.offload([m for _, m in self.rounded] + state)
+
+    def onload(self) -> None:
+        """Bring back what `offload` parked, bitwise, into the same tensors. Idempotent."""
+        self.host.onload()
 
     @torch.no_grad()
     def global_norm(self) -> torch.Tensor:
@@ -204,6 +235,8 @@ class FusedMasterAdamW:
     @torch.no_grad()
     def step(self) -> torch.Tensor:
         """Clip, step and round the masters into the model; returns the gradient norm as a device tensor."""
+        if self.offloaded:
+            refuse_offloaded("an optimizer step")
         norm = self.global_norm()
         clip = self.cfg.grad_clip
         # the fused kernel divides each gradient by grad_scale: Megatron's coefficient clip / (norm + 1e-6) when < 1
@@ -221,12 +254,24 @@ class FusedMasterAdamW:
         return norm
 
     def state_dict(self) -> dict:
+        """Offloaded, the saved values are the host copies themselves, not copies of them (a checkpoint between steps
+        needs no device memory and no second host copy: at 4B they are ~46 GB; they change only at the next offload,
+        after the checkpoint is written)."""
+        def value(t):
+            host = self.host.host_of(t) if torch.is_tensor(t) else None
+            return t if host is None else host
+
+        sd = self.opt.state_dict()
+        sd = {**sd, "state": {k: {n: value(v) for n, v in s.items()} for k, s in sd["state"].items()}}
         # deepcopy: torch's optimizer state_dict holds live references to exp_avg/exp_avg_sq
         separate = {id(m) for _, m in self.rounded}  # fp32 parameters are their own master: saved with the model
-        return {"adamw": copy.deepcopy(self.opt.state_dict()),
-                "master": {n: m.detach().clone() for n, m in self.master.items() if id(m) in separate}}
+        parked = {id(h): h for _, h, _ in self.host.parked}  # deepcopy's memo: the host copies are not copied again
+        return {"adamw": copy.deepcopy(sd, parked),
+                "master": {n: (value(m) if id(value(m)) in parked else m.detach().clone())
+                           for n, m in self.master.items() if id(m) in separate}}
 
     def load_state(self, sd: dict) -> None:
+        self.onload()  # the loaded values go into the device tensors
         with torch.no_grad():
             for n, t in sd["master"].items():
                 self.master[n].copy_(t)
@@ -249,6 +294,7 @@ class GpuAdamW(_ConfigHyperparameters):
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         mp = groups()["mp"] if layout.tp * layout.pp > 1 else None
         self.fused = FusedMasterAdamW(named, {n: p.main_grad for n, p in named}, cfg, layout, norm_group=mp)
+        self.released_grads: list[tuple[torch.Tensor, int]] = []  # DDP's grad buffers while offloaded
 
     @property
     def opt(self):  # the torch optimizer: its param_groups carry the lr (_ConfigHyperparameters)
@@ -259,21 +305,47 @@ class GpuAdamW(_ConfigHyperparameters):
         return self.ddp
 
     def reset(self) -> None:
+        self.onload()
         self.fused.reset()  # fp32 masters <- freshly loaded model params
 
+    @property
+    def offloaded(self) -> bool:
+        return self.fused.offloaded or bool(self.released_grads)
+
+    def offload(self) -> None:
+        """Between steps (trainer.offload_during_rollout): the fp32 masters and Adam moments to pinned host memory
+        (FusedMasterAdamW.offload), DDP's fp32 gradient buffers freed (zero between steps: nothing to copy). What stays
+        on the GPU is the model's weights, which the weight push reads. Idempotent."""
+        self.fused.offload()
+        if not self.released_grads:
+            self.released_grads = release_grad_buffers(self.ddp)
+
+    def onload(self) -> None:
+        """Before the next step: the state back, bitwise, in the same tensors; the gradient buffers re-allocated and
+        zeroed. Idempotent."""
+        restore_grad_buffers(self.released_grads)
+        self.released_grads = []
+        self.fused.onload()
+
     def zero_grad(self) -> None:
+        if self.offloaded:
+            refuse_offloaded("zeroing the gradients (a backward or a step)")
         self.ddp.zero_grad_buffer()
 
     def accumulate(self) -> None:
         pass  # DDP's hooks accumulate into fp32 main_grad buffers
 
     def local_grads(self) -> dict[str, torch.Tensor]:
+        if self.offloaded:
+            refuse_offloaded("reading the gradients")
         return {n: p.main_grad.detach().float().clone() for n, p in self.ddp.module.named_parameters()
                 if getattr(p, "main_grad", None) is not None}
 
     def step(self) -> dict[str, torch.Tensor]:
         from megatron.core.distributed import finalize_model_grads
 
+        if self.offloaded:
+            refuse_offloaded("an optimizer step")
         finalize_model_grads([self.ddp])
         norm = self.fused.step()
         self.zero_grad()
@@ -286,4 +358,5 @@ class GpuAdamW(_ConfigHyperparameters):
         if "fused_adamw" not in sd:  # a shard written by Megatron's optimizer (before GpuAdamW)
             raise ValueError(f"top-rl: this trainer shard's optimizer state is {sorted(sd)} (Megatron's optimizer, "
                              "top-rl before GpuAdamW); resume it with that release, or start the run afresh")
+        self.onload()
         self.fused.load_state(sd["fused_adamw"])
