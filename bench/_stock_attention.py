@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from bench._trainer_common import Timer, median
+from top_rl.kernels.stock import _FlashVarlen  # the non-TOP job's flash path: one class for both
 
 
 def _expand(t, group):
@@ -23,24 +24,6 @@ def _expand(t, group):
 def _fold(g, hkv):
     t, hq, d = g.shape
     return g if hq == hkv else g.reshape(t, hkv, hq // hkv, d).sum(2)
-
-
-class _FlashVarlen(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, cu, max_len, scale):
-        out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
-            q, k, v, cu, cu, max_len, max_len, 0.0, True, False, scale=scale)
-        ctx.save_for_backward(q, k, v, out, lse, cu, rng, unused)
-        ctx.max_len, ctx.scale = max_len, scale
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        q, k, v, out, lse, cu, rng, unused = ctx.saved_tensors
-        dq, dk, dv = torch.ops.aten._flash_attention_backward(
-            g.contiguous(), q, k, v, out, lse, cu, cu, ctx.max_len, ctx.max_len, 0.0, True, rng, unused,
-            scale=ctx.scale)
-        return dq, dk, dv, None, None, None
 
 
 class _CudnnVarlen(torch.autograd.Function):
