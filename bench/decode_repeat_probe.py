@@ -113,6 +113,14 @@ def poison_main(model, prompts, seeds, params) -> None:
         print(f"| {value} | {first[0]} | {first[1]:.3g} | {nans} | %d / %d |" % _diff(gen, base[1]), flush=True)
 
 
+def _is_jit(obj, cls) -> bool:
+    """isinstance, for every object the GC holds: a weakref proxy whose referent died raises on it."""
+    try:
+        return isinstance(obj, cls)
+    except ReferenceError:
+        return False
+
+
 def triton_specializations() -> dict[str, list[str]]:
     """Every Triton JIT kernel in the process and the cache keys of the variants compiled so far (a key holds the
     specialization: argument dtypes, 16-divisibility of pointers and integers, constexpr values)."""
@@ -126,7 +134,7 @@ def triton_specializations() -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     with warnings.catch_warnings():  # isinstance on every object touches deprecated module attributes
         warnings.simplefilter("ignore")
-        objs = [o for o in gc.get_objects() if isinstance(o, JITFunction)]
+        objs = [o for o in gc.get_objects() if _is_jit(o, JITFunction)]
     for obj in objs:
         if True:
             keys = []

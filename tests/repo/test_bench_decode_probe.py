@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -41,3 +43,22 @@ def test_poison_mode_names_no_difference_on_the_cpu():
     rows = re.findall(r"^\| (0\.0|nan|10000\.0) \| (\S+) \| .* \| (\d+ / \d+) \|$", out, re.M)
     assert {v for v, _, _ in rows} == {"0.0", "nan", "10000.0"}, out
     assert all(first == "none" and gen == "0 / 0" for _, first, gen in rows), out
+
+
+def test_the_triton_scan_survives_a_dead_weak_proxy_in_the_gc():
+    """On the H200 the scan over gc.get_objects() met a weakref proxy whose referent had died: isinstance raised
+    ReferenceError and the trace stopped after its first call."""
+    import weakref
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import decode_repeat_probe as probe
+
+    class Thing:
+        pass
+
+    thing = Thing()
+    proxy = weakref.proxy(thing)
+    del thing
+    with pytest.raises(ReferenceError):
+        isinstance(proxy, Thing)
+    assert probe._is_jit(proxy, Thing) is False
