@@ -17,6 +17,9 @@ does not?
 Session 10 saw the module's eager fixture (the first eager call after a graph capture) differ from every later call,
 all of which agree. Sessions 11 and 12 ran this probe without the `sglang` kernels (the reference backend, the process
 default): their rows say nothing about the engine's kernels; the probe now installs them as tests/gpu/conftest.py does.
+Session 13 (the `sglang` kernels, the test module's order): every call equal to every other, and poisoned free memory
+changed nothing. The test module's difference was its own: its module-scoped `eager` fixture ran before the per-test
+kernel plan, on the reference kernels (tests/gpu/conftest.py now installs the plan for the session).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import random
 import pytest
 import torch
 
+from top_rl import kernels
 from top_rl.rollout import decode_graph, native
 from top_rl.rollout.base import SamplingParams
 from top_rl.rollout.native import NativeEngine
@@ -26,8 +27,16 @@ N, NEW = 64, 40
 PARAMS = SamplingParams(max_new_tokens=NEW, temperature=0.9)
 
 
+def _on_the_engines_kernels() -> None:
+    """Module fixtures must compute on the `sglang` kernels (conftest's session plan): before, the `eager` batch here
+    came from the process default, the reference kernels, and failed 3 tests by one bf16 step (issue 30 item 12)."""
+    plan = kernels.current_plan()
+    assert plan.backend == "sglang", f"module fixture computes under {plan}"
+
+
 @pytest.fixture(scope="module")
 def model():
+    _on_the_engines_kernels()
     return device_model(seed=1, vocab_size=VOCAB)
 
 
@@ -44,6 +53,7 @@ def _generate(model, prompts, seeds, graphs, source="decode"):
 
 @pytest.fixture(scope="module")
 def eager(model, batch):
+    _on_the_engines_kernels()
     return _generate(model, *batch, graphs=False)
 
 

@@ -1,5 +1,5 @@
 """bench/decode_repeat_probe.py on CPU (--cpu-smoke, a tiny model, reference kernels): both modes run and print their
-tables, and on the CPU every repeat agrees (the probe is for the H200, where issue 30 item 12's first call differs)."""
+tables, and on the CPU every repeat agrees (the probe is for the H200: issue 30 item 12)."""
 
 from __future__ import annotations
 
