@@ -140,6 +140,8 @@ if [[ "$WHAT" == e2e ]]; then
       sleep 10
       [ -f "/tmp/e2e_$run/metrics.jsonl" ] && cp "/tmp/e2e_$run/metrics.jsonl" "$OUT/metrics_$run.jsonl"
       grep -E '^step [0-9]+ \|' "/tmp/e2e_$run.log" 2>/dev/null | tail -n 40 >"$OUT/steps_$run.log"
+      # the job's own log too: a call cut off by the tool's limit still shows where its time went (startup included)
+      grep -v -i "warn" "/tmp/e2e_$run.log" 2>/dev/null | tail -n 150 >"$OUT/log_$run.tail"
     done
     wait "$job"
     rc=$?
