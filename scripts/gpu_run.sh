@@ -25,21 +25,42 @@ PY=python3
 T0=$(date +%s)
 
 # Every carried group installs into one site dir outside the tree: it outlives the call while the machine stays
-# warm, so a live server's two carries (scripts/gpu_bundle.sh sglang_live) are two calls back to back, the second
-# adding to what the first installed. TOP_RL_SITE_FRESH=1 starts it empty.
-SITE=/tmp/top_rl_site
+# warm, so a live server's carries (scripts/gpu_bundle.sh sglang_live prints them: two for 0.5.11, three for 0.5.17
+# with ray) are calls back to back, each adding to what the earlier ones installed. TOP_RL_SITE_FRESH=1 starts it
+# empty; TOP_RL_SITE moves it (tests).
+SITE=${TOP_RL_SITE:-/tmp/top_rl_site}
 [ "${TOP_RL_SITE_FRESH:-0}" = 1 ] && rm -rf "$SITE"
-if compgen -G ".gpu_bundle/*/*.whl" >/dev/null; then  # every group carried (scripts/gpu_bundle.sh)
+# The SGLang release the carried groups hold (scripts/gpu_bundle.sh --release writes it into every group folder, so
+# each carry brings it; a folder bundled before that holds 0.5.11's). The site dir holds one release: a carry of
+# another one starts it anew, and groups of two releases in one call are not installed.
+CARRIED_RELEASE=""
+if compgen -G ".gpu_bundle/*/" >/dev/null; then
+  CARRIED_RELEASE=$(for d in .gpu_bundle/*/; do cat "$d/RELEASE" 2>/dev/null || echo 0.5.11; done | sort -u | paste -sd' ' -)
+fi
+SITE_NOTE=""
+if [[ "$CARRIED_RELEASE" == *" "* ]]; then
+  SITE_NOTE="gpu_run: the carried groups hold SGLang releases $CARRIED_RELEASE: nothing installed (carry one release's groups)"
+elif [ -n "$CARRIED_RELEASE" ] && [ -f "$SITE/RELEASE" ] && [ "$(cat "$SITE/RELEASE")" != "$CARRIED_RELEASE" ]; then
+  SITE_NOTE="gpu_run: $SITE held SGLang $(cat "$SITE/RELEASE")'s wheels, this carry is $CARRIED_RELEASE's: started anew"
+  rm -rf "$SITE"
+fi
+if [[ "$CARRIED_RELEASE" == *" "* ]]; then
+  echo "$SITE_NOTE" | tee "$OUT/install.log"
+elif compgen -G ".gpu_bundle/*/*.whl" >/dev/null; then  # every group carried (scripts/gpu_bundle.sh)
   # one file per wheel name: groups may share a dependency (ray and sglang_server both need jsonschema)
   mapfile -t WHEELS < <(for w in .gpu_bundle/*/*.whl; do echo "$(basename "$w") $w"; done | sort -u -k1,1 | cut -d' ' -f2)
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
     "${WHEELS[@]}" >"$OUT/install.log" 2>&1 || echo "gpu_run: wheel install failed (see install.log)"
-  echo "gpu_run: installed ${#WHEELS[@]} wheels into $SITE ($(ls .gpu_bundle))" >>"$OUT/install.log"
+  echo "$CARRIED_RELEASE" >"$SITE/RELEASE"
+  echo "gpu_run: installed ${#WHEELS[@]} wheels into $SITE ($(ls .gpu_bundle | xargs)), SGLang $CARRIED_RELEASE's" \
+    >>"$OUT/install.log"
+  [ -z "$SITE_NOTE" ] || echo "$SITE_NOTE" >>"$OUT/install.log"
 elif [ -d "$SITE" ]; then
   echo "gpu_run: nothing carried; using what an earlier call installed in $SITE" | tee "$OUT/install.log"
 else
   echo "gpu_run: no .gpu_bundle/*/*.whl (run scripts/gpu_bundle.sh here and carry .gpu_bundle/core)" | tee "$OUT/install.log"
 fi
+SITE_RELEASE=$(cat "$SITE/RELEASE" 2>/dev/null || true)
 [ -d "$SITE" ] && export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" || export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 # The engine's DeepGEMM (carry .gpu_bundle/deep_gemm; scripts/build_deep_gemm.py): its host extension comes back in
@@ -55,6 +76,8 @@ fi
   echo "# TOP-RL GPU run ($(date -u +%FT%TZ), attention backend $TOP_RL_ATTENTION_BACKEND)"
   echo
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
+  # the release scripts/gpu_bundle.sh packed (its GROUP/RELEASE markers): sglang's version below must be the same
+  echo "bundle: SGLang ${SITE_RELEASE:-?} in $SITE (carried now: ${CARRIED_RELEASE:-nothing})${SITE_NOTE:+; $SITE_NOTE}"
   "$PY" -W ignore - <<'PYEOF' 2>/dev/null
 import importlib
 for m in ("torch", "triton", "sglang", "megatron.core", "deep_gemm"):

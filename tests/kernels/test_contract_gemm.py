@@ -4,6 +4,7 @@ engine's launch env, the trainer's pinned env), and every mismatch is refused wi
 from __future__ import annotations
 
 import json
+import os
 import sys
 from types import SimpleNamespace
 
@@ -166,9 +167,14 @@ def test_contract_and_gpu_bundle_name_the_same_deep_gemm():
     import re
     from pathlib import Path
 
-    script = (Path(__file__).resolve().parents[2] / "scripts" / "gpu_bundle.sh").read_text()
-    rev = re.search(r"DEEPGEMM_REV=\$\{DEEPGEMM_REV:-([0-9a-f]{40})\}", script).group(1)
-    wheel = re.search(r"SGLANG_KERNEL=\$\{SGLANG_KERNEL:-([^}]+)\}", script).group(1)
+    import subprocess
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gpu_bundle.sh"
+    rev = re.search(r"DEEPGEMM_REV=\$\{DEEPGEMM_REV:-([0-9a-f]{40})\}", path.read_text()).group(1)
+    # the wheel the deep_gemm group packs (0.5.11's: the contract's DeepGEMM is sglang-kernel 0.4.2's package)
+    env = {k: v for k, v in os.environ.items() if k != "SGLANG_KERNEL"}
+    wheel = subprocess.run(["bash", str(path), "--release", "0.5.11", "--list", "deep_gemm"], capture_output=True,
+                           text=True, check=True, env=env).stdout.strip()
     assert rev == contract.DEEPGEMM_SOURCE["rev"]
     assert contract.DEEPGEMM_SOURCE["package"].startswith(wheel + " ")
     assert DG.describe()["deep_gemm"] == contract.DEEPGEMM_SOURCE and "deep_gemm" not in V1.describe()

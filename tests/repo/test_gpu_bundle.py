@@ -1,58 +1,216 @@
 """The GPU bundle recipe (scripts/gpu_bundle.sh, scripts/slim_wheel.py), checked on CPU as far as CPU allows: the
-groups' pins agree with what the pinned SGLang wheel itself requires, a slimmed wheel keeps exactly the files asked
-for with a RECORD that lists them, and SGLang's server modules import without the parts the bundle leaves out."""
+groups' pins agree with what each pinned SGLang wheel itself requires (0.5.11's installed here, 0.5.17's recorded in
+requirements/sglang-0.5.17-requires-dist.txt), a bundle of one release is never mixed with another's, a slimmed wheel
+keeps exactly the files asked for with a RECORD that lists them, and SGLang's server modules import without the parts
+the bundle leaves out. Nothing here downloads: the script runs on its own table (--list), or with a stand-in python
+that does nothing (so that a refusal that failed to happen cannot reach the network either)."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
+import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sglang_cpu  # noqa: E402
 
+from top_rl import sglang_release  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts/gpu_bundle.sh"
 _ERR = sglang_cpu.import_error()
+RELEASES = tuple(sglang_release.RELEASES)  # every release with a TOP contract has a bundle
+GROUPS = ("core", "ray", "flashinfer", "sglang_ref", "sglang_server")
+LIVE = ("core", "flashinfer", "sglang_ref", "sglang_server")  # sglang_live
+# What a wheel's marker is evaluated for: the lent machine (Linux x86_64, CPython 3.12)
+_TARGET = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux", "platform_system": "Linux",
+           "platform_machine": "x86_64", "implementation_name": "cpython", "platform_python_implementation": "CPython",
+           "os_name": "posix", "extra": ""}
 
 
-def pins(group: str) -> dict[str, str]:
-    out = subprocess.run(["bash", str(ROOT / "scripts/gpu_bundle.sh"), "--list", group], capture_output=True, text=True,
-                         check=True).stdout.split()
-    return {p.split("==")[0].lower().replace("_", "-"): p.split("==")[1] for p in out if "==" in p}
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name.lower())
 
 
-def sglang_requires() -> dict[str, str]:
-    """`name==version` requirements of the installed (pinned) sglang wheel."""
-    out = {}
-    for req in importlib.metadata.requires("sglang") or []:
-        spec = req.split(";")[0].strip()
-        if "==" in spec and "extra" not in req:
-            name, version = spec.split("==")
-            out[name.strip().lower().replace("_", "-")] = version.strip()
-    return out
+def pins(group: str, release: str | None = None) -> dict[str, str]:
+    """The group's `name==version` pins under `release` (None: the script's default)."""
+    out = subprocess.run(["bash", str(SCRIPT), *(("--release", release) if release else ()), "--list", group],
+                         capture_output=True, text=True, check=True).stdout.split()
+    return {_norm(p.split("==")[0]): p.split("==")[1] for p in out if "==" in p}
 
 
-@pytest.mark.skipif(_ERR is not None, reason=_ERR or "")
-def test_bundle_pins_are_what_the_pinned_sglang_requires():
-    want = sglang_requires()
-    have = {**pins("core"), **pins("flashinfer"), **pins("sglang_server")}
-    assert have["sglang"] == sglang_cpu.SGLANG_VERSION
+def recorded_requires(release: str) -> list[str] | None:
+    path = ROOT / f"requirements/sglang-{release}-requires-dist.txt"
+    if not path.exists():
+        return None
+    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+
+
+def _installed_version() -> str | None:
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def sglang_requires(release: str) -> list[Requirement]:
+    """The requirements (no extras) the sglang wheel of `release` declares for the lent machine: its installed metadata
+    when that release is the one importable here, else the record of its wheel's METADATA in requirements/."""
+    if _installed_version() == release:
+        lines = [r for r in importlib.metadata.requires("sglang") or [] if "extra ==" not in r]
+    else:
+        lines = recorded_requires(release)
+        if lines is None:
+            pytest.skip(f"sglang {release}'s metadata: neither installed here nor recorded in requirements/")
+    return [r for r in map(Requirement, lines) if not r.marker or r.marker.evaluate(_TARGET)]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_bundle_pins_are_what_the_pinned_sglang_requires(release):
+    """Every requirement of the release's sglang wheel that a live-server group carries is met by the carried pin
+    (sglang-kernel, flashinfer and transformers must be carried, at exactly the wheel's pins)."""
+    want = {_norm(r.name): r for r in sglang_requires(release)}
+    have = {k: v for g in LIVE for k, v in pins(g, release).items()}
+    assert have["sglang"] == release
     for name in ("sglang-kernel", "flashinfer-python", "transformers"):
-        assert have[name] == want[name], f"{name}: bundle {have[name]}, sglang {sglang_cpu.SGLANG_VERSION} requires {want[name]}"
+        spec = str(want[name].specifier)
+        assert spec == f"=={have[name]}", f"{name}: bundle {have[name]}, sglang {release} requires {spec}"
+    for name, req in want.items():
+        if name in have:
+            assert req.specifier.contains(Version(have[name]), prereleases=True), \
+                f"{name}: bundle {have[name]}, sglang {release} requires {req}"
 
 
-def test_groups_share_no_package_at_two_versions():
+def test_the_recorded_0_5_17_requirements_are_the_wheels():
+    """The record is its wheel's METADATA: where 0.5.17 is importable (PYTHONPATH=.sglang0517) it must equal it, and
+    everywhere it must hold the pins requirements/sglang-cpu-0.5.17.txt took from the same wheel."""
+    recorded = recorded_requires("0.5.17")
+    cpu = [line.split("#")[0].strip() for line in (ROOT / "requirements/sglang-cpu-0.5.17.txt").read_text().splitlines()
+           if line.split("#")[0].strip() and not line.startswith("sglang==")]
+    assert cpu and set(cpu) <= set(recorded), f"{cpu} not in the record"
+    if _installed_version() == "0.5.17":
+        assert recorded == [r for r in importlib.metadata.requires("sglang") if "extra ==" not in r]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_groups_share_no_package_at_two_versions(release):
     seen: dict[str, tuple[str, str]] = {}
-    for group in ("core", "ray", "flashinfer", "sglang_ref", "sglang_server"):
-        for name, version in pins(group).items():
+    for group in GROUPS:
+        for name, version in pins(group, release).items():
             if name in seen:
                 assert seen[name][1] == version, f"{name}: {seen[name][0]} pins {seen[name][1]}, {group} {version}"
             seen[name] = (group, version)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_list_prints_the_chosen_releases_pins(release):
+    """--list answers for the release asked, and only the releases' differences differ."""
+    other = next(r for r in RELEASES if r != release)
+    assert pins("core", release)["sglang"] == release
+    assert pins("ray", release) == pins("ray", other)
+    assert pins("sglang_server", release)["sglang-kernel"] != pins("sglang_server", other)["sglang-kernel"]
+    assert pins("core") == pins("core", "0.5.11") != pins("core", "0.5.17")  # the default: 0.5.11
+
+
+def test_deep_gemm_is_0_5_11s_only():
+    assert pins("deep_gemm", "0.5.11") == {"sglang-kernel": "0.4.2"}
+    out = subprocess.run(["bash", str(SCRIPT), "--release", "0.5.17", "--list", "deep_gemm"], capture_output=True, text=True)
+    assert out.returncode == 2 and "no pins for group 'deep_gemm' under SGLang 0.5.17" in out.stderr
+
+
+def _copy(tmp_path: Path) -> Path:
+    """The two scripts in a tree of their own (no git: the carry's tree size falls back to 3 MiB), with a python that
+    does nothing: `pip download` "succeeds" without a byte, so only what a test puts in .gpu_bundle is there."""
+    (tmp_path / "scripts").mkdir()
+    for name in ("gpu_bundle.sh", "slim_wheel.py"):
+        shutil.copy(ROOT / "scripts" / name, tmp_path / "scripts" / name)
+    stub = tmp_path / "python"
+    stub.write_text("#!/bin/sh\nexit 0\n")
+    stub.chmod(0o755)
+    return tmp_path
+
+
+def _bundle(tree: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(tree / "scripts/gpu_bundle.sh"), *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": str(tree / "python"), "GIT_DIR": str(tree / "no-git")},
+                          timeout=60)
+
+
+def test_a_release_without_a_contract_is_refused_naming_those_with_one(tmp_path):
+    tree = _copy(tmp_path)
+    for args in (("--release", "0.5.99", "--list", "core"), ("--release", "0.5.99", "sglang_live")):
+        out = _bundle(tree, *args)
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.splitlines()[-1] == \
+            f"gpu_bundle.sh: SGLang 0.5.99 has no TOP contract; the releases with one: {', '.join(RELEASES)}"
+    assert not (tree / ".gpu_bundle").exists()
+
+
+def _group(tree: Path, group: str, release: str | None, files: dict[str, int]) -> None:
+    d = tree / ".gpu_bundle" / group
+    d.mkdir(parents=True)
+    if release:
+        (d / "RELEASE").write_text(release + "\n")
+    for name, size in files.items():
+        with open(d / name, "wb") as f:
+            f.truncate(size)  # sparse: its size counts (du -sb), nothing is written
+
+
+@pytest.mark.parametrize("marked", [True, False])
+def test_a_bundle_of_one_release_refuses_another(tmp_path, marked):
+    """Folders of 0.5.11 (marked, or from before the marker: 0.5.11's) refuse a 0.5.17 bundle before any download,
+    naming both releases; the same release goes on and writes the marker into the group it bundled."""
+    tree = _copy(tmp_path)
+    _group(tree, "sglang_ref", "0.5.11" if marked else None, {"loguru-0.7.3-py3-none-any.whl": 10})
+    if marked:
+        (tree / ".gpu_bundle/RELEASE").write_text("0.5.11\n")
+    out = _bundle(tree, "--release", "0.5.17", "sglang_ref")
+    assert out.returncode == 2
+    assert "gpu_bundle.sh: .gpu_bundle holds SGLang 0.5.11's groups (sglang_ref), not 0.5.17's" in out.stderr
+    assert "rm -rf .gpu_bundle" in out.stderr
+    assert (tree / ".gpu_bundle/RELEASE").exists() == marked  # untouched
+    out = _bundle(tree, "sglang_ref")
+    assert out.returncode == 0, out.stderr
+    assert (tree / ".gpu_bundle/RELEASE").read_text() == "0.5.11\n"
+    assert (tree / ".gpu_bundle/sglang_ref/RELEASE").read_text() == "0.5.11\n"
+    assert "gpu bundle: one carry: .gpu_bundle/sglang_ref" in out.stdout
+
+
+def test_a_group_larger_than_a_carry_is_refused_naming_it(tmp_path):
+    tree = _copy(tmp_path)
+    _group(tree, "sglang_ref", None, {"gguf-0.19.0-py3-none-any.whl": 62 << 20})
+    out = _bundle(tree, "sglang_ref")
+    assert out.returncode == 1
+    assert "gpu_bundle.sh: group sglang_ref is 62 MiB, more than one carry holds (60 MiB beside the tree)" in out.stderr
+
+
+def test_sglang_live_prints_as_many_carries_as_the_groups_need(tmp_path):
+    """0.5.17's live server with ray (sizes as built: core 50, ray 38, flashinfer 30, sglang_server 22 MiB) takes three
+    carries, each group whole in one; the carries are printed for the calls to make."""
+    tree = _copy(tmp_path)
+    mib = 1 << 20
+    _group(tree, "core", "0.5.17", {"sglang-0.5.17-cp312-cp312-manylinux_2_34_x86_64.whl": 50 * mib,
+                                    "antlr4_python3_runtime-4.9.3-py3-none-any.whl": 1})
+    _group(tree, "ray", "0.5.17", {"ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl": 38 * mib})
+    _group(tree, "flashinfer", "0.5.17", {"xgrammar-0.2.1-cp312-cp312-manylinux_2_28_x86_64.whl": 30 * mib})
+    _group(tree, "sglang_ref", "0.5.17", {"loguru-0.7.3-py3-none-any.whl": mib})
+    _group(tree, "sglang_server", "0.5.17", {"sglang_kernel-0.4.5-cp310-abi3-manylinux2014_x86_64.whl": 22 * mib})
+    out = _bundle(tree, "--release", "0.5.17", "sglang_live", "ray")
+    assert out.returncode == 0, out.stderr
+    carries = [line.split(":", 2)[2].split() for line in out.stdout.splitlines() if line.startswith("gpu bundle: carry")]
+    assert len(carries) == 3 and "gpu bundle: carry 3 of 3" in out.stdout
+    assert sorted(g for c in carries for g in c) == sorted(f".gpu_bundle/{g}" for g in (*LIVE, "ray"))
+    out = _bundle(tree, "--release", "0.5.17", "sglang_live")
+    assert "gpu bundle: carry 2 of 2" in out.stdout and "carry 3" not in out.stdout
 
 
 def _wheel(path: Path, files: dict[str, bytes]) -> Path:
@@ -112,7 +270,7 @@ def test_the_live_tests_name_the_server_module_a_machine_lacks(tmp_path):
 def test_server_modules_import_without_what_the_bundle_leaves_out():
     """core leaves IPython's optional parts out (gpu_bundle.sh IPYTHON_UNUSED): the server's modules must import with
     them blocked (sgl_kernel is the CPU stand-in here; on the GPU the real one)."""
-    blocked = [line for line in subprocess.run(["bash", str(ROOT / "scripts/gpu_bundle.sh"), "--list", "ipython_unused"],
+    blocked = [line for line in subprocess.run(["bash", str(SCRIPT), "--list", "ipython_unused"],
                                                capture_output=True, text=True, check=True).stdout.split()]
     assert "jedi" in blocked
     code = f"""
@@ -131,10 +289,6 @@ print("imported", len({SERVER_MODULES!r}))
     out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=600,
                          env={**os.environ, "SGLANG_USE_CPU_ENGINE": "0"})
     assert out.returncode == 0 and f"imported {len(SERVER_MODULES)}" in out.stdout, out.stderr[-3000:]
-
-
-def _norm(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
 
 
 @pytest.mark.skipif(_ERR is not None, reason=_ERR or "")
@@ -174,7 +328,7 @@ print(json.dumps(sorted(used)))
     imported = {_norm(d) for d in __import__("json").loads(out.stdout.strip().splitlines()[-1])}
     image = {_norm(line) for line in (ROOT / "scripts/gpu_image_packages.txt").read_text().splitlines()
              if line.strip() and not line.startswith("#")}
-    carried = {_norm(n) for g in ("core", "flashinfer", "sglang_ref", "sglang_server") for n in pins(g)}
+    carried = {_norm(n) for g in LIVE for n in pins(g, sglang_cpu.SGLANG_VERSION)}  # the importable release's
     # top_rl's own modules, and wandb (+ its platformdirs): megatron.core imports it only if installed, and sglang's
     # debug dumper imports megatron.core only if installed (both inside try blocks)
     optional = {"top-rl", "wandb", "platformdirs"}

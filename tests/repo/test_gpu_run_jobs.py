@@ -1,9 +1,11 @@
 """The GPU jobs scripts/gpu_run.sh launches (`e2e`: runs a, b, c, s, g, g4b) compose on this machine: an override the
 schema refuses would otherwise surface only on the GPU machine, after the bundle's install and minutes of device
-time."""
+time. And its install keeps one SGLang release per site dir, the one the carried groups name (scripts/gpu_bundle.sh)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -58,3 +60,56 @@ def test_every_e2e_run_composes(run):
         assert cfg.model.path is None and cfg.model.max_position_embeddings == 2048 and cfg.task.name == "gsm8k"
         assert (cfg.rollout.prompts_per_step, cfg.rollout.n_samples, cfg.rollout.max_new_tokens) == (64, 8, 1024)
         assert cfg.cluster.gpu_handoff and cfg.trainer.offload_during_rollout
+
+
+def _run_install(tree: Path, out: Path, site: Path) -> str:
+    """scripts/gpu_run.sh none (the install only) in `tree`, with a python3 whose `pip install --target DIR` lists the
+    wheels it was given in DIR/installed and which does nothing else: the release bookkeeping, without pip or torch."""
+    stub = tree / "bin" / "python3"
+    if not stub.exists():
+        stub.parent.mkdir()
+        stub.write_text('#!/bin/sh\nif [ "$1 $2" = "-m pip" ]; then\n  while [ $# -gt 0 ]; do\n'
+                        '    case "$1" in --target) t=$2; mkdir -p "$t"; shift ;; *.whl) basename "$1" >>"$t/installed" ;; esac\n'
+                        '    shift\n  done\nfi\nexit 0\n')
+        stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{stub.parent}:{os.environ['PATH']}", "OUT": str(out), "TOP_RL_SITE": str(site)}
+    subprocess.run(["bash", str(tree / "scripts" / "gpu_run.sh"), "none"], check=True, capture_output=True, text=True,
+                   env=env, stdin=subprocess.DEVNULL, timeout=60)
+    return (out / "summary.md").read_text()
+
+
+def _carry(tree: Path, groups: dict[str, str | None]) -> None:
+    shutil.rmtree(tree / ".gpu_bundle", ignore_errors=True)
+    for group, release in groups.items():
+        (tree / ".gpu_bundle" / group).mkdir(parents=True)
+        (tree / ".gpu_bundle" / group / f"{group}_pkg-1.0-py3-none-any.whl").write_bytes(b"")
+        if release:
+            (tree / ".gpu_bundle" / group / "RELEASE").write_text(release + "\n")
+
+
+def test_the_install_names_the_carried_release_and_keeps_one_per_site_dir(tmp_path):
+    """gpu_run.sh reads the release scripts/gpu_bundle.sh wrote into each carried group (a group without one: 0.5.11's),
+    records it in the site dir and the summary, starts the site dir anew when a carry of another release arrives, and
+    installs nothing from groups of two releases."""
+    tree, site = tmp_path / "tree", tmp_path / "site"
+    (tree / "scripts").mkdir(parents=True)
+    shutil.copy(SCRIPT, tree / "scripts" / "gpu_run.sh")
+    _carry(tree, {"core": "0.5.17", "sglang_ref": "0.5.17"})
+    summary = _run_install(tree, tmp_path / "out1", site)
+    assert f"bundle: SGLang 0.5.17 in {site} (carried now: 0.5.17)" in summary
+    _carry(tree, {"flashinfer": "0.5.17"})  # the next carry of the same release adds to the site dir
+    _run_install(tree, tmp_path / "out2", site)
+    assert (site / "installed").read_text().split() == ["core_pkg-1.0-py3-none-any.whl",
+                                                        "sglang_ref_pkg-1.0-py3-none-any.whl",
+                                                        "flashinfer_pkg-1.0-py3-none-any.whl"]
+    _carry(tree, {"core": None})  # bundled before the marker: 0.5.11's
+    summary = _run_install(tree, tmp_path / "out3", site)
+    assert f"bundle: SGLang 0.5.11 in {site} (carried now: 0.5.11)" in summary
+    assert f"{site} held SGLang 0.5.17's wheels, this carry is 0.5.11's: started anew" in summary
+    assert (site / "installed").read_text().split() == ["core_pkg-1.0-py3-none-any.whl"]
+    _carry(tree, {"core": "0.5.17", "ray": "0.5.11"})
+    summary = _run_install(tree, tmp_path / "out4", site)
+    assert "the carried groups hold SGLang releases 0.5.11 0.5.17: nothing installed" in summary
+    assert (site / "installed").read_text().split() == ["core_pkg-1.0-py3-none-any.whl"]
+    _carry(tree, {})
+    assert f"bundle: SGLang 0.5.11 in {site} (carried now: nothing)" in _run_install(tree, tmp_path / "out5", site)
