@@ -116,7 +116,7 @@ def poison_main(model, prompts, seeds, params) -> None:
         print(f"| {value} | {first[0]} | {first[1]:.3g} | {nans} | %d / %d |" % _diff(gen, base[1]), flush=True)
 
 
-def _is_jit(obj, cls) -> bool:
+def _isinstance_alive(obj, cls) -> bool:
     """isinstance, for every object the GC holds: a weakref proxy whose referent died raises on it."""
     try:
         return isinstance(obj, cls)
@@ -137,16 +137,15 @@ def triton_specializations() -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     with warnings.catch_warnings():  # isinstance on every object touches deprecated module attributes
         warnings.simplefilter("ignore")
-        objs = [o for o in gc.get_objects() if _is_jit(o, JITFunction)]
+        objs = [o for o in gc.get_objects() if _isinstance_alive(o, JITFunction)]
     for obj in objs:
-        if True:
-            keys = []
-            for entry in getattr(obj, "device_caches", {}).values():
-                cache = entry[0] if isinstance(entry, tuple) else entry
-                keys += [str(k) for k in cache]
-            if keys:
-                name = f"{obj.fn.__module__}.{obj.fn.__name__}"
-                out[name] = out.get(name, []) + keys
+        keys = []
+        for entry in getattr(obj, "device_caches", {}).values():
+            cache = entry[0] if isinstance(entry, tuple) else entry
+            keys += [str(k) for k in cache]
+        if keys:
+            name = f"{obj.fn.__module__}.{obj.fn.__name__}"
+            out[name] = out.get(name, []) + keys
     return out
 
 

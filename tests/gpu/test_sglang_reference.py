@@ -88,12 +88,19 @@ def setup(request, tmp_path_factory):
     save_model(src, path)
     model = load_model(path, "bfloat16").to("cuda").eval()
     train = pytest.importorskip("top_rl.train", reason="Megatron-core trainer not importable here")
-    sglang_attention.set_attention_backend("triton")  # module scope runs before conftest's per-test fixture
-    with kernels.use_backend("sglang"):
-        trainers = {mbs: train.Trainer(model.cfg, train.TrainerConfig(tp=1, dtype="bfloat16", micro_batch_size=mbs))
-                    for mbs in (1, 3)}  # built before SGLang's groups: SGLang reuses Megatron's default process group
-        for t in trainers.values():
-            t.load_hf(str(path))
+    # triton on our side while the trainers load, whatever TOP_RL_ATTENTION_BACKEND chose (as the per-test fixture
+    # above does for each test); set back after, so the session's plan reaches later modules' fixtures unchanged
+    before = sglang_attention.attention_backend()
+    sglang_attention.set_attention_backend("triton")
+    try:
+        with kernels.use_backend("sglang"):
+            # built before SGLang's groups: SGLang reuses Megatron's default process group
+            trainers = {mbs: train.Trainer(model.cfg, train.TrainerConfig(tp=1, dtype="bfloat16", micro_batch_size=mbs))
+                        for mbs in (1, 3)}
+            for t in trainers.values():
+                t.load_hf(str(path))
+    finally:
+        sglang_attention.set_attention_backend(before)
     ref = SglangReference(str(path), device="cuda", max_reqs=32, max_tokens=16384)
     rng = random.Random(11)
     prompts = [[rng.randrange(3, CFG["vocab_size"]) for _ in range(n)] for n in PROMPT_LENS]

@@ -61,4 +61,4 @@ def test_the_triton_scan_survives_a_dead_weak_proxy_in_the_gc():
     del thing
     with pytest.raises(ReferenceError):
         isinstance(proxy, Thing)
-    assert probe._is_jit(proxy, Thing) is False
+    assert probe._isinstance_alive(proxy, Thing) is False
