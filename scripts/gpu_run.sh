@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one entry point on the lent GPU machine (device `run` tool, carry=[".gpu_bundle/core", ...]):
-#   bash scripts/gpu_run.sh [all|tests|bench|bench-trainer|bench-rollout|bench-compare|e2e|none]   (none: only the install)
+#   bash scripts/gpu_run.sh [all|tests|bench|bench-trainer|bench-rollout|bench-compare|e2e|e2e-wait|none]   (none: only the install)
 # installs the wheels of .gpu_bundle/ (made here by scripts/gpu_bundle.sh) into a private target dir,
 # runs `pytest tests/gpu` and bench/*.py, and writes logs plus summary.md to $OUT (at most 8 files come
 # back). Each stage has its own timeout so the summary is written even when one stage hangs; the whole
@@ -100,6 +100,38 @@ for m in ("torch", "triton", "sglang", "megatron.core", "deep_gemm"):
 PYEOF
 } >"$OUT/summary.md"
 
+# Where the e2e jobs write their run dirs, logs and bookkeeping (checkpoints are GBs: not in the tree)
+export E2E_ROOT=${E2E_ROOT:-/tmp}
+# One e2e job (started below, maybe by an earlier call): copy its rows and log tail to $OUT every E2E_POLL_S seconds
+# (what a call cut off by the tool's limit still brings back) until it ends, or, for a detached job (E2E_DETACH=1),
+# until this call has run E2E_CALL_BUDGET seconds (default 560: the next call, `e2e-wait`, follows it on).
+follow_run() {
+  local run=$1 pid
+  pid=$(cat "$E2E_ROOT/e2e_$run.pid")
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep "${E2E_POLL_S:-10}"
+    [ -f "$E2E_ROOT/e2e_$run/metrics.jsonl" ] && cp "$E2E_ROOT/e2e_$run/metrics.jsonl" "$OUT/metrics_$run.jsonl"
+    grep -E '^step [0-9]+ \|' "$E2E_ROOT/e2e_$run.log" 2>/dev/null | tail -n 40 >"$OUT/steps_$run.log"
+    # the job's own log too: a call cut off by the tool's limit still shows where its time went (startup included)
+    grep -v -i "warn" "$E2E_ROOT/e2e_$run.log" 2>/dev/null | tail -n 150 >"$OUT/log_$run.tail"
+    if [ "${E2E_DETACH:-0}" = 1 ] && [ $(( $(date +%s) - T0 )) -ge "${E2E_CALL_BUDGET:-560}" ] && kill -0 "$pid" 2>/dev/null; then
+      echo "e2e $run: still running after $(( $(date +%s) - $(cat "$E2E_ROOT/e2e_$run.start") )) s (pid $pid, its own" \
+           "session): follow it with \`E2E_RUNS=\"${E2E_RUNS:-}\" bash scripts/gpu_run.sh e2e-wait\` in the next call" \
+           >>"$OUT/summary.md"
+      return
+    fi
+  done
+  local rc
+  rc=$(cat "$E2E_ROOT/e2e_$run.rc" 2>/dev/null || echo "?")
+  echo "e2e $run: exit $rc in $(( $(date +%s) - $(cat "$E2E_ROOT/e2e_$run.start") )) s: $(cat "$E2E_ROOT/e2e_$run.args")" \
+    >>"$OUT/summary.md"
+  { echo "===== e2e $run (exit $rc) ====="; grep -v -i "warn" "$E2E_ROOT/e2e_$run.log" | tail -n 60; } >>"$OUT/e2e.log"
+  [ -f "$E2E_ROOT/e2e_$run/metrics.jsonl" ] && cp "$E2E_ROOT/e2e_$run/metrics.jsonl" "$OUT/metrics_$run.jsonl"
+  grep -E '^step [0-9]+ \|' "$E2E_ROOT/e2e_$run.log" 2>/dev/null | tail -n 40 >"$OUT/steps_$run.log"
+  grep -v -i "warn" "$E2E_ROOT/e2e_$run.log" 2>/dev/null | tail -n 150 >"$OUT/log_$run.tail"
+  rm -f "$E2E_ROOT/e2e_$run.pid"
+}
+
 if [[ "$WHAT" == all || "$WHAT" == tests ]]; then
   # shellcheck disable=SC2086
   timeout "${PYTEST_TIMEOUT:-330}" "$PY" -m pytest ${PYTEST_PATHS:-tests/gpu} -q -rfEsxX -p no:cacheprovider \
@@ -119,8 +151,9 @@ if [[ "$WHAT" == e2e ]]; then
   # checkpointed every E2E_G_EVERY, continued by the next call while the machine is warm); (g4b) the same GSM8K job on a
   # random Qwen3-4B shape (conf/model/qwen3_4b.yaml) with trainer.offload_during_rollout: the trainer's optimizer
   # state and gradients wait in host memory while the server generates (E2E_G4B_STEPS, default 3; E2E_G4B_ARGS;
-  # its own limit E2E_G4B_TIMEOUT, default 540 s). Its run ends with a checkpoint (~56 GB at 4B: the disk may refuse
-  # it; the step rows are logged before it).
+  # its own limit E2E_G4B_TIMEOUT, default 540 s). It writes no checkpoint (checkpoint.enabled=false: ~56 GB at 4B on
+  # a 64 GiB disk). Its start-up and 3 steps take longer than one call: E2E_DETACH=1 E2E_G4B_TIMEOUT=1100 starts it in
+  # one call and `e2e-wait` follows it in the next.
   JOB=("$PY" -m top_rl.cli tracking.wandb_mode=disabled tracking.console=true)
   NATIVE=(+experiment=one_node_qwen3_0.6b_arith)
   B=(trainer.dp=2 cluster.colocate=true cluster.engine_gpus=0.5 cluster.trainer_gpus=0.5)
@@ -134,7 +167,7 @@ if [[ "$WHAT" == e2e ]]; then
   G4B=(+experiment=gsm8k_qwen3_0.6b model=qwen3_4b model.path=null rollout.num_engines=1 cluster.colocate=true
        cluster.engine_gpus=0.5 cluster.trainer_gpus=0.5 cluster.gpu_handoff=true trainer.offload_during_rollout=true
        rollout.sglang.mem_fraction_static=0.7 rollout.sglang.cuda_graph_max_bs=512
-       rollout.sglang.max_running_requests=512 checkpoint.every=0)
+       rollout.sglang.max_running_requests=512 checkpoint.enabled=false)
   : >"$OUT/e2e.log"
   for run in ${E2E_RUNS:-a b c}; do
     keep=""
@@ -146,32 +179,40 @@ if [[ "$WHAT" == e2e ]]; then
       s) args=(+experiment=one_gpu_qwen3_0.6b_sglang steps="${E2E_S_STEPS:-55}" ${E2E_S_ARGS:-}) ;;
       s2) args=(+experiment=one_gpu_qwen3_0.6b_sglang steps="${E2E_S_STEPS:-55}" ${E2E_S2_ARGS:-}) ;;  # (s) again, other settings
       g) keep=1  # resumed across calls: the run dir stays; each call adds E2E_G_STEPS steps
-         done_steps=$( [ -f /tmp/e2e_g/metrics.jsonl ] && wc -l </tmp/e2e_g/metrics.jsonl || echo 0)
+         done_steps=$( [ -f $E2E_ROOT/e2e_g/metrics.jsonl ] && wc -l <$E2E_ROOT/e2e_g/metrics.jsonl || echo 0)
          args=("${G[@]}" steps=$((done_steps + ${E2E_G_STEPS:-10})) ${E2E_G_ARGS:-})
-         [ -d /tmp/e2e_g/checkpoints ] && args+=(resume=true) ;;
+         [ -d $E2E_ROOT/e2e_g/checkpoints ] && args+=(resume=true) ;;
       g4b) args=("${G4B[@]}" steps="${E2E_G4B_STEPS:-3}" ${E2E_G4B_ARGS:-}) ;;
     esac
-    [ -n "$keep" ] || rm -rf "/tmp/e2e_$run"
-    start=$(date +%s)
+    [ -n "$keep" ] || rm -rf "$E2E_ROOT/e2e_$run"
+    rm -f "$E2E_ROOT/e2e_$run.rc" "$E2E_ROOT/e2e_$run.pid"
     if [[ $run == c ]]; then fault="kill_engine:${E2E_C_KILL_AT:-4}"; else fault=""; fi
     limit=${E2E_TIMEOUT:-240}
     [[ $run == g4b ]] && limit=${E2E_G4B_TIMEOUT:-540}
-    TOP_RL_FAULT="$fault" timeout "$limit" "${JOB[@]}" run_dir="/tmp/e2e_$run" "${args[@]}" \
-      >"/tmp/e2e_$run.log" 2>&1 &
-    job=$!
-    while kill -0 "$job" 2>/dev/null; do  # the rows so far reach $OUT even if the call's own limit ends it
-      sleep 10
-      [ -f "/tmp/e2e_$run/metrics.jsonl" ] && cp "/tmp/e2e_$run/metrics.jsonl" "$OUT/metrics_$run.jsonl"
-      grep -E '^step [0-9]+ \|' "/tmp/e2e_$run.log" 2>/dev/null | tail -n 40 >"$OUT/steps_$run.log"
-      # the job's own log too: a call cut off by the tool's limit still shows where its time went (startup included)
-      grep -v -i "warn" "/tmp/e2e_$run.log" 2>/dev/null | tail -n 150 >"$OUT/log_$run.tail"
-    done
-    wait "$job"
-    rc=$?
-    echo "e2e $run: exit $rc in $(( $(date +%s) - start )) s: ${args[*]} ${fault:+TOP_RL_FAULT=$fault}" >>"$OUT/summary.md"
-    { echo "===== e2e $run (exit $rc) ====="; grep -v -i "warn" "/tmp/e2e_$run.log" | tail -n 60; } >>"$OUT/e2e.log"
-    [ -f "/tmp/e2e_$run/metrics.jsonl" ] && cp "/tmp/e2e_$run/metrics.jsonl" "$OUT/metrics_$run.jsonl"
+    date +%s >"$E2E_ROOT/e2e_$run.start"
+    echo "${args[*]} ${fault:+TOP_RL_FAULT=$fault}" >"$E2E_ROOT/e2e_$run.args"
+    # In its own process session (setsid), a job outlives the call that started it: the tool ends what a call leaves
+    # running, except a new session, which runs until the machine goes back. So with E2E_DETACH=1 a job longer than
+    # one call (the 4B shape's start-up and 3 steps) is started by one call and followed by the next (`e2e-wait`),
+    # back to back while the machine is warm. Its exit status goes to a file: no later call is its parent.
+    DETACH=()
+    [ "${E2E_DETACH:-0}" = 1 ] && DETACH=(setsid)
+    TOP_RL_FAULT="$fault" "${DETACH[@]}" bash -c 'timeout "$1" "${@:3}" >"$E2E_ROOT/e2e_$2.log" 2>&1; echo $? >"$E2E_ROOT/e2e_$2.rc"' \
+      e2e "$limit" "$run" "${JOB[@]}" run_dir="$E2E_ROOT/e2e_$run" "${args[@]}" </dev/null >/dev/null 2>&1 &
+    echo $! >"$E2E_ROOT/e2e_$run.pid"
+    follow_run "$run"
   done
+fi
+
+if [[ "$WHAT" == e2e-wait ]]; then
+  # The next call after `E2E_DETACH=1 ... e2e` (same E2E_RUNS, machine still warm): follow the jobs it left running.
+  for run in ${E2E_RUNS:-a b c}; do
+    if [ -f "$E2E_ROOT/e2e_$run.pid" ]; then follow_run "$run"
+    else echo "e2e-wait $run: no job was started on this machine (it went back, or E2E_RUNS differs)" >>"$OUT/summary.md"; fi
+  done
+fi
+
+if [[ "$WHAT" == e2e || "$WHAT" == e2e-wait ]]; then
   ls "$OUT"/metrics_*.jsonl >/dev/null 2>&1 && "$PY" bench/rl_step.py "$OUT"/metrics_*.jsonl >>"$OUT/summary.md" 2>&1
 fi
 

@@ -211,7 +211,7 @@ def run(cfg: RunConfig) -> dict:
             }
             # Log before checkpointing: a crash in between replays this step on resume, never loses its row.
             tracker.log(step + 1, last)
-            if checkpoint.due(cfg.checkpoint, step + 1, cfg.steps) or guard.stopping:
+            if checkpoint.due(cfg.checkpoint, step + 1, cfg.steps, stopping=guard.stopping):
                 # the data position before the rollout in flight (policy_lag=1): a resume generates it again
                 save_checkpoint(run_dir, cfg, step + 1, position, cluster, task, tracker.run_id,
                                 tracker.rows_since(saved_step), behaviour_version(step + 1, lag) if lag else None,

@@ -36,7 +36,8 @@ def test_the_script_defines_the_runs_it_is_checked_for():
     assert arrays["NATIVE"] == ["+experiment=one_node_qwen3_0.6b_arith"]
     assert "rollout.sglang.mem_fraction_static=0.6" in arrays["G"] and "checkpoint.every=0" in arrays["G"]
     assert "cluster.gpu_handoff=true" in arrays["G"]
-    assert {"model=qwen3_4b", "cluster.gpu_handoff=true", "trainer.offload_during_rollout=true"} <= set(arrays["G4B"])
+    assert {"model=qwen3_4b", "cluster.gpu_handoff=true", "trainer.offload_during_rollout=true",
+            "checkpoint.enabled=false"} <= set(arrays["G4B"])
     text = SCRIPT.read_text()
     assert 'g4b) args=("${G4B[@]}" steps="${E2E_G4B_STEPS:-3}" ${E2E_G4B_ARGS:-})' in text
 
@@ -59,7 +60,7 @@ def test_every_e2e_run_composes(run):
         assert (cfg.model.hidden_size, cfg.model.intermediate_size, cfg.model.num_hidden_layers) == (2560, 9728, 36)
         assert cfg.model.path is None and cfg.model.max_position_embeddings == 2048 and cfg.task.name == "gsm8k"
         assert (cfg.rollout.prompts_per_step, cfg.rollout.n_samples, cfg.rollout.max_new_tokens) == (64, 8, 1024)
-        assert cfg.cluster.gpu_handoff and cfg.trainer.offload_during_rollout
+        assert cfg.cluster.gpu_handoff and cfg.trainer.offload_during_rollout and not cfg.checkpoint.enabled
 
 
 def _run_install(tree: Path, out: Path, site: Path) -> str:
@@ -113,3 +114,51 @@ def test_the_install_names_the_carried_release_and_keeps_one_per_site_dir(tmp_pa
     assert (site / "installed").read_text().split() == ["core_pkg-1.0-py3-none-any.whl"]
     _carry(tree, {})
     assert f"bundle: SGLang 0.5.11 in {site} (carried now: nothing)" in _run_install(tree, tmp_path / "out5", site)
+
+
+_JOB_STUB = '''#!/bin/sh
+# python3 as gpu_run.sh calls it: `-m pip` lists its wheels (above), `-m top_rl.cli` is a job of two steps with a pause
+# between them, whatever else (the summary's import check, bench/rl_step.py) prints nothing
+if [ "$1 $2" = "-m top_rl.cli" ]; then
+  for a in "$@"; do case "$a" in run_dir=*) d=${a#run_dir=} ;; esac; done
+  mkdir -p "$d"
+  echo "step 1 | abs_diff 0.0"; echo '{"step": 1}' >"$d/metrics.jsonl"
+  sleep "$STUB_PAUSE"
+  echo "step 2 | abs_diff 0.0"; echo '{"step": 2}' >>"$d/metrics.jsonl"
+fi
+exit 0
+'''
+
+
+def test_a_detached_job_outlives_the_call_that_started_it_and_the_next_call_follows_it_to_its_end(tmp_path):
+    """E2E_DETACH=1: the call returns after E2E_CALL_BUDGET seconds with the job still running in its own session (a
+    real process, its pipes not held: the call's own output ends), and `e2e-wait` follows it to its exit status and
+    rows. Without a job started on the machine, `e2e-wait` says so."""
+    tree, out1, out2 = tmp_path / "tree", tmp_path / "out1", tmp_path / "out2"
+    (tree / "scripts").mkdir(parents=True)
+    shutil.copy(SCRIPT, tree / "scripts" / "gpu_run.sh")
+    stub = tree / "bin" / "python3"
+    stub.parent.mkdir()
+    stub.write_text(_JOB_STUB)
+    stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{stub.parent}:{os.environ['PATH']}", "TOP_RL_SITE": str(tmp_path / "site"),
+           "E2E_ROOT": str(tmp_path), "E2E_RUNS": "s", "E2E_DETACH": "1", "E2E_POLL_S": "1",
+           "STUB_PAUSE": "6"}
+
+    def call(what: str, out: Path, budget: int = 1) -> str:
+        subprocess.run(["bash", str(tree / "scripts" / "gpu_run.sh"), what], check=True, capture_output=True,
+                       text=True, env={**env, "OUT": str(out), "E2E_CALL_BUDGET": str(budget)},
+                       stdin=subprocess.DEVNULL, timeout=60)
+        return (out / "summary.md").read_text()
+
+    first = call("e2e", out1)
+    assert "e2e s: still running after" in first and "gpu_run.sh e2e-wait" in first
+    pid = int((tmp_path / "e2e_s.pid").read_text())
+    os.kill(pid, 0)  # alive after the call that started it returned
+    assert os.getsid(pid) != os.getsid(0)  # in a session of its own
+    assert (out1 / "metrics_s.jsonl").read_text().splitlines() == ['{"step": 1}']
+    second = call("e2e-wait", out2, budget=30)
+    assert "e2e s: exit 0 in" in second and "+experiment=one_gpu_qwen3_0.6b_sglang" in second
+    assert (out2 / "metrics_s.jsonl").read_text().splitlines() == ['{"step": 1}', '{"step": 2}']
+    assert (out2 / "steps_s.log").read_text().splitlines() == ["step 1 | abs_diff 0.0", "step 2 | abs_diff 0.0"]
+    assert "no job was started on this machine" in call("e2e-wait", tmp_path / "out3")

@@ -181,3 +181,11 @@ def test_the_run_guard_takes_the_plan(tmp_path):
     guard = faults.RunGuard(tmp_path, FaultPlan.parse("enospc_in_checkpoint:1"))
     assert faults.RunGuard(tmp_path).fault_plan is NO_FAULTS
     guard.step_done(1)  # kill_after_step is not in its plan: nothing happens
+
+
+def test_due_saves_at_the_end_every_k_steps_and_on_a_stop_and_never_when_disabled():
+    every3 = checkpoint.CheckpointConfig(every=3)
+    assert [s for s in range(1, 8) if checkpoint.due(every3, s, 7)] == [3, 6, 7]
+    assert checkpoint.due(checkpoint.CheckpointConfig(), 2, 7, stopping=True)
+    off = checkpoint.CheckpointConfig(every=1, enabled=False)
+    assert not any(checkpoint.due(off, s, 7, stopping=stop) for s in range(1, 8) for stop in (False, True))

@@ -57,6 +57,9 @@ FORMAT = 2  # 2: manifest.json (format-1 checkpoints have none and load unverifi
 class CheckpointConfig:
     every: int = 0  # save every K steps (0: only at the end of the run, or when a signal stops it)
     keep: int = 2  # newest complete checkpoints kept (>= 1)
+    # false: the run writes no checkpoint, not even at its end or on a stop signal, so it cannot be resumed (a
+    # benchmark whose 4B checkpoint would be ~56 GB of optimizer state it never reads)
+    enabled: bool = True
 
 
 
@@ -73,8 +76,12 @@ def _shard(rank: int) -> str:
     return f"trainer_rank{rank:03d}.pt"
 
 
-def due(cfg: CheckpointConfig, done_steps: int, total_steps: int) -> bool:
-    return done_steps == total_steps or (cfg.every > 0 and done_steps % cfg.every == 0)
+def due(cfg: CheckpointConfig, done_steps: int, total_steps: int, stopping: bool = False) -> bool:
+    """Whether the loop saves after `done_steps` steps: at the run's end, every `cfg.every` steps, and when a stop
+    signal came (`stopping`); never with `cfg.enabled` false."""
+    if not cfg.enabled:
+        return False
+    return stopping or done_steps == total_steps or (cfg.every > 0 and done_steps % cfg.every == 0)
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
