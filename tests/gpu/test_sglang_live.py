@@ -114,7 +114,7 @@ def _start(tmp, backend: str, model_seed: int = 0, **kw) -> tuple[SglangEngine, 
     cfg = SglangEngineConfig(model_path=str(ckpt), attention_backend=backend, port=_free_port(),
                              mem_fraction_static=0.3, weights_dir=str(tmp / f"weights_{backend}"),
                              log_path=str(tmp / f"server_{backend}.log"), startup_timeout_s=420,
-                             extra_args=["--cuda-graph-max-bs", "64"], **kw)
+                             cuda_graph_max_bs=64, **kw)
     eng = SglangEngine(cfg, backend, top=V1)
     t0 = time.monotonic()
     eng.start()
