@@ -65,3 +65,17 @@ def test_waves_add_up_and_an_engine_that_cannot_answer_shows_nothing():
         shown.wave_done(5, 15)
         shown.poll()
     assert "rollout 6/10 samples | 18 tokens" in out.getvalue()
+
+
+def test_engines_that_report_their_servers_load_show_what_runs_before_any_sample_finishes():
+    """At 1024 new tokens the samples finish together at the end (the H200's 4B job read `0/512 samples | 0 tokens`
+    for ~35 s): an engine's running requests and generation rate (SGLang's /v1/loads) show it is generating. Only
+    engines that report them are summed; none reporting leaves the line as it was."""
+    clock, out = _Clock(), io.StringIO()
+    with progress.RolloutProgress(512, _engines({"samples_done": 0, "tokens": 0, "running": 256, "engine_tok_s": 4600.5},
+                                                {"samples_done": 0, "tokens": 0, "running": 256, "engine_tok_s": 4600.0},
+                                                {"samples_done": 0, "tokens": 0}), out, clock) as shown:
+        clock.t = 20.0
+        shown.poll()
+    assert out.getvalue() == ("[top-rl] rollout 0/512 samples (512 running) | 0 tokens | 0 tok/s | engine 9,200 tok/s"
+                              " | 20 s\n")

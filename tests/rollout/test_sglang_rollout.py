@@ -27,8 +27,10 @@ def test_chunks_come_back_in_sample_order_each_rescored_after_its_own_generation
         return [[float(g.index)] for g in gens]
 
     progress = Progress(samples=12)
-    loads = iter([{"loads": [{"num_running_reqs": 9, "token_usage": 0.5}]}] * 3)
-    poller = LoadPoller(lambda: next(loads), every_s=0.001)
+    assert "running" not in progress.snapshot()  # no reading of the server yet
+    loads = iter([{"loads": [{"num_running_reqs": 9, "token_usage": 0.5, "gen_throughput": 120.0},
+                             {"num_running_reqs": 3, "token_usage": 0.25, "gen_throughput": 30.0}]}] * 3)
+    poller = LoadPoller(lambda: next(loads), every_s=0.001, on_load=progress.load)
     chunks = [range(i, min(i + 4, 12)) for i in range(0, 12, 4)]
     gens, scores, stats = run_chunks(chunks, _gen, score, progress, poller)
     assert [g.index for g in gens] == list(range(12)) and scores == [[float(i)] for i in range(12)]
@@ -36,6 +38,7 @@ def test_chunks_come_back_in_sample_order_each_rescored_after_its_own_generation
     snap = progress.snapshot()
     assert snap["samples_done"] == 12 and snap["tokens"] == sum(i % 3 + 1 for i in range(12))
     assert stats.peak_running_requests == 9 and stats.peak_kv_use == 0.5  # the poller stops when the server does
+    assert (snap["running"], snap["engine_tok_s"]) == (12, 150.0)  # the last reading, summed over the server's ranks
     assert stats.generate_s > 0 and 0 <= stats.rescore_tail_s <= stats.rescore_s + 0.1
     assert set(stats.metrics()) == {"perf/rollout_generate_s", "perf/rollout_rescore_s", "perf/rollout_rescore_tail_s",
                                     "perf/rollout_peak_running_requests", "perf/rollout_peak_kv_use"}

@@ -1,4 +1,5 @@
-"""The console line of a rollout in flight: samples done, tokens generated and tokens per second, once the rollout has
+"""The console line of a rollout in flight: samples done, tokens generated and tokens per second, and where the engines
+report it (SGLang's /v1/loads) the requests running and the engines' own generation rate, once the rollout has
 run for a few seconds (a short one shows nothing, so a CPU step's line stays alone). On a terminal the line is
 redrawn in place on stderr and erased at the end, so the step line keeps its form; in a log (no terminal) it is
 printed every `LOG_EVERY_S` seconds as its own `[top-rl] rollout ...` line."""
@@ -13,9 +14,15 @@ SHOW_AFTER_S = 3.0
 LOG_EVERY_S = 15.0
 
 
-def line(done: int, total: int, tokens: int, seconds: float) -> str:
+def line(done: int, total: int, tokens: int, seconds: float, running: int | None = None,
+         engine_tok_s: float | None = None) -> str:
+    """`tokens`: of the finished samples; `running` / `engine_tok_s`: the servers' running requests and generation
+    throughput now, where they report them (SGLang's /v1/loads): at a long max_new_tokens the samples finish together
+    at the end, and these show the rollout generating before any has finished."""
     rate = tokens / seconds if seconds > 0 else 0.0
-    return f"rollout {done}/{total} samples | {tokens:,} tokens | {rate:,.0f} tok/s | {seconds:.0f} s"
+    now = f" ({running} running)" if running is not None else ""
+    engine = f" | engine {engine_tok_s:,.0f} tok/s" if engine_tok_s is not None else ""
+    return f"rollout {done}/{total} samples{now} | {tokens:,} tokens | {rate:,.0f} tok/s{engine} | {seconds:.0f} s"
 
 
 class RolloutProgress:
@@ -52,7 +59,9 @@ class RolloutProgress:
             return
         done = self.base_done + sum(p["samples_done"] for p in parts)
         tokens = self.base_tokens + sum(p["tokens"] for p in parts)
-        text = line(done, self.total, tokens, seconds)
+        loads = [p for p in parts if p.get("running") is not None]  # engines that report their server's load
+        text = line(done, self.total, tokens, seconds, sum(p["running"] for p in loads) if loads else None,
+                    sum(p["engine_tok_s"] for p in loads) if loads else None)
         if self.tty:
             self.stream.write("\r\033[K" + text)
             self.stream.flush()

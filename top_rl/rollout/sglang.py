@@ -215,7 +215,8 @@ class SglangEngine(RolloutEngine):
 
         def rollout():
             self.progress = Progress(samples=len(prompts))
-            poller = LoadPoller(lambda: self.client.request("GET", "/v1/loads", params={"include": "core"}, timeout=10))
+            poller = LoadPoller(lambda: self.client.request("GET", "/v1/loads", params={"include": "core"}, timeout=10),
+                                on_load=self.progress.load)
             return run_chunks(self._chunks(len(prompts)), generate, score if prefill else None, self.progress, poller)
 
         gens, scores, self.last_stats = self._call(rollout, idempotent=True)

@@ -22,6 +22,10 @@ class Progress:
     samples_done: int = 0
     tokens: int = 0
     started: float = field(default_factory=time.perf_counter)
+    # the server's own view, from the load poller (None until it answers): samples finish together at a long
+    # max_new_tokens, so the finished count stays 0 for most of a rollout while these show it is generating
+    running: int | None = None  # requests the server is running now
+    engine_tok_s: float | None = None  # its generation throughput now (SGLang's gen_throughput)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, samples: int, tokens: int) -> None:
@@ -29,18 +33,27 @@ class Progress:
             self.samples_done += samples
             self.tokens += tokens
 
+    def load(self, running: int, engine_tok_s: float) -> None:
+        with self._lock:
+            self.running, self.engine_tok_s = running, engine_tok_s
+
     def snapshot(self) -> dict:
         with self._lock:
-            return {"samples": self.samples, "samples_done": self.samples_done, "tokens": self.tokens,
-                    "seconds": time.perf_counter() - self.started}
+            out = {"samples": self.samples, "samples_done": self.samples_done, "tokens": self.tokens,
+                   "seconds": time.perf_counter() - self.started}
+            if self.running is not None:
+                out.update(running=self.running, engine_tok_s=self.engine_tok_s)
+            return out
 
 
 class LoadPoller:
     """Polls `read()` (the server's /v1/loads) every `every_s` on a thread: the peak of running requests and of the
-    KV pool's use over the rollout. A server that does not answer it leaves the peaks unset."""
+    KV pool's use over the rollout, and each reading's running requests and generation throughput to `on_load` (the
+    rollout's Progress). A server that does not answer it leaves the peaks unset."""
 
-    def __init__(self, read: Callable[[], dict], every_s: float = 0.5):
-        self.read, self.every_s = read, every_s
+    def __init__(self, read: Callable[[], dict], every_s: float = 0.5,
+                 on_load: Callable[[int, float], None] | None = None):
+        self.read, self.every_s, self.on_load = read, every_s, on_load
         self.peak_running: int | None = None
         self.peak_kv_use: float | None = None
         self._stop = threading.Event()
@@ -60,11 +73,15 @@ class LoadPoller:
                 loads = self.read().get("loads") or []
             except Exception:  # noqa: BLE001 - an old or stand-in server without /v1/loads: no peaks, no failure
                 return
+            running_now, rate_now = 0, 0.0
             for load in loads:
                 running = int(load.get("num_running_reqs", 0))
                 use = float(load.get("token_usage", 0.0))
                 self.peak_running = max(self.peak_running or 0, running)
                 self.peak_kv_use = max(self.peak_kv_use or 0.0, use)
+                running_now, rate_now = running_now + running, rate_now + float(load.get("gen_throughput", 0.0))
+            if loads and self.on_load is not None:
+                self.on_load(running_now, rate_now)
             self._stop.wait(self.every_s)
 
 
