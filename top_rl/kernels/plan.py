@@ -40,6 +40,11 @@ class FastPaths:
     # the attention backward: flash (aten's FlashAttention-2) | efficient (memory-efficient)
     attention_backward: AttentionBackward = AttentionBackward.flash
     decode_graphs: bool = True  # the native engine's decode step as a CUDA graph where audited (off: eager)
+    # With activation recompute (trainer.recompute): the recompute inside the backward runs FlashAttention-2's forward
+    # instead of the engine's kernel and hands its LSE to the flash backward, which then re-runs no forward (sglang
+    # backend, bf16). The gated forward keeps the engine's bits; the gradients become those of the flash forward's
+    # activations (bf16 rounding apart), not bit for bit the default's: off until measured on a GPU.
+    recompute_attention: bool = False
 
 
 # `top.fast_paths` in the run config: FastPaths' fields and defaults, mutable (Hydra merges overrides into it).

@@ -8,7 +8,9 @@ Forward = the engine's own attention kernel, called as SGLang 0.5.11 calls it in
   fa3         sgl_kernel's flash_attn_with_kvcache over a page-size-1 view, num_splits=1, as the engine.
 Our K/V are contiguous per packed sequence, so the "cache" the kernels read is that tensor itself with
 kv_indices = arange: the values and the kernel are the engine's, only the addresses differ.
-Backward (all forward kernels): attention_backward.py.
+Backward (all forward kernels): attention_backward.py. With activation recompute and top.fast_paths.recompute_attention,
+the recompute inside the backward runs FlashAttention-2's forward instead (its LSE goes to the flash backward): the
+gated forward is the engine's either way.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import importlib
 
 import torch
 
+from top_rl.kernels import checkpoint_pass
+from top_rl.kernels import fallback as _fallback
 from top_rl.kernels import plan as _plan
 from top_rl.kernels.packed_batch import PackedBatch, packed_batch
 from top_rl.kernels.sglang import attention_backward as _backward
@@ -176,15 +180,47 @@ def _keep_forward_lse(backend: str, q, k, v) -> bool:
             and _plan.current().fast_paths.flashinfer_lse and configured_backward_kernel(q.dtype) == "flash")
 
 
+def _flash_in_recompute(q, k, v) -> bool:
+    """Whether this forward is part of a checkpointed layer whose recompute runs FlashAttention-2's forward
+    (top.fast_paths.recompute_attention): decided the same way in the layer's first pass and in its recompute (the pass
+    aside), since both must save the same tensors, and only where the flash backward will read what it saves."""
+    return (checkpoint_pass.current() is not None and _plan.current().fast_paths.recompute_attention
+            and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+            and configured_backward_kernel(q.dtype) == "flash")
+
+
+def flash_forward(q, k, v, batch: PackedBatch, scale):
+    """FlashAttention-2's varlen causal forward (aten, GQA native): (out, lse), the LSE in the layout its backward
+    reads ([Hq, T] fp32, natural log). Only the recompute calls it: it is not the engine's kernel."""
+    cu = batch.cu(torch.int32)
+    try:
+        out, lse, *_ = torch.ops.aten._flash_attention_forward(
+            q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, batch.max_len, batch.max_len, 0.0, True, False,
+            scale=scale)
+    except (RuntimeError, TypeError) as e:
+        raise RuntimeError(f"top.fast_paths.recompute_attention=true needs aten's FlashAttention-2 forward, which "
+                           f"failed here ({type(e).__name__}: {str(e)[:200]}): set it false") from e
+    return out, lse
+
+
 class _VarlenCausalAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens, scale, backend, keep_lse):
+    def forward(ctx, q, k, v, cu_seqlens, scale, backend, keep_lse, flash_recompute):
         batch = packed_batch(cu_seqlens)
-        out, lse = _PREFILL[backend](q, k, v, batch, scale, keep_lse)
-        if keep_lse:
-            ctx.save_for_backward(q, k, v, cu_seqlens, out, _backward.lse_for_flash(lse))
+        if flash_recompute and checkpoint_pass.current() == checkpoint_pass.RECOMPUTE:
+            # The backward's tensors only: the gated output came from the engine's kernel in the first pass.
+            out, lse = flash_forward(q, k, v, batch, scale)
+            _fallback.took("attention_recompute", "flash_varlen")
+            ctx.save_for_backward(q, k, v, cu_seqlens, out, lse)
         else:
-            ctx.save_for_backward(q, k, v, cu_seqlens)
+            out, lse = _PREFILL[backend](q, k, v, batch, scale, keep_lse)
+            if keep_lse:
+                ctx.save_for_backward(q, k, v, cu_seqlens, out, _backward.lse_for_flash(lse))
+            elif flash_recompute:  # the first pass: its saved tensors are dropped, only their shapes must match
+                lse_shape = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+                ctx.save_for_backward(q, k, v, cu_seqlens, out, lse_shape)
+            else:
+                ctx.save_for_backward(q, k, v, cu_seqlens)
         ctx.scale, ctx.max_len = scale, batch.max_len
         return out
 
@@ -192,12 +228,13 @@ class _VarlenCausalAttention(torch.autograd.Function):
     def backward(ctx, g):
         q, k, v, cu_seqlens, *forward_state = ctx.saved_tensors
         dq, dk, dv = _backward.attention_backward(g, q, k, v, cu_seqlens, ctx.max_len, ctx.scale, *forward_state)
-        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 
 def attention(q, k, v, cu_seqlens, scale):
     backend = attention_backend()
-    return _VarlenCausalAttention.apply(q, k, v, cu_seqlens, scale, backend, _keep_forward_lse(backend, q, k, v))
+    return _VarlenCausalAttention.apply(q, k, v, cu_seqlens, scale, backend, _keep_forward_lse(backend, q, k, v),
+                                        _flash_in_recompute(q, k, v))
 
 
 @torch.no_grad()
