@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from tests.helpers import with_plan
+from top_rl import kernels
 from top_rl.kernels import checkpoint_pass
 from top_rl.kernels.sglang import attention as attn
 from top_rl.kernels.sglang import attention_backward as bw
@@ -84,6 +85,7 @@ def test_the_recompute_runs_flash_and_hands_its_lse_to_the_backward_while_the_ga
     flash_out, flash_lse = _causal(q.detach(), k.detach(), v.detach(), cu, 0.125)
     assert torch.equal(got_out, flash_out) and torch.equal(got_lse, flash_lse)  # the recompute's, not the placeholder
     assert q.grad is not None and k.grad.shape == k.shape and v.grad.shape == v.shape
+    assert kernels.report()["paths"]["attention_recompute"] == "flash_varlen"  # in run_dir/kernels.json
 
 
 def test_off_by_default_and_outside_a_checkpoint_every_pass_runs_the_engines_kernel(monkeypatch):
