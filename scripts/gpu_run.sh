@@ -103,33 +103,39 @@ PYEOF
 # Where the e2e jobs write their run dirs, logs and bookkeeping (checkpoints are GBs: not in the tree)
 export E2E_ROOT=${E2E_ROOT:-/tmp}
 # One e2e job (started below, maybe by an earlier call): copy its rows and log tail to $OUT every E2E_POLL_S seconds
-# (what a call cut off by the tool's limit still brings back) until it ends, or, for a detached job (E2E_DETACH=1),
-# until this call has run E2E_CALL_BUDGET seconds (default 560: the next call, `e2e-wait`, follows it on).
+# (what a call cut off by the tool's limit still brings back) until it ends, or, for a detached job (started with
+# E2E_DETACH=1: its .detached marker), until this call has run E2E_CALL_BUDGET seconds (default 560): then it returns
+# 1, leaving the job running, and the next call, `e2e-wait`, follows it on.
 follow_run() {
-  local run=$1 pid
-  pid=$(cat "$E2E_ROOT/e2e_$run.pid")
-  while kill -0 "$pid" 2>/dev/null; do
+  local run=$1 pid j="$E2E_ROOT/e2e_$1"
+  pid=$(cat "$j.pid")
+  while kill -0 "$pid" 2>/dev/null && [ ! -f "$j.rc" ]; do  # the status file: a zombie or a reused pid still answers
     sleep "${E2E_POLL_S:-10}"
-    [ -f "$E2E_ROOT/e2e_$run/metrics.jsonl" ] && cp "$E2E_ROOT/e2e_$run/metrics.jsonl" "$OUT/metrics_$run.jsonl"
-    grep -E '^step [0-9]+ \|' "$E2E_ROOT/e2e_$run.log" 2>/dev/null | tail -n 40 >"$OUT/steps_$run.log"
+    [ -f "$j/metrics.jsonl" ] && cp "$j/metrics.jsonl" "$OUT/metrics_$run.jsonl"
+    grep -E '^step [0-9]+ \|' "$j.log" 2>/dev/null | tail -n 40 >"$OUT/steps_$run.log"
     # the job's own log too: a call cut off by the tool's limit still shows where its time went (startup included)
-    grep -v -i "warn" "$E2E_ROOT/e2e_$run.log" 2>/dev/null | tail -n 150 >"$OUT/log_$run.tail"
-    if [ "${E2E_DETACH:-0}" = 1 ] && [ $(( $(date +%s) - T0 )) -ge "${E2E_CALL_BUDGET:-560}" ] && kill -0 "$pid" 2>/dev/null; then
-      echo "e2e $run: still running after $(( $(date +%s) - $(cat "$E2E_ROOT/e2e_$run.start") )) s (pid $pid, its own" \
-           "session): follow it with \`E2E_RUNS=\"${E2E_RUNS:-}\" bash scripts/gpu_run.sh e2e-wait\` in the next call" \
-           >>"$OUT/summary.md"
-      return
+    grep -v -i "warn" "$j.log" 2>/dev/null | tail -n 150 >"$OUT/log_$run.tail"
+    if [ -f "$j.detached" ] && [ $(( $(date +%s) - T0 )) -ge "${E2E_CALL_BUDGET:-560}" ] && [ ! -f "$j.rc" ]; then
+      echo "e2e $run: still running after $(( $(date +%s) - $(cat "$j.start") )) s (pid $pid, its own session):" \
+           "follow it with \`E2E_RUNS=\"$run\" bash scripts/gpu_run.sh e2e-wait\` in the next call" >>"$OUT/summary.md"
+      return 1
     fi
   done
   local rc
-  rc=$(cat "$E2E_ROOT/e2e_$run.rc" 2>/dev/null || echo "?")
-  echo "e2e $run: exit $rc in $(( $(date +%s) - $(cat "$E2E_ROOT/e2e_$run.start") )) s: $(cat "$E2E_ROOT/e2e_$run.args")" \
-    >>"$OUT/summary.md"
-  { echo "===== e2e $run (exit $rc) ====="; grep -v -i "warn" "$E2E_ROOT/e2e_$run.log" | tail -n 60; } >>"$OUT/e2e.log"
-  [ -f "$E2E_ROOT/e2e_$run/metrics.jsonl" ] && cp "$E2E_ROOT/e2e_$run/metrics.jsonl" "$OUT/metrics_$run.jsonl"
-  grep -E '^step [0-9]+ \|' "$E2E_ROOT/e2e_$run.log" 2>/dev/null | tail -n 40 >"$OUT/steps_$run.log"
-  grep -v -i "warn" "$E2E_ROOT/e2e_$run.log" 2>/dev/null | tail -n 150 >"$OUT/log_$run.tail"
-  rm -f "$E2E_ROOT/e2e_$run.pid"
+  rc=$(cat "$j.rc" 2>/dev/null || echo "?")
+  echo "e2e $run: exit $rc in $(( $(date +%s) - $(cat "$j.start") )) s: $(cat "$j.args")" >>"$OUT/summary.md"
+  { echo "===== e2e $run (exit $rc) ====="; grep -v -i "warn" "$j.log" | tail -n 60; } >>"$OUT/e2e.log"
+  [ -f "$j/metrics.jsonl" ] && cp "$j/metrics.jsonl" "$OUT/metrics_$run.jsonl"
+  grep -E '^step [0-9]+ \|' "$j.log" 2>/dev/null | tail -n 40 >"$OUT/steps_$run.log"
+  grep -v -i "warn" "$j.log" 2>/dev/null | tail -n 150 >"$OUT/log_$run.tail"
+  rm -f "$j.pid" "$j.detached"
+  return 0
+}
+
+# A detached job of `run` that an earlier call started and that has not ended (it would share the GPU with a new one)
+still_running() {
+  local j="$E2E_ROOT/e2e_$1"
+  [ -f "$j.pid" ] && [ ! -f "$j.rc" ] && kill -0 "$(cat "$j.pid")" 2>/dev/null
 }
 
 if [[ "$WHAT" == all || "$WHAT" == tests ]]; then
@@ -152,7 +158,7 @@ if [[ "$WHAT" == e2e ]]; then
   # random Qwen3-4B shape (conf/model/qwen3_4b.yaml) with trainer.offload_during_rollout: the trainer's optimizer
   # state and gradients wait in host memory while the server generates (E2E_G4B_STEPS, default 3; E2E_G4B_ARGS;
   # its own limit E2E_G4B_TIMEOUT, default 540 s). It writes no checkpoint (checkpoint.enabled=false: ~56 GB at 4B on
-  # a 64 GiB disk). Its start-up and 3 steps take longer than one call: E2E_DETACH=1 E2E_G4B_TIMEOUT=1100 starts it in
+  # a 64 GiB disk). Its start-up and 3 steps take longer than one call: E2E_DETACH=1 E2E_G4B_TIMEOUT=1000 starts it in
   # one call and `e2e-wait` follows it in the next.
   JOB=("$PY" -m top_rl.cli tracking.wandb_mode=disabled tracking.console=true)
   NATIVE=(+experiment=one_node_qwen3_0.6b_arith)
@@ -179,13 +185,18 @@ if [[ "$WHAT" == e2e ]]; then
       s) args=(+experiment=one_gpu_qwen3_0.6b_sglang steps="${E2E_S_STEPS:-55}" ${E2E_S_ARGS:-}) ;;
       s2) args=(+experiment=one_gpu_qwen3_0.6b_sglang steps="${E2E_S_STEPS:-55}" ${E2E_S2_ARGS:-}) ;;  # (s) again, other settings
       g) keep=1  # resumed across calls: the run dir stays; each call adds E2E_G_STEPS steps
-         done_steps=$( [ -f $E2E_ROOT/e2e_g/metrics.jsonl ] && wc -l <$E2E_ROOT/e2e_g/metrics.jsonl || echo 0)
+         done_steps=$( [ -f "$E2E_ROOT/e2e_g/metrics.jsonl" ] && wc -l <"$E2E_ROOT/e2e_g/metrics.jsonl" || echo 0)
          args=("${G[@]}" steps=$((done_steps + ${E2E_G_STEPS:-10})) ${E2E_G_ARGS:-})
-         [ -d $E2E_ROOT/e2e_g/checkpoints ] && args+=(resume=true) ;;
+         [ -d "$E2E_ROOT/e2e_g/checkpoints" ] && args+=(resume=true) ;;
       g4b) args=("${G4B[@]}" steps="${E2E_G4B_STEPS:-3}" ${E2E_G4B_ARGS:-}) ;;
     esac
+    if still_running "$run"; then
+      echo "e2e $run: a job an earlier call started is still running (pid $(cat "$E2E_ROOT/e2e_$run.pid")): nothing" \
+           "started; follow it with \`E2E_RUNS=\"$run\" bash scripts/gpu_run.sh e2e-wait\`" >>"$OUT/summary.md"
+      break
+    fi
     [ -n "$keep" ] || rm -rf "$E2E_ROOT/e2e_$run"
-    rm -f "$E2E_ROOT/e2e_$run.rc" "$E2E_ROOT/e2e_$run.pid"
+    rm -f "$E2E_ROOT/e2e_$run.rc" "$E2E_ROOT/e2e_$run.pid" "$E2E_ROOT/e2e_$run.detached"
     if [[ $run == c ]]; then fault="kill_engine:${E2E_C_KILL_AT:-4}"; else fault=""; fi
     limit=${E2E_TIMEOUT:-240}
     [[ $run == g4b ]] && limit=${E2E_G4B_TIMEOUT:-540}
@@ -196,18 +207,22 @@ if [[ "$WHAT" == e2e ]]; then
     # one call (the 4B shape's start-up and 3 steps) is started by one call and followed by the next (`e2e-wait`),
     # back to back while the machine is warm. Its exit status goes to a file: no later call is its parent.
     DETACH=()
-    [ "${E2E_DETACH:-0}" = 1 ] && DETACH=(setsid)
+    if [ "${E2E_DETACH:-0}" = 1 ]; then DETACH=(setsid); : >"$E2E_ROOT/e2e_$run.detached"; fi
     TOP_RL_FAULT="$fault" "${DETACH[@]}" bash -c 'timeout "$1" "${@:3}" >"$E2E_ROOT/e2e_$2.log" 2>&1; echo $? >"$E2E_ROOT/e2e_$2.rc"' \
       e2e "$limit" "$run" "${JOB[@]}" run_dir="$E2E_ROOT/e2e_$run" "${args[@]}" </dev/null >/dev/null 2>&1 &
     echo $! >"$E2E_ROOT/e2e_$run.pid"
-    follow_run "$run"
+    if ! follow_run "$run"; then  # left running: a second job would share the GPU with it
+      later=$(echo "${E2E_RUNS:-a b c}" | tr ' ' '\n' | sed -n "/^$run\$/,\$p" | tail -n +2 | xargs)
+      [ -z "$later" ] || echo "e2e: not started while $run runs: $later" >>"$OUT/summary.md"
+      break
+    fi
   done
 fi
 
 if [[ "$WHAT" == e2e-wait ]]; then
   # The next call after `E2E_DETACH=1 ... e2e` (same E2E_RUNS, machine still warm): follow the jobs it left running.
   for run in ${E2E_RUNS:-a b c}; do
-    if [ -f "$E2E_ROOT/e2e_$run.pid" ]; then follow_run "$run"
+    if [ -f "$E2E_ROOT/e2e_$run.pid" ]; then follow_run "$run" || break  # still running at the budget: next call
     else echo "e2e-wait $run: no job was started on this machine (it went back, or E2E_RUNS differs)" >>"$OUT/summary.md"; fi
   done
 fi

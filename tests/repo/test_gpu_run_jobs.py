@@ -132,9 +132,10 @@ exit 0
 
 def test_a_detached_job_outlives_the_call_that_started_it_and_the_next_call_follows_it_to_its_end(tmp_path):
     """E2E_DETACH=1: the call returns after E2E_CALL_BUDGET seconds with the job still running in its own session (a
-    real process, its pipes not held: the call's own output ends), and `e2e-wait` follows it to its exit status and
-    rows. Without a job started on the machine, `e2e-wait` says so."""
-    tree, out1, out2 = tmp_path / "tree", tmp_path / "out1", tmp_path / "out2"
+    real process, its pipes not held: the call's own output ends), starts no second job beside it, and refuses to
+    start the same run again while it runs; `e2e-wait` (no E2E_DETACH needed: the job's marker says it) keeps to the
+    budget too, and follows it to its exit status and rows. Without a job started on the machine, it says so."""
+    tree = tmp_path / "tree"
     (tree / "scripts").mkdir(parents=True)
     shutil.copy(SCRIPT, tree / "scripts" / "gpu_run.sh")
     stub = tree / "bin" / "python3"
@@ -142,23 +143,48 @@ def test_a_detached_job_outlives_the_call_that_started_it_and_the_next_call_foll
     stub.write_text(_JOB_STUB)
     stub.chmod(0o755)
     env = {**os.environ, "PATH": f"{stub.parent}:{os.environ['PATH']}", "TOP_RL_SITE": str(tmp_path / "site"),
-           "E2E_ROOT": str(tmp_path), "E2E_RUNS": "s", "E2E_DETACH": "1", "E2E_POLL_S": "1",
-           "STUB_PAUSE": "6"}
+           "E2E_ROOT": str(tmp_path), "E2E_POLL_S": "1", "STUB_PAUSE": "8"}
+    env.pop("E2E_DETACH", None)
 
-    def call(what: str, out: Path, budget: int = 1) -> str:
+    def call(what: str, out: str, budget: int = 1, **more: str) -> str:
         subprocess.run(["bash", str(tree / "scripts" / "gpu_run.sh"), what], check=True, capture_output=True,
-                       text=True, env={**env, "OUT": str(out), "E2E_CALL_BUDGET": str(budget)},
+                       text=True, env={**env, "OUT": str(tmp_path / out), "E2E_CALL_BUDGET": str(budget), **more},
                        stdin=subprocess.DEVNULL, timeout=60)
-        return (out / "summary.md").read_text()
+        return (tmp_path / out / "summary.md").read_text()
 
-    first = call("e2e", out1)
-    assert "e2e s: still running after" in first and "gpu_run.sh e2e-wait" in first
+    first = call("e2e", "out1", E2E_DETACH="1", E2E_RUNS="s s2")
+    assert "e2e s: still running after" in first and 'E2E_RUNS="s" bash scripts/gpu_run.sh e2e-wait' in first
+    assert "e2e: not started while s runs: s2" in first and not (tmp_path / "e2e_s2.pid").exists()
     pid = int((tmp_path / "e2e_s.pid").read_text())
     os.kill(pid, 0)  # alive after the call that started it returned
     assert os.getsid(pid) != os.getsid(0)  # in a session of its own
-    assert (out1 / "metrics_s.jsonl").read_text().splitlines() == ['{"step": 1}']
-    second = call("e2e-wait", out2, budget=30)
-    assert "e2e s: exit 0 in" in second and "+experiment=one_gpu_qwen3_0.6b_sglang" in second
-    assert (out2 / "metrics_s.jsonl").read_text().splitlines() == ['{"step": 1}', '{"step": 2}']
-    assert (out2 / "steps_s.log").read_text().splitlines() == ["step 1 | abs_diff 0.0", "step 2 | abs_diff 0.0"]
-    assert "no job was started on this machine" in call("e2e-wait", tmp_path / "out3")
+    assert (tmp_path / "out1" / "metrics_s.jsonl").read_text().splitlines() == ['{"step": 1}']
+    again = call("e2e", "out2", E2E_DETACH="1", E2E_RUNS="s")
+    assert "e2e s: a job an earlier call started is still running" in again
+    assert int((tmp_path / "e2e_s.pid").read_text()) == pid  # not replaced, not restarted
+    assert "e2e s: still running after" in call("e2e-wait", "out3", E2E_RUNS="s")  # the budget holds here too
+    done = call("e2e-wait", "out4", budget=30, E2E_RUNS="s")
+    assert "e2e s: exit 0 in" in done and "+experiment=one_gpu_qwen3_0.6b_sglang" in done
+    assert (tmp_path / "out4" / "metrics_s.jsonl").read_text().splitlines() == ['{"step": 1}', '{"step": 2}']
+    assert (tmp_path / "out4" / "steps_s.log").read_text().splitlines() == ["step 1 | abs_diff 0.0",
+                                                                             "step 2 | abs_diff 0.0"]
+    assert "no job was started on this machine" in call("e2e-wait", "out5", E2E_RUNS="s")
+
+
+def test_without_detach_a_call_waits_for_each_job_in_turn(tmp_path):
+    """The default: each run in E2E_RUNS is followed to its end by the call that started it, whatever the budget."""
+    tree = tmp_path / "tree"
+    (tree / "scripts").mkdir(parents=True)
+    shutil.copy(SCRIPT, tree / "scripts" / "gpu_run.sh")
+    (tree / "bin").mkdir()
+    (tree / "bin" / "python3").write_text(_JOB_STUB)
+    (tree / "bin" / "python3").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tree / 'bin'}:{os.environ['PATH']}", "TOP_RL_SITE": str(tmp_path / "site"),
+           "E2E_ROOT": str(tmp_path), "E2E_POLL_S": "1", "STUB_PAUSE": "1", "E2E_CALL_BUDGET": "0",
+           "E2E_RUNS": "s s2", "OUT": str(tmp_path / "out")}
+    env.pop("E2E_DETACH", None)
+    subprocess.run(["bash", str(tree / "scripts" / "gpu_run.sh"), "e2e"], check=True, capture_output=True, text=True,
+                   env=env, stdin=subprocess.DEVNULL, timeout=60)
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "e2e s: exit 0 in" in summary and "e2e s2: exit 0 in" in summary and "still running" not in summary
+    assert (tmp_path / "out" / "metrics_s2.jsonl").read_text().splitlines() == ['{"step": 1}', '{"step": 2}']

@@ -215,3 +215,17 @@ def test_guard_signals_and_dead_actor_messages(tmp_path):
         with faults.RunGuard(tmp_path):
             raise faults.ActorFailed("trainer rank 1 died during trainer.logprobs: ...", "trainer rank 1", True, 1)
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before  # handlers restored
+
+
+def test_with_checkpoints_off_a_stop_says_it_saves_nothing_and_names_only_an_older_checkpoint(tmp_path, capsys):
+    """checkpoint.enabled=false: the signal's line does not promise a checkpoint, and the stop message says this run
+    wrote none before naming the checkpoint an earlier run left (its later steps are not in it)."""
+    _fake_checkpoint(tmp_path, 7)
+    with pytest.raises(faults.RunStopped) as stop, faults.RunGuard(tmp_path, checkpoints=False) as guard:
+        guard.catch_signals()
+        os.kill(os.getpid(), signal.SIGTERM)
+        guard.step_done(9)
+    said = capsys.readouterr()
+    assert "saving nothing" in said.out + said.err and "checkpointing it" not in said.out + said.err
+    assert "checkpoint.enabled=false: this run wrote no checkpoint" in str(stop.value)
+    assert "step_000007 (step 7)" in str(stop.value)

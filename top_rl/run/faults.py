@@ -90,23 +90,31 @@ def startup_signal_name() -> str:
 class RunGuard:
     """Wraps a run: signal handling (see module doc) and clean stops naming the checkpoint to resume."""
 
-    def __init__(self, run_dir: Path, fault_plan: FaultPlan = NO_FAULTS):
+    def __init__(self, run_dir: Path, fault_plan: FaultPlan = NO_FAULTS, checkpoints: bool = True):
         self.run_dir = Path(run_dir)
         self.fault_plan = fault_plan  # test-only (top_rl.run.fault_injection): kill_after_step
+        self.checkpoints = checkpoints  # checkpoint.enabled: false, and a stop saves nothing (its messages say so)
         self.signum: int | None = None
         self._previous: dict[int, object] = {}
 
     @property
     def stopping(self) -> bool:
-        """A signal asked the run to stop: checkpoint the step that just finished."""
+        """A signal asked the run to stop: checkpoint the step that just finished (unless checkpoints are off)."""
         return self.signum is not None
+
+    def _hint(self) -> str:
+        """The stop message's last words: how to resume, and with checkpoints off that this run saved nothing."""
+        if self.checkpoints:
+            return resume_hint(self.run_dir)
+        return f"checkpoint.enabled=false: this run wrote no checkpoint, so none of its steps can be resumed. " \
+               f"{resume_hint(self.run_dir)}"
 
     def step_done(self, step: int) -> None:
         """Called once step `step` is logged and (if due) checkpointed."""
         self.fault_plan.inject("kill_after_step", step)
         if self.signum is not None:
             name = signal.Signals(self.signum).name
-            raise RunStopped(f"stopped by {name} after step {step}. {resume_hint(self.run_dir)}",
+            raise RunStopped(f"stopped by {name} after step {step}. {self._hint()}",
                              exit_code=128 + self.signum)
 
     def _on_signal(self, signum, frame) -> None:
@@ -115,7 +123,8 @@ class RunGuard:
         if self.signum is not None:  # the second signal: abandon the step now
             raise KeyboardInterrupt
         self.signum = signum
-        _say(f"[top-rl] {signal.Signals(signum).name}: finishing the current step, checkpointing it and stopping "
+        saving = "checkpointing it and " if self.checkpoints else "(checkpoint.enabled=false: saving nothing) and "
+        _say(f"[top-rl] {signal.Signals(signum).name}: finishing the current step, {saving}stopping "
              "(send it again to abandon the step)")
 
     def catch_signals(self) -> None:
@@ -143,11 +152,11 @@ class RunGuard:
         for sig, handler in self._previous.items():
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: a handler set in C
         if isinstance(exc, ActorFailed):
-            raise RunStopped(f"{exc}\nThe run stopped. {resume_hint(self.run_dir)}") from exc
+            raise RunStopped(f"{exc}\nThe run stopped. {self._hint()}") from exc
         if isinstance(exc, KeyboardInterrupt):
             signum = self.signum or _startup_signal or signal.SIGINT
             how = "twice: the step in progress was abandoned" if self.signum else "while the run was starting"
-            raise RunStopped(f"interrupted ({signal.Signals(signum).name} {how}). {resume_hint(self.run_dir)}",
+            raise RunStopped(f"interrupted ({signal.Signals(signum).name} {how}). {self._hint()}",
                              exit_code=128 + signum) from exc
 
 
