@@ -87,7 +87,8 @@ def test_install_and_report(monkeypatch):
 
 
 def test_a_resume_may_change_the_fast_paths():
-    """They change no number (forward bits, gradients): a resumed run may switch them, unlike the contract."""
+    """They change no number (forward bits, gradients): a resumed run may switch them, unlike the contract (the two
+    that change the gradients aside: below)."""
     from top_rl.run import checkpoint
 
     saved = config.RunConfig().as_dict()
@@ -97,3 +98,17 @@ def test_a_resume_may_change_the_fast_paths():
     now.top.contract = "qwen3_dense_top_v1_deepgemm"
     with pytest.raises(checkpoint.ResumeRefused, match="top.contract"):
         checkpoint.check_compatible(saved, now.as_dict(), allow_changes=False)
+
+
+@pytest.mark.parametrize("switch, value", [("recompute_attention", True), ("attention_backward", "efficient")])
+def test_a_resume_that_changes_the_gradients_kernels_is_a_change_of_numbers(switch, value):
+    """The backward's kernel and the recompute's attention forward change the gradients (not the gated forward): a
+    resume that switches one is refused like any other change of numbers, and allowed under resume_allow_changes."""
+    from top_rl.run import checkpoint
+
+    saved = config.RunConfig().as_dict()
+    now = config.RunConfig()
+    setattr(now.top.fast_paths, switch, value)
+    with pytest.raises(checkpoint.ResumeRefused, match=f"top.fast_paths.{switch}"):
+        checkpoint.check_compatible(saved, now.as_dict(), allow_changes=False)
+    assert checkpoint.check_compatible(saved, now.as_dict(), allow_changes=True)

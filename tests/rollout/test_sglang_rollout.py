@@ -38,7 +38,14 @@ def test_chunks_come_back_in_sample_order_each_rescored_after_its_own_generation
     snap = progress.snapshot()
     assert snap["samples_done"] == 12 and snap["tokens"] == sum(i % 3 + 1 for i in range(12))
     assert stats.peak_running_requests == 9 and stats.peak_kv_use == 0.5  # the poller stops when the server does
-    assert (snap["running"], snap["engine_tok_s"]) == (12, 150.0)  # the last reading, summed over the server's ranks
+    assert (snap["running"], snap["engine_tok_s"]) == (0, 0.0)  # idle once its rollout is over
+    seen = []
+    with LoadPoller(lambda: {"loads": [{"num_running_reqs": 9, "gen_throughput": 120.0},
+                                       {"num_running_reqs": 3, "gen_throughput": 30.0}]}, every_s=0.001,
+                    on_load=lambda *reading: seen.append(reading)):
+        while not seen:
+            time.sleep(0.001)
+    assert seen[0] == (12, 150.0) and seen[-1] == (0, 0.0)  # each reading summed over the server's ranks, then idle
     assert stats.generate_s > 0 and 0 <= stats.rescore_tail_s <= stats.rescore_s + 0.1
     assert set(stats.metrics()) == {"perf/rollout_generate_s", "perf/rollout_rescore_s", "perf/rollout_rescore_tail_s",
                                     "perf/rollout_peak_running_requests", "perf/rollout_peak_kv_use"}

@@ -29,8 +29,8 @@ class AttentionBackward(StrEnum):
 
 @dataclass(frozen=True)
 class FastPaths:
-    """The speed switches of the `sglang` backend and the native engine (bench/RESULTS.md measures each); off runs
-    the slower path with the same forward bits and the same gradients (A/B measurements)."""
+    """The speed switches of the `sglang` backend and the native engine (bench/RESULTS.md measures each); each runs
+    the same forward bits either way, and all but CHANGES_GRADIENTS' the same gradients too (A/B measurements)."""
 
     fused_forward: bool = True  # RMSNorm / SiLU-and-mul / token log-prob forwards as one Triton pass each
     fused_sampler: bool = True  # the sampler path's rounding inside the gather kernel (off: eager division, rounding)
@@ -46,6 +46,10 @@ class FastPaths:
     # activations (bf16 rounding apart), not bit for bit the default's: off until measured on a GPU.
     recompute_attention: bool = False
 
+
+# The switches that change the gradients (not the forward's bits): which backward kernel runs, and which forward the
+# recompute takes. A resume that changes one changes the run's numbers (top_rl.run.resume_compat); the others are free.
+CHANGES_GRADIENTS = frozenset({"attention_backward", "recompute_attention"})
 
 # `top.fast_paths` in the run config: FastPaths' fields and defaults, mutable (Hydra merges overrides into it).
 FastPathsConfig = dataclasses.make_dataclass(

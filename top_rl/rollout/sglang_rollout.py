@@ -66,6 +66,8 @@ class LoadPoller:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        if self.peak_running is not None and self.on_load is not None:
+            self.on_load(0, 0.0)  # this engine's rollout is over: its last reading must not count beside the others'
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -4,11 +4,16 @@ the config diff a resume refuses or notes, and what in a verified state.json a r
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+
+from top_rl.kernels.plan import CHANGES_GRADIENTS, FastPaths
 
 # Keys a resume may change freely: they do not enter any computed number.
 RESUME_FREE_KEYS = {"steps", "run_dir", "resume", "resume_allow_changes", "dry_run", "checkpoint", "tracking",
-                    "cluster", "top.fast_paths",  # fast paths: the same numbers, faster
+                    "cluster",
+                    # fast paths: the same numbers, faster (not those that change the gradients)
+                    *(f"top.fast_paths.{f.name}" for f in dataclasses.fields(FastPaths) if f.name not in CHANGES_GRADIENTS),
                     # where and how an SGLang engine runs and takes its weights (they arrive bitwise either way)
                     *(f"rollout.sglang.{k}" for k in (
                         "host", "port", "python", "log_path", "startup_timeout_s", "request_timeout_s", "max_retries",

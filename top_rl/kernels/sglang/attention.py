@@ -197,6 +197,8 @@ def flash_forward(q, k, v, batch: PackedBatch, scale):
         out, lse, *_ = torch.ops.aten._flash_attention_forward(
             q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, batch.max_len, batch.max_len, 0.0, True, False,
             scale=scale)
+    except torch.OutOfMemoryError:
+        raise
     except (RuntimeError, TypeError) as e:
         raise RuntimeError(f"top.fast_paths.recompute_attention=true needs aten's FlashAttention-2 forward, which "
                            f"failed here ({type(e).__name__}: {str(e)[:200]}): set it false") from e
