@@ -179,6 +179,10 @@ def _free():
 
 def run_worker(args) -> None:
     device = torch.device(args.device)
+    if device.type == "cuda":  # the GPU's NUMA-local cores (bench/_numa.py): said in the notes either way
+        from bench import _numa
+
+        emit("NOTE", {"model": args.model, "impl": args.impl, "recompute": None, "text": _numa.pin_to_gpu()})
     cfg = MODELS[args.model]
     batch, adv = make_batch(cfg, args.tokens)
     loss_fn = make_loss_fn(batch, adv)
