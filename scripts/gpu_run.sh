@@ -106,15 +106,18 @@ export E2E_ROOT=${E2E_ROOT:-/tmp}
 # (what a call cut off by the tool's limit still brings back) until it ends, or, for a detached job (started with
 # E2E_DETACH=1: its .detached marker), until this call has run E2E_CALL_BUDGET seconds (default 560): then it returns
 # 1, leaving the job running, and the next call, `e2e-wait`, follows it on.
+copy_run_outputs() {  # its rows, step lines and log tail (a cut-off call still shows where its time went)
+  local run=$1 j="$E2E_ROOT/e2e_$1"
+  [ -f "$j/metrics.jsonl" ] && cp "$j/metrics.jsonl" "$OUT/metrics_$run.jsonl"
+  grep -E '^step [0-9]+ \|' "$j.log" 2>/dev/null | tail -n 40 >"$OUT/steps_$run.log"
+  grep -v -i "warn" "$j.log" 2>/dev/null | tail -n 150 >"$OUT/log_$run.tail"
+}
 follow_run() {
   local run=$1 pid j="$E2E_ROOT/e2e_$1"
   pid=$(cat "$j.pid")
   while kill -0 "$pid" 2>/dev/null && [ ! -f "$j.rc" ]; do  # the status file: a zombie or a reused pid still answers
     sleep "${E2E_POLL_S:-10}"
-    [ -f "$j/metrics.jsonl" ] && cp "$j/metrics.jsonl" "$OUT/metrics_$run.jsonl"
-    grep -E '^step [0-9]+ \|' "$j.log" 2>/dev/null | tail -n 40 >"$OUT/steps_$run.log"
-    # the job's own log too: a call cut off by the tool's limit still shows where its time went (startup included)
-    grep -v -i "warn" "$j.log" 2>/dev/null | tail -n 150 >"$OUT/log_$run.tail"
+    copy_run_outputs "$run"
     if [ -f "$j.detached" ] && [ $(( $(date +%s) - T0 )) -ge "${E2E_CALL_BUDGET:-560}" ] && [ ! -f "$j.rc" ]; then
       echo "e2e $run: still running after $(( $(date +%s) - $(cat "$j.start") )) s (pid $pid, its own session):" \
            "follow it with \`E2E_RUNS=\"$run\" bash scripts/gpu_run.sh e2e-wait\` in the next call" >>"$OUT/summary.md"
@@ -125,9 +128,7 @@ follow_run() {
   rc=$(cat "$j.rc" 2>/dev/null || echo "?")
   echo "e2e $run: exit $rc in $(( $(date +%s) - $(cat "$j.start") )) s: $(cat "$j.args")" >>"$OUT/summary.md"
   { echo "===== e2e $run (exit $rc) ====="; grep -v -i "warn" "$j.log" | tail -n 60; } >>"$OUT/e2e.log"
-  [ -f "$j/metrics.jsonl" ] && cp "$j/metrics.jsonl" "$OUT/metrics_$run.jsonl"
-  grep -E '^step [0-9]+ \|' "$j.log" 2>/dev/null | tail -n 40 >"$OUT/steps_$run.log"
-  grep -v -i "warn" "$j.log" 2>/dev/null | tail -n 150 >"$OUT/log_$run.tail"
+  copy_run_outputs "$run"
   rm -f "$j.pid" "$j.detached"
   return 0
 }

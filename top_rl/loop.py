@@ -108,8 +108,8 @@ def run(cfg: RunConfig) -> dict:
     rng.seed(cfg.seed)
     # One run per run_dir; SIGINT/SIGTERM/SIGHUP stop the run after a checkpointed step; a dead trainer stops it
     # naming the checkpoint; a full disk stops it in one line, before the tracker and Ray shut down.
-    with faults.RunGuard(run_dir, plan.faults, cfg.checkpoint.enabled) as guard, run_lock.RunLock(run_dir), contextlib.ExitStack() as cleanup, \
-            faults.StopOnFullDisk(run_dir):
+    with faults.RunGuard(run_dir, plan.faults, cfg.checkpoint.enabled) as guard, run_lock.RunLock(run_dir), \
+            contextlib.ExitStack() as cleanup, faults.StopOnFullDisk(run_dir):
         state = preflight.confirm_under_lock(cfg, ready)  # None: a fresh run (which never overwrites checkpoints)
         cluster = Cluster(plan)
         cleanup.callback(cluster.shutdown)

@@ -7,7 +7,8 @@ distribute_saved_activations, *args)`, looked up on the package at call time, wh
 incompatible with `autograd.grad`). `install()` rebinds that name to `torch.utils.checkpoint` with
 `use_reentrant=False` (docs/megatron.md §6.3). Megatron's RNG tracker is then not restored on recompute,
 which is exact for TOP: dropout is 0 and every seam kernel is deterministic, so the recomputed forward
-has the bits of the first one (with top.fast_paths.recompute_attention off, the default) (tests/train/test_train_parity.py checks loss and grads with torch.equal).
+has the bits of the first one (tests/train/test_train_parity.py checks loss and grads with torch.equal), as long as
+top.fast_paths.recompute_attention is off (the default).
 `distribute_saved_activations` (saved-input split over TP) is not supported and is rejected.
 Each checkpointed call marks its passes (top_rl.kernels.checkpoint_pass): with top.fast_paths.recompute_attention the
 recompute's attention forward is FlashAttention-2's, not the engine's (the gated forward keeps the engine's bits; the

@@ -192,11 +192,8 @@ def _flash_in_recompute(q, k, v) -> bool:
 def flash_forward(q, k, v, batch: PackedBatch, scale):
     """FlashAttention-2's varlen causal forward (aten, GQA native): (out, lse), the LSE in the layout its backward
     reads ([Hq, T] fp32, natural log). Only the recompute calls it: it is not the engine's kernel."""
-    cu = batch.cu(torch.int32)
     try:
-        out, lse, *_ = torch.ops.aten._flash_attention_forward(
-            q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, batch.max_len, batch.max_len, 0.0, True, False,
-            scale=scale)
+        out, lse, *_ = _backward.flash_attention_forward(q, k, v, batch.cu(torch.int32), batch.max_len, scale)
     except torch.OutOfMemoryError:
         raise
     except (RuntimeError, TypeError) as e:

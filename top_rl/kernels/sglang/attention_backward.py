@@ -49,14 +49,21 @@ def efficient_attention_backward(g, q, k, v, cu_seqlens, max_len, scale):
     return dq, dk.to(k.dtype), dv.to(v.dtype)
 
 
+def flash_attention_forward(q, k, v, cu_int32, max_len, scale):
+    """aten's FlashAttention-2 varlen causal forward, no dropout: (out, lse [Hq, T] fp32 natural log, rng_state, unused,
+    debug), what its backward takes. Not the engine's kernel: the backward's re-run, and the recompute's forward under
+    top.fast_paths.recompute_attention (attention.py)."""
+    return torch.ops.aten._flash_attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), cu_int32, cu_int32,
+                                                   max_len, max_len, 0.0, True, False, scale=scale)
+
+
 def flash_attention_backward(g, q, k, v, cu_seqlens, max_len, scale, out=None, lse=None):
     """(dq, dk, dv) of causal varlen attention through aten's FlashAttention-2 kernels (bf16/fp16, GQA native).
     `out` and `lse` (natural log, [Hq, T] fp32: `lse_for_flash`) from the forward that ran skip the re-run."""
     cu = packed_batch(cu_seqlens).cu(torch.int32)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if lse is None:
-        out, lse, rng_state, unused, _ = torch.ops.aten._flash_attention_forward(
-            q, k, v, cu, cu, max_len, max_len, 0.0, True, False, scale=scale)
+        out, lse, rng_state, unused, _ = flash_attention_forward(q, k, v, cu, max_len, scale)
     else:
         rng_state = unused = _no_dropout_state(q.device)
     dq, dk, dv = torch.ops.aten._flash_attention_backward(
