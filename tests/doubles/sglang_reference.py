@@ -1,4 +1,4 @@
-"""SGLang 0.5.11's own Qwen3ForCausalLM in rl mode, driven without a server: the reference the trainer and
+"""SGLang's own Qwen3ForCausalLM (0.5.11 or 0.5.17, the one installed) in rl mode, driven without a server: the reference the trainer and
 the native engine must equal bit for bit (tests/gpu/test_sglang_reference.py).
 
 What it builds, each from SGLang's own code:
@@ -109,7 +109,8 @@ class SglangReference:
             device=device, gpu_id=0, dtype=torch.bfloat16, kv_cache_dtype=torch.bfloat16, page_size=1,
             server_args=sa, model_config=mc, req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.kv_pool,
             token_to_kv_pool_allocator=None, sliding_window_size=None, is_hybrid_swa=False, attention_chunk_size=None,
-            hybrid_gdn_config=None, kimi_linear_config=None, linear_attn_model_spec=None, attn_cp_size=1)
+            hybrid_gdn_config=None, kimi_linear_config=None, linear_attn_model_spec=None, attn_cp_size=1,
+            is_draft_worker=False)  # 0.5.17's TritonAttnBackend reads it (speculative tree masks); 0.5.11's does not
         assert mc.attention_arch == AttentionArch.MHA
         self.attn_backend = self._backend(attention_backend)
         self._next_slot = 1  # slot 0 is SGLang's padding slot
@@ -154,6 +155,27 @@ class SglangReference:
     def release(self, seqs: list[Seq]) -> None:
         self._free_rows.extend(s.row for s in seqs)
 
+    def _pools(self) -> dict:
+        """The pools and attention backend a ForwardBatch carries in 0.5.11. 0.5.17's ForwardBatch has no such fields:
+        its layers read the backend (and the pools it holds) from the forward context `_forward` publishes."""
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+        fields = {"req_to_token_pool": self.req_to_token_pool, "token_to_kv_pool": self.kv_pool,
+                  "attn_backend": self.attn_backend}
+        return {k: v for k, v in fields.items() if k in ForwardBatch.__dataclass_fields__}
+
+    def _forward(self, fb):
+        """The model's forward as SGLang's model runner runs it: the backend's metadata for the batch, then the model,
+        in 0.5.17 inside the ForwardContext its ModelRunner._forward_raw publishes (0.5.11 has no such context)."""
+        try:
+            from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+            scope = forward_context(ForwardContext(attn_backend=self.attn_backend))
+        except ImportError:  # 0.5.11
+            scope = contextlib.nullcontext()
+        with scope:
+            self.attn_backend.init_forward_metadata(fb)
+            return self.model.forward(fb.input_ids, fb.positions, fb)
+
     def _tensor(self, values, dtype=torch.int64):
         return torch.tensor(values, dtype=dtype, device=self.device)
 
@@ -178,8 +200,7 @@ class SglangReference:
             extend_prefix_lens=self._tensor([0] * len(lens), torch.int32),
             extend_start_loc=self._tensor([sum(lens[:i]) for i in range(len(lens))], torch.int32),
             extend_prefix_lens_cpu=[0] * len(lens), extend_seq_lens_cpu=lens,
-            req_to_token_pool=self.req_to_token_pool, token_to_kv_pool=self.kv_pool, attn_backend=self.attn_backend,
-            capture_hidden_mode=CaptureHiddenMode.NULL)
+            **self._pools(), capture_hidden_mode=CaptureHiddenMode.NULL)
         if logprob_starts is not None:
             fb.return_logprob = True
             fb.top_logprobs_nums = [0] * len(lens)
@@ -187,9 +208,7 @@ class SglangReference:
             fb.extend_logprob_start_lens_cpu = list(logprob_starts)
             fb.extend_input_logprob_token_ids_gpu = self._tensor(
                 [t for s, st in zip(sequences, logprob_starts) for t in s[st + 1:] + [0]])
-        self.attn_backend.init_forward_metadata(fb)
-        out = self.model.forward(fb.input_ids, fb.positions, fb)
-        return out, seqs, fb
+        return self._forward(fb), seqs, fb
 
     def decode(self, seqs: list[Seq], tokens: list[int]):
         """One DECODE step: each sequence gets its next token (written to a new KV slot)."""
@@ -204,10 +223,8 @@ class SglangReference:
             forward_mode=ForwardMode.DECODE, batch_size=len(seqs), input_ids=self._tensor(tokens),
             req_pool_indices=self._tensor([s.row for s in seqs]), seq_lens=self._tensor(lens),
             out_cache_loc=self._tensor(new), seq_lens_sum=sum(lens), seq_lens_cpu=torch.tensor(lens),
-            positions=self._tensor([n - 1 for n in lens]), req_to_token_pool=self.req_to_token_pool,
-            token_to_kv_pool=self.kv_pool, attn_backend=self.attn_backend, capture_hidden_mode=CaptureHiddenMode.NULL)
-        self.attn_backend.init_forward_metadata(fb)
-        return self.model.forward(fb.input_ids, fb.positions, fb), fb
+            positions=self._tensor([n - 1 for n in lens]), **self._pools(), capture_hidden_mode=CaptureHiddenMode.NULL)
+        return self._forward(fb), fb
 
     def sample(self, logits_output, temperatures: list[float], seeds: list[int], positions: torch.Tensor,
                token_ids: list[int] | None = None):
@@ -218,11 +235,13 @@ class SglangReference:
         from sglang.srt.sampling.sampling_params import TOP_K_ALL
 
         n = len(temperatures)
+        # 0.5.17 added a required is_any_greedy (no temperature here is 0); 0.5.11 has no such field
+        any_greedy = {"is_any_greedy": False} if "is_any_greedy" in SamplingBatchInfo.__dataclass_fields__ else {}
         info = SamplingBatchInfo(
             temperatures=torch.tensor(temperatures, dtype=torch.float32, device=self.device)[:, None],
             top_ps=torch.ones(n, dtype=torch.float32, device=self.device),
             top_ks=torch.full((n,), TOP_K_ALL, dtype=torch.int32, device=self.device),
-            min_ps=torch.zeros(n, dtype=torch.float32, device=self.device), is_all_greedy=False,
+            min_ps=torch.zeros(n, dtype=torch.float32, device=self.device), is_all_greedy=False, **any_greedy,
             need_top_p_sampling=False, need_top_k_sampling=False, need_min_p_sampling=False,
             vocab_size=self.vocab_size, sampling_seed=self._tensor(seeds), device=self.device)
         want = None if token_ids is None else [[t] for t in token_ids]

@@ -6,6 +6,7 @@ with its pools and triton attention backend, up to the first kernel launch (a Tr
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +78,7 @@ report = {
   "qkv": torch.equal(p[m + "self_attn.qkv_proj.weight"], torch.cat([sd[m + "self_attn." + k + "_proj.weight"] for k in "qkv"])),
   "gate_up": torch.equal(p[m + "mlp.gate_up_proj.weight"], torch.cat([sd[m + "mlp.gate_proj.weight"], sd[m + "mlp.up_proj.weight"]])),
   "layers": len(ref.model.model.layers), "backend": type(ref.attn_backend).__name__,
+  "sglang": __import__("sglang").__version__,
 }
 try:
     with ref.mode():
@@ -134,11 +136,15 @@ def test_sglang_qwen3_builds_in_rl_mode_from_our_checkpoint(tmp_path):
     # its own process: SGLang's global ServerArgs and process groups must not leak into other tests
     out = subprocess.run([sys.executable, "-W", "ignore", "-c", _BUILD, str(tmp_path / "ckpt")], cwd=ROOT,
                          capture_output=True, text=True, timeout=600,
-                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                             p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)})
     lines = [x for x in out.stdout.splitlines() if x.startswith("REPORT ")]
     print(lines[-1] if lines else "")
     assert lines, f"the build did not finish:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
     rep = json.loads(lines[-1][len("REPORT "):])
+    # the child imports the release this pass tests (CI's 0.5.17 pass puts it on PYTHONPATH; a child that dropped
+    # PYTHONPATH built 0.5.11's model under the 0.5.17 pass and hid 0.5.17's runner fields)
+    assert rep["sglang"] == sglang_cpu.SGLANG_VERSION, rep["sglang"]
     for key in ("embed", "norm", "q_norm"):  # rl mode keeps these fp32, with the checkpoint's exact values
         assert rep[key] == ["torch.float32", True], (key, rep[key])
     assert rep["lm_head"] == ["torch.bfloat16", True] and rep["qkv"] and rep["gate_up"]
