@@ -129,7 +129,16 @@ class TopBaselineRunner(TopRunner):
     ENV = {"TOP_RL_FUSED_FORWARD": "0", "TOP_RL_FUSED_BACKWARD": "0", "TOP_RL_ATTENTION_BACKWARD": "efficient"}
 
 
-RUNNERS = {"top": TopRunner, "top_base": TopBaselineRunner, "stock": StockRunner}
+class TopFlashRecomputeRunner(TopRunner):
+    """The TOP trainer with top.fast_paths.recompute_attention: with recompute on, the recompute inside the backward
+    runs FlashAttention-2's forward and hands its LSE to the flash backward (the gated forward stays the engine's)."""
+
+    ENV = {"TOP_RL_RECOMPUTE_ATTENTION": "1"}
+
+
+RUNNERS = {"top": TopRunner, "top_base": TopBaselineRunner, "top_flash_rc": TopFlashRecomputeRunner,
+           "stock": StockRunner}
+TOP_IMPLS = ("top", "top_base", "top_flash_rc")
 
 
 # ---------------------------------------------------------------------------------------------- one config
@@ -186,7 +195,7 @@ def run_worker(args) -> None:
     cfg = MODELS[args.model]
     batch, adv = make_batch(cfg, args.tokens)
     loss_fn = make_loss_fn(batch, adv)
-    if args.impl in ("top", "top_base"):
+    if args.impl in TOP_IMPLS:
         os.environ.update(getattr(RUNNERS[args.impl], "ENV", {}))
         from top_rl import kernels
         from top_rl.kernels import plan
@@ -195,8 +204,9 @@ def run_worker(args) -> None:
         # the runner's ENV (top_base: fast paths off) reaches the kernels through the plan builder, as in a run
         kernels.install(plan.build("sglang" if device.type == "cuda" else "reference",
                                    attention=attn if device.type == "cuda" else None))
-        note = f"kernels {kernels.backend_name()}, attention {attn}" + (
-            " (fused forwards/backwards off, memory-efficient attention backward)" if args.impl == "top_base" else "")
+        note = f"kernels {kernels.backend_name()}, attention {attn}" + {
+            "top_base": " (fused forwards/backwards off, memory-efficient attention backward)",
+            "top_flash_rc": " (the recompute's attention forward: FlashAttention-2)"}.get(args.impl, "")
     else:
         from bench import _stock_attention, _stock_gpt
 
@@ -225,7 +235,7 @@ def run_worker(args) -> None:
             if mbt // 2 < 2048:
                 break
             mbt //= 2
-    if args.impl in ("top", "top_base") and device.type == "cuda":
+    if args.impl in TOP_IMPLS and device.type == "cuda":
         from top_rl import kernels
 
         fell_back = [f"{op} fell back ({why[:200]})" for op, why in kernels.report()["fallbacks"].items()]

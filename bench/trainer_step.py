@@ -55,6 +55,9 @@ def parse(argv=None):
     p.add_argument("--profile", default="on", help="profile the step with recompute on | off | none")
     p.add_argument("--no-before", dest="before", action="store_false",
                    help="skip the 'TOP before' row (fused forwards/backwards off, memory-efficient attention backward)")
+    p.add_argument("--flash-recompute", action="store_true",
+                   help="add the 'TOP flash recompute' rows (recompute on, every model): top.fast_paths."
+                        "recompute_attention, the recompute's attention forward as FlashAttention-2")
     p.add_argument("--budget-s", type=float, default=float(os.environ.get("TOP_RL_BENCH_BUDGET_S", 420)),
                    help="stop starting workers past this many seconds (the device call allows 600)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (the first compiles)")
@@ -150,10 +153,15 @@ def main(argv=None) -> int:
         # One process per (model, trainer, recompute): each starts with an empty GPU. Recompute on first for
         # every model, so a spent budget drops the recompute-off rows of the largest model first.
         rcs = args.recompute.split(",")
-        jobs = [(rcs[0], m, i) for m in models for i in impls]
+        flash_rc = args.flash_recompute and "top" in impls
+
+        def rows_of(rc, model):  # a model's rows at one recompute setting, the flash-recompute one last
+            return [(rc, model, i) for i in impls] + ([(rc, model, "top_flash_rc")] if flash_rc and rc == "on" else [])
+
+        jobs = [job for m in models for job in rows_of(rcs[0], m)]
         if args.before and "top" in impls:  # the trainer without this branch's speedups, first model
             jobs.append((rcs[0], models[0], "top_base"))
-        jobs += [(rc, m, i) for rc in rcs[1:] for m in models for i in impls]
+        jobs += [job for rc in rcs[1:] for m in models for job in rows_of(rc, m)]
         for rc, model, impl in jobs:
             left = budget_left()
             key = (model, impl, rc)
@@ -168,7 +176,7 @@ def main(argv=None) -> int:
                          "--profile", args.profile if model in profile_models else "none"]
                 if impl == "stock":
                     wargv += ["--attention", attention[model]]
-                if impl == "top_base":
+                if impl in ("top_base", "top_flash_rc"):  # their time, not their profile: the table compares TOP's
                     wargv[wargv.index("--profile") + 1] = "none"
                 w = Worker(wargv, log, min(TIMEOUT_S[model], left), on_record)
                 t1 = time.time()
