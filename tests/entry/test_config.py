@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from top_rl import contract
 from top_rl.cli import CONF_DIR, compose, launch_plan
 from top_rl.config import ConfigError
 
@@ -65,7 +66,11 @@ def test_cli_dry_run_prints_plan_and_exits(tmp_path):
     out = _top_rl(f"run_dir={tmp_path}", "dry_run=true")
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout[out.stdout.index("{"):])
-    assert plan["top"]["contract"]["name"] == "qwen3_dense_top_v1"
+    # the contract of the SGLang release this interpreter imports (0.5.11's in CI's venv, 0.5.17's with .sglang0517)
+    installed = contract.fallback()
+    assert plan["top"]["contract"]["name"] == installed.name
+    assert plan["runs"] == {"contract": installed.name, "sglang_release": installed.sglang_version,
+                            "sglang_installed": installed.sglang_version}
     assert plan["engines"][0]["kind"] == "native" and plan["trainer"]["framework"] == "megatron-core"
     assert not (tmp_path / "metrics.jsonl").exists()
 
