@@ -118,6 +118,15 @@ def value_text(v) -> str:
     return repr(v)
 
 
+def release_dependent_defaults() -> dict[str, str]:
+    """Keys whose default is decided by the SGLang release installed (contract.fallback): the text names each
+    release's, so the document is the same whichever release the generating interpreter imports."""
+    from top_rl import contract
+
+    per_release = "; ".join(f"{v}: {c.name}" for v, c in contract.RELEASE_DEFAULTS.items())
+    return {"top.contract": f"the installed SGLang release's ({per_release})"}
+
+
 def rows(obj, prefix: str, out: list[tuple[str, str, str, str]], missing: list[str]) -> None:
     cls = type(obj)
     hints = typing.get_type_hints(MIRRORS.get(cls, cls))
@@ -131,7 +140,8 @@ def rows(obj, prefix: str, out: list[tuple[str, str, str, str]], missing: list[s
         meaning = comments.get(f.name, "")
         if not meaning:
             missing.append(key)
-        out.append((key, type_name(hints.get(f.name, type(value))), value_text(value), meaning))
+        default = release_dependent_defaults().get(key, value_text(value))
+        out.append((key, type_name(hints.get(f.name, type(value))), default, meaning))
 
 
 def _table(entries) -> list[str]:

@@ -44,6 +44,7 @@ PER_RELEASE_TESTS = (
     "tests/kernels/test_sglang_native_ops.py",
     "tests/rollout/test_sglang_standin_protocol.py",
     "tests/rollout/test_sglang_engine.py",
+    "tests/rollout/test_sglang_engine_refusals.py",  # each refusal under the installed release's contract
     "tests/rollout/test_sglang_engine_weights.py",
     "tests/rollout/test_sglang_engine_process.py",
     "tests/rollout/test_sglang_reference_build.py",

@@ -28,10 +28,13 @@ ROOT = Path(__file__).resolve().parents[2]  # tests.doubles lives in the reposit
 
 
 def _wrapper(root: Path) -> Path:
-    """A `python` that runs the stand-in for `-m sglang.launch_server`, the real interpreter otherwise."""
+    """A `python` that runs the stand-in for `-m sglang.launch_server`, the real interpreter otherwise. It keeps the
+    caller's PYTHONPATH: with another release on it (CI's .sglang0517), the stand-in serves the release whose contract
+    the driver took."""
     w = root / "python"
     w.write_text(f'#!/bin/sh\nif [ "$1" = "-m" ] && [ "$2" = "sglang.launch_server" ]; then\n  shift 2\n'
-                 f'  exec env PYTHONPATH={ROOT} {sys.executable} -m tests.doubles.sglang_standin "$@"\nfi\nexec {sys.executable} "$@"\n')
+                 f'  exec env PYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}} {sys.executable} -m tests.doubles.sglang_standin "$@"\n'
+                 f'fi\nexec {sys.executable} "$@"\n')
     w.chmod(0o755)
     return w
 

@@ -284,7 +284,8 @@ def test_without_the_pinned_sglang_the_contract_flags_are_refused_by_name(tmp_pa
 
 
 def test_the_parser_is_used_only_at_the_contracts_pinned_release():
-    other = dataclasses.replace(contract.DEFAULT, sglang_version="9.9.9")
+    installed = contract.fallback()  # the installed release's contract
+    other = dataclasses.replace(installed, sglang_version="9.9.9")
     assert f"the contract {other.name!r} pins 9.9.9" in sglang_launch.pinned_parser_missing(other)
     if _SGLANG is None:
-        assert sglang_launch.pinned_parser_missing(contract.DEFAULT) is None
+        assert sglang_launch.pinned_parser_missing(installed) is None

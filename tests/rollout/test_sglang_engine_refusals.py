@@ -15,7 +15,7 @@ from top_rl.rollout.base import SamplingParams
 from top_rl.rollout.sglang import SglangEngine
 from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, check_config, check_sampling
 
-V1 = contract.DEFAULT  # the contract these engines run under
+V1 = contract.fallback()  # the contract of the installed release (the version check passes): what these engines run under
 
 ENV = {"PATH": "/usr/bin"}
 
@@ -31,7 +31,8 @@ def test_a_good_config_passes():
 
 def test_installed_version_must_be_the_pin(monkeypatch):
     monkeypatch.setattr(sglang_config.importlib.metadata, "version", lambda name: "0.5.9")
-    with pytest.raises(TopConfigError, match=r"sglang 0.5.9 is installed.*sglang==0.5.11.*skip_version_check"):
+    with pytest.raises(TopConfigError,
+                       match=rf"sglang 0.5.9 is installed.*sglang=={V1.sglang_version}.*skip_version_check"):
         check_config(_cfg(), "fa3", base_env=ENV, top=V1)
     check_config(_cfg(skip_version_check=True), "fa3", base_env=ENV, top=V1)  # only an explicit skip passes
 
@@ -114,7 +115,7 @@ def test_other_config_mistakes():
 
 @pytest.mark.parametrize("backend", ["fa3", "flashinfer", "triton"])
 def test_decode_logprobs_need_a_backend_proven_decode_equals_extend(backend):
-    assert contract.DEFAULT.decode_equals_extend == ()  # nothing proven on the pinned release yet
+    assert V1.decode_equals_extend == ()  # nothing proven on the installed release yet
     with pytest.raises(TopConfigError, match=f"logprob_source='decode' with attention_backend='{backend}'.*not proven"
                                              f".*logprob_source='prefill'.*decode_equals_extend \\(none yet\\)"):
         check_config(_cfg(attention_backend=backend, logprob_source="decode"), backend, base_env=ENV, top=V1)
@@ -122,7 +123,7 @@ def test_decode_logprobs_need_a_backend_proven_decode_equals_extend(backend):
         SglangEngine(_cfg(attention_backend=backend, logprob_source="decode"), backend, top=V1)
     check_config(_cfg(attention_backend=backend, logprob_source="prefill"), backend, base_env=ENV, top=V1)
     check_config(_cfg(attention_backend=backend, logprob_source="decode", top=False), backend, base_env=ENV, top=V1)
-    proven = dataclasses.replace(contract.DEFAULT, decode_equals_extend=(backend,))
+    proven = dataclasses.replace(V1, decode_equals_extend=(backend,))
     check_config(_cfg(attention_backend=backend, logprob_source="decode"), backend, proven, base_env=ENV)
 
 
