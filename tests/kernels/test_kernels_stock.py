@@ -63,7 +63,9 @@ def test_the_chunked_backward_is_the_softmax_formula_divided_by_t():
     t = temps.double()[:, None]
     p = torch.softmax(logits.detach().double() / t, -1)
     want = (torch.nn.functional.one_hot(ids, V).double() - p) / t
-    torch.testing.assert_close(grad.double(), want, rtol=0.0, atol=1e-6)  # fp32 arithmetic against fp64
+    # fp32 arithmetic against fp64: the gradient reaches 1/t ~ 3.3, where 1e-6 is ~8 fp32 ulps; torch 2.13's CPU
+    # exp lands 1.03e-6 off on one of 11137 values, so a relative term of ~16 ulps joins the absolute one
+    torch.testing.assert_close(grad.double(), want, rtol=2e-6, atol=1e-6)
 
 
 def test_the_chunked_backward_keeps_no_fp32_vocab_tensor():
