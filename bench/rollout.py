@@ -124,7 +124,8 @@ def sglang_rows(model, name, batches, prompt_len, new, runs, python, native_toke
     rows = []
     with tempfile.TemporaryDirectory() as ckpt:
         save_model(model, ckpt)
-        cfg = SglangEngineConfig(model_path=ckpt, attention_backend="triton", python=python, weights_dir=ckpt,
+        cfg = SglangEngineConfig(model_path=ckpt, attention_backend="triton", logprob_source="prefill", top=True,
+                                 python=python, weights_dir=ckpt,
                                  port=free_port(), mem_fraction_static=0.5, log_path=os.path.join(ckpt, "server.log"),
                                  extra_sampling={"ignore_eos": True})  # no EOS, as the native rows
         engine = SglangEngine(cfg, "triton", kernels.current_plan().top)  # the contract the native rows ran under

@@ -28,19 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from top_rl.cli import compose  # noqa: E402
 from top_rl.config import RunConfig  # noqa: E402
-from top_rl.kernels.plan import FastPaths, FastPathsConfig  # noqa: E402
-from top_rl.rollout.config import SglangSettings  # noqa: E402
-from top_rl.rollout.sglang_config import SglangEngineConfig  # noqa: E402
 from top_rl.tasks import TASKS  # noqa: E402
-
-# Groups built from another dataclass by reflection (their fields and comments are that one's).
-MIRRORS = {SglangSettings: SglangEngineConfig, FastPathsConfig: FastPaths}
 
 
 def field_comments(cls: type) -> dict[str, str]:
     """Field name -> its comment in the class body that declares it (over the MRO, the nearest first)."""
     out: dict[str, str] = {}
-    for klass in reversed(MIRRORS.get(cls, cls).__mro__):
+    for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass) or klass.__module__ == "builtins":
             continue
         out.update(_comments_in(klass))
@@ -129,8 +123,7 @@ def release_dependent_defaults() -> dict[str, str]:
 
 def rows(obj, prefix: str, out: list[tuple[str, str, str, str]], missing: list[str]) -> None:
     cls = type(obj)
-    hints = typing.get_type_hints(MIRRORS.get(cls, cls))
-    hints.update(typing.get_type_hints(cls))
+    hints = typing.get_type_hints(cls)
     comments = field_comments(cls)
     for f in dataclasses.fields(obj):
         key, value = prefix + f.name, getattr(obj, f.name)

@@ -14,7 +14,7 @@ from top_rl import contract
 from top_rl.contract import AttentionBackend, ComputeDtype
 from top_rl.kernels import KernelBackend
 from top_rl.kernels import plan as kernel_plans
-from top_rl.kernels.plan import FastPathsConfig, KernelPlan
+from top_rl.kernels.plan import FastPaths, KernelPlan
 from top_rl.run.checkpoint import CheckpointConfig
 from top_rl.driver.placement import ClusterConfig
 from top_rl.model.source import ModelConfig
@@ -37,7 +37,7 @@ class TopConfig(GateConfig):
     contract: str = contract.fallback().name
     kernels: KernelBackend = KernelBackend.reference  # reference (CPU/any device) | sglang (GPU); stock is the baseline's
     attention_backend: AttentionBackend = AttentionBackend.triton  # = the SGLang engines' --attention-backend
-    fast_paths: FastPathsConfig = field(default_factory=FastPathsConfig)  # speed switches, same numbers (plan.py)
+    fast_paths: FastPaths = field(default_factory=FastPaths)  # speed switches, same numbers (plan.py)
 
 
 # RunConfig() is the run `top-rl` makes without overrides: its defaults are top_rl/conf/config.yaml's, composed
@@ -83,7 +83,7 @@ def resolve_kernel_plan(cfg: RunConfig) -> KernelPlan:
                                   cfg.top.fast_paths)
     except ValueError as e:  # a bad $TOP_RL_<SWITCH>
         raise ConfigError(f"invalid config: {e}") from None
-    cfg.top.fast_paths = FastPathsConfig(**dataclasses.asdict(plan.fast_paths))
+    cfg.top.fast_paths = dataclasses.replace(plan.fast_paths)  # a copy: the plan's stays its own
     return plan
 
 

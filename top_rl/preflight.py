@@ -190,7 +190,6 @@ def shared_gpu_memory(cfg, ready: Ready) -> None:
     if cfg.rollout.engine != "sglang" or not cfg.cluster.colocate or cfg.cluster.address or os.environ.get("RAY_ADDRESS"):
         return
     from top_rl.rollout import sglang_memory
-    from top_rl.rollout.sglang_plan import config_from_dict
 
     gpu = sglang_memory.local_gpu_bytes()
     if gpu is None:
@@ -198,7 +197,7 @@ def shared_gpu_memory(cfg, ready: Ready) -> None:
     t = cfg.trainer
     world = t.world
     servers = -(-cfg.rollout.num_engines // world)
-    fraction = config_from_dict(cfg.rollout.sglang).mem_fraction_static or 0.88  # None: SGLang's own (~0.88 on H200)
+    fraction = cfg.rollout.sglang.mem_fraction_static or 0.88  # None: SGLang's own (~0.88 on H200)
     tokens = t.micro_batch_tokens or (t.micro_batch_size or 1) * ready.model_cfg.max_position_embeddings
     est = sglang_memory.estimate(ready.model_cfg, tokens, t.recompute, fraction, servers, gpu,
                                  handoff=cfg.cluster.gpu_handoff, offload=t.offload_during_rollout)

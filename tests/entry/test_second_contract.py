@@ -11,7 +11,8 @@ import torch
 from top_rl import config, contract
 from top_rl.kernels import plan as kplan
 from top_rl.kernels import tiled_gemm
-from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, check_tp
+from top_rl.rollout.sglang_config import TopConfigError, check_tp
+from tests.helpers import sglang_engine_config
 
 # Another release's contract: triton attention only, other GEMM tiles (a made-up one: nothing runs it on a GPU).
 OTHER = dataclasses.replace(contract.DEFAULT, name="other_release_v1", sglang_version="9.9.9",
@@ -49,4 +50,4 @@ def test_the_plan_and_the_reference_tiling_are_the_run_contract(other, monkeypat
 
 def test_sglang_refusals_name_the_run_contract_release(other):
     with pytest.raises(TopConfigError, match="SGLang 9.9.9 has no TP>1"):
-        check_tp(SglangEngineConfig(model_path="/m", tp_size=2), other)
+        check_tp(sglang_engine_config(tp_size=2), other)

@@ -114,8 +114,8 @@ def _start(tmp, backend: str, model_seed: int = 0, **kw) -> tuple[SglangEngine, 
     model = _model(model_seed)
     ckpt = tmp / f"ckpt_{backend}"
     save_model(model, ckpt)
-    cfg = SglangEngineConfig(model_path=str(ckpt), attention_backend=backend, port=_free_port(),
-                             mem_fraction_static=0.3, weights_dir=str(tmp / f"weights_{backend}"),
+    cfg = SglangEngineConfig(model_path=str(ckpt), attention_backend=backend, logprob_source="prefill", top=True,
+                             port=_free_port(), mem_fraction_static=0.3, weights_dir=str(tmp / f"weights_{backend}"),
                              log_path=str(tmp / f"server_{backend}.log"), startup_timeout_s=420,
                              cuda_graph_max_bs=64, **kw)
     eng = SglangEngine(cfg, backend, top=V1)
@@ -297,7 +297,8 @@ def _assert_decode_refusal_matches(backend: str, rate: float) -> None:
     if rate < 1.0:
         assert not proven, f"the contract lists {backend} in decode_equals_extend, but {rate:.4f} of its tokens agree"
         with pytest.raises(TopConfigError, match="logprob_source='decode'"):
-            check_logprob_source(SglangEngineConfig(model_path="/m", attention_backend=backend, logprob_source="decode"),
+            check_logprob_source(SglangEngineConfig(model_path="/m", attention_backend=backend, logprob_source="decode",
+                                                    top=True),
                                  top=V1)
 
 

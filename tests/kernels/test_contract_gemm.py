@@ -41,7 +41,8 @@ def _contract(name):
 # 0.5.17), so the engine configs here skip the version check, which tests/rollout/test_sglang_engine_refusals.py tests.
 def _cfg(**kw):
     return SglangEngineConfig(**{"model_path": "/models/Qwen3-0.6B", "python": sys.executable,
-                                 "skip_version_check": True, **kw})
+                                 "skip_version_check": True, "attention_backend": "fa3", "logprob_source": "prefill",
+                                 "top": True, **kw})
 
 
 def test_contracts_name_their_gemm():

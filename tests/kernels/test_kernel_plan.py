@@ -18,7 +18,8 @@ def test_defaults_are_every_fast_path_on():
     assert (fp.fused_forward, fp.fused_sampler, fp.fused_head_mean, fp.fused_backward, fp.flashinfer_lse,
             fp.decode_graphs, fp.attention_backward) == (True, True, True, True, True, True, "flash")
     assert kplan.build(environ={}).fast_paths == fp
-    assert config.RunConfig().top.fast_paths == kplan.FastPathsConfig()
+    assert config.RunConfig().top.fast_paths == fp  # top.fast_paths is FastPaths itself: one class, one default
+    assert kplan.build(environ={}, fast_paths=fp).fast_paths is not fp  # the plan holds its own copy
 
 
 def test_the_run_config_decides_and_records_the_plan(monkeypatch):

@@ -50,8 +50,9 @@ def server(ckpt):
 
 
 def _engine(server, ckpt, tmp_path=None, **kw) -> SglangEngine:
+    run = {"attention_backend": "fa3", "logprob_source": "prefill", "top": True}  # what the engine takes from the run
     cfg = SglangEngineConfig(model_path=str(ckpt[0]), port=server.port, retry_backoff_s=0.01,
-                             weights_dir=str(tmp_path or ""), **kw)
+                             weights_dir=str(tmp_path or ""), **{**run, **kw})
     # `decode` needs a backend proven decode == extend; the stand-in computes both with the reference kernels, so
     # these protocol tests use a contract in which fa3 is proven (the pinned one proves none yet)
     top = dataclasses.replace(sglang_cpu.CONTRACT, decode_equals_extend=(cfg.attention_backend,))

@@ -61,7 +61,8 @@ def setup(tmp_path_factory):
 
 def _cfg(setup, tmp_path, **kw) -> SglangEngineConfig:
     root, wrapper = setup
-    base = dict(model_path=str(root / "ckpt"), port=_free_port(), python=str(wrapper), weights_dir=str(tmp_path / "w"),
+    base = dict(model_path=str(root / "ckpt"), attention_backend="fa3", logprob_source="prefill", top=True,
+                port=_free_port(), python=str(wrapper), weights_dir=str(tmp_path / "w"),
                 log_path=str(tmp_path / "server.log"), startup_timeout_s=120, retry_backoff_s=0.05, max_retries=1,
                 env={"PYTHONPATH": _PYTHONPATH})
     return SglangEngineConfig(**{**base, **kw})

@@ -20,8 +20,12 @@ V1 = contract.fallback()  # the contract of the installed release (the version c
 ENV = {"PATH": "/usr/bin"}
 
 
+# what an engine takes from the run (sglang_plan.run_defaults): the defaults of top.*, rollout.logprob_source
+RUN = {"attention_backend": "fa3", "logprob_source": "prefill", "top": True}
+
+
 def _cfg(**kw) -> SglangEngineConfig:
-    return SglangEngineConfig(**{"model_path": "/models/Qwen3-0.6B", "python": sys.executable, **kw})
+    return SglangEngineConfig(**{"model_path": "/models/Qwen3-0.6B", "python": sys.executable, **RUN, **kw})
 
 
 def test_a_good_config_passes():

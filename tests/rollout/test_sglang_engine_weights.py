@@ -13,14 +13,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sglang_cpu  # noqa: E402
-from helpers import push_by_ipc, tiny_model  # noqa: E402
+from helpers import push_by_ipc, sglang_engine_config, tiny_model  # noqa: E402
 
 from top_rl import contract  # noqa: E402
 from top_rl.model import hf_state_dict, save_model  # noqa: E402
 from top_rl.rollout.base import SamplingParams  # noqa: E402
 from top_rl.rollout.native import NativeEngine  # noqa: E402
 from top_rl.rollout.sglang import SglangEngine  # noqa: E402
-from top_rl.rollout.sglang_config import SglangEngineConfig  # noqa: E402
 from top_rl.weights import buckets as W  # noqa: E402
 from top_rl.weights.sglang_distributed import sync_distributed  # noqa: E402
 from tests.doubles.sglang_standin import StandinServer  # noqa: E402
@@ -92,7 +91,7 @@ def ckpt(tmp_path_factory):
 def test_ipc_push_end_to_end(ckpt, flattened, monkeypatch):
     other = tiny_model(seed=3)
     with StandinServer(str(ckpt)) as srv:
-        cfg = SglangEngineConfig(model_path=str(ckpt), port=srv.port, flattened_buckets=flattened)
+        cfg = sglang_engine_config(str(ckpt), port=srv.port, flattened_buckets=flattened)
         eng = SglangEngine(cfg, "fa3", top=V1)
         push_by_ipc(monkeypatch, eng, hf_state_dict(other), 4, bucket_bytes=0)
         bodies = [b for p, b in srv.requests if p == "/update_weights_from_tensor"]
@@ -117,7 +116,8 @@ def test_a_released_server_refuses_until_resumed_and_pushed(ckpt, monkeypatch):
     other = tiny_model(seed=5)
     params = SamplingParams(max_new_tokens=3, temperature=1.0)
     with StandinServer(str(ckpt)) as srv:
-        eng = SglangEngine(SglangEngineConfig(model_path=str(ckpt), port=srv.port), "fa3", top=V1)
+        eng = SglangEngine(sglang_engine_config(str(ckpt), port=srv.port), "fa3",
+                           top=V1)
         eng.generate([[3, 4, 5]], [7], params)
         eng.release_memory()
         with pytest.raises(SglangError, match=r"has released its GPU memory \(cluster.gpu_handoff\): resume_memory"):

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sglang_cpu  # noqa: E402
 
 from top_rl import contract  # noqa: E402
-from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError  # noqa: E402
+from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, check_config  # noqa: E402
 from top_rl.rollout.sglang_launch import MODULE, build_launch, engine_flags, validate_argv  # noqa: E402
 
 _ERR = sglang_cpu.import_error()
@@ -26,8 +26,12 @@ R = C.release  # its adapter: the parser's dests (top_rl/sglang_release/)
 ENV = {"PATH": "/usr/bin", "HOME": "/root"}
 
 
+# what an engine takes from the run (sglang_plan.run_defaults): the defaults of top.*, rollout.logprob_source
+RUN = {"attention_backend": "fa3", "logprob_source": "prefill", "top": True}
+
+
 def _cfg(**kw) -> SglangEngineConfig:
-    return SglangEngineConfig(**{"model_path": "/models/Qwen3-0.6B", "python": sys.executable, **kw})
+    return SglangEngineConfig(**{"model_path": "/models/Qwen3-0.6B", "python": sys.executable, **RUN, **kw})
 
 
 def _commands():
@@ -161,42 +165,38 @@ def test_shipped_experiments_plan_commands_sglang_accepts(experiment):
     assert len(ports) == run.rollout.num_engines  # engines sharing a node never share a port
 
 
-def test_run_config_mapping(monkeypatch):
-    from top_rl.rollout.sglang import SglangEngine
+def test_run_config_mapping():
     from top_rl.rollout.sglang_plan import config_from_dict
 
     cfg = config_from_dict({"port": 31000, "extra_args": ("--log-level", "warning")}, 2, model_path="/m",
-                           attention_backend="triton", top=True, logprob_source=None)
+                           attention_backend="triton", top=True, logprob_source="prefill")
     assert (cfg.port, cfg.attention_backend, cfg.extra_args, cfg.logprob_source) == (31002, "triton",
                                                                                      ["--log-level", "warning"], "prefill")
     with pytest.raises(TopConfigError, match="unknown keys \\['tp'\\]"):
         config_from_dict({"tp": 2})
+    with pytest.raises(TopConfigError, match=r"takes \['attention_backend', 'logprob_source', 'top'\] from the run"):
+        config_from_dict({}, model_path="/m")  # an engine config names what it takes from the run
     with pytest.raises(TopConfigError, match="differs from the trainer's 'fa3'"):
-        SglangEngine.from_config({"model_path": "/m", "attention_backend": "triton"}, trainer_attention_backend="fa3",
-                                 start=False)
-    from top_rl import kernels
-    from top_rl.kernels import plan
-
-    with kernels.use_plan(plan.build(environ={})), pytest.raises(TopConfigError, match="trainer_attention_backend"):
-        SglangEngine.from_config({"model_path": "/m"}, start=False)  # no attention kernel in the process's plan
-    eng = SglangEngine.from_config({"model_path": "/m"}, trainer_attention_backend="flashinfer", index=1, start=False)
-    assert eng.cfg.attention_backend == "flashinfer" and eng.cfg.port == 30001
+        check_config(config_from_dict({"attention_backend": "triton"}, model_path="/m", attention_backend="fa3",
+                                      top=True, logprob_source="prefill"), "fa3", C, check_version=False)
 
 
 def test_rollout_sglang_is_typed_by_hydra_from_the_engine_config():
     """`rollout.sglang.<key>=v` needs no `+`, Hydra checks its kind, the resolved config records every engine setting,
-    and the node has SglangEngineConfig's fields and defaults (one source), its run-level keys taken from the run."""
+    and the node is SglangSettings itself (one class, one default per key); what an engine takes from the run
+    (checkpoint, attention backend, log-prob source, TOP on/off) is no key of it but comes from model.* / top.* /
+    rollout.logprob_source."""
     import dataclasses
 
     from top_rl.cli import compose
     from top_rl.config import ConfigError
-    from top_rl.rollout.config import FROM_THE_RUN, SglangSettings
-    from top_rl.rollout.sglang_config import SglangEngineConfig
+    from top_rl.rollout.sglang_config import FROM_THE_RUN, SglangSettings
     from top_rl.rollout.sglang_plan import engine_config
 
-    engine_defaults = {f.name: getattr(SglangEngineConfig(), f.name) for f in dataclasses.fields(SglangEngineConfig)}
-    settings = {f.name: getattr(SglangSettings(), f.name) for f in dataclasses.fields(SglangSettings)}
-    assert settings == {**engine_defaults, **FROM_THE_RUN}
+    assert type(compose(["rollout=sglang"]).rollout.sglang) is SglangSettings
+    engine_fields = {f.name for f in dataclasses.fields(SglangEngineConfig)}
+    assert engine_fields == {f.name for f in dataclasses.fields(SglangSettings)} | set(FROM_THE_RUN)
+    assert not set(FROM_THE_RUN) & {f.name for f in dataclasses.fields(SglangSettings)}
 
     run = compose(["rollout=sglang", "model.path=/m", "rollout.sglang.mem_fraction_static=0.45",
                    "rollout.sglang.port=31000", "+rollout.sglang.env.SGLANG_LOG_LEVEL=1"])
@@ -204,7 +204,10 @@ def test_rollout_sglang_is_typed_by_hydra_from_the_engine_config():
     cfg = engine_config(run, index=1)
     assert (cfg.mem_fraction_static, cfg.port, cfg.env, cfg.model_path, cfg.top) == (0.45, 31001,
                                                                                      {"SGLANG_LOG_LEVEL": "1"}, "/m", True)
-    assert cfg.attention_backend == run.top.attention_backend and cfg.python == engine_defaults["python"]
+    assert cfg.attention_backend == run.top.attention_backend and cfg.python == sys.executable  # "": this one
+    for key in FROM_THE_RUN:  # a key that could only repeat (or contradict) the run's is no key
+        with pytest.raises(ConfigError, match=f"Key '{key}' not in 'SglangSettings'"):
+            compose(["rollout=sglang", f"rollout.sglang.{key}=x"])
     with pytest.raises(ConfigError, match="Error merging override rollout.sglang.port=abc .*converted to Integer"):
         compose(["rollout=sglang", "rollout.sglang.port=abc"])
     with pytest.raises(ConfigError, match="Could not override 'rollout.sglang.mem_fractio_static'.*"

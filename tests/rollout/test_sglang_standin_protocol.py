@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sglang_cpu  # noqa: E402
-from helpers import push_by_ipc, tiny_model  # noqa: E402
+from helpers import push_by_ipc, sglang_engine_config, tiny_model  # noqa: E402
 
 from top_rl import contract, kernels  # noqa: E402
 from top_rl.model import hf_state_dict, pack, save_model  # noqa: E402
@@ -90,7 +90,7 @@ def test_unknown_sampling_key_is_a_500(server):
                                                                                             "bogus": 1}})
     assert (r.status_code, r.text) == (500, "Internal Server Error")  # SamplingParams(**kw): an uncaught TypeError
     with pytest.raises(TopConfigError, match=r"sampling keys \['bogus'\] are not checked"):  # the engine never sends it
-        SglangEngine(SglangEngineConfig(model_path="/m", extra_sampling={"bogus": 1}), "fa3", top=V1)
+        SglangEngine(sglang_engine_config(extra_sampling={"bogus": 1}), "fa3", top=V1)
 
 
 def test_top_p_zero_is_a_400_with_sglangs_error_body(server):
@@ -167,7 +167,8 @@ def test_tensor_sync_reads_each_tp_ranks_entry(ckpt, monkeypatch):
     from tests.doubles.sglang_standin import StandinServer
 
     with StandinServer(str(ckpt[0]), server_args={"tp_size": 2}) as srv:
-        cfg = SglangEngineConfig(model_path=str(ckpt[0]), port=srv.port, tp_size=2, top=False, flattened_buckets=False)
+        cfg = SglangEngineConfig(model_path=str(ckpt[0]), attention_backend="fa3", logprob_source="prefill", top=False,
+                                 port=srv.port, tp_size=2, flattened_buckets=False)
         eng = SglangEngine(cfg, "fa3", top=V1)
         other = hf_state_dict(tiny_model(seed=4))
         push_by_ipc(monkeypatch, eng, other, 1, 1 << 20)  # one entry per TP rank: both ranks deserialize theirs

@@ -148,7 +148,8 @@ def test_an_sglang_engines_link_comes_from_the_setting_and_the_engines_own_confi
     from top_rl.rollout.sglang_plan import config_from_dict
 
     def link_of(sglang: dict, setting="auto", trainer=CPU, engine=CPU):  # the engine's server config as preflight plans it
-        return link(setting, trainer, engine, config_from_dict(sglang, 1))
+        return link(setting, trainer, engine, config_from_dict(sglang, 1, model_path="/m", attention_backend="fa3",
+                                                              logprob_source="prefill", top=True))
 
     assert link_of({}) == Link(Transport.sglang_disk, 1, "gloo", True)  # CPU: no CUDA IPC
     assert link_of({}, trainer=GPU0, engine=GPU0) == Link(Transport.sglang_ipc, 1, "nccl", True)

@@ -27,10 +27,12 @@ class AttentionBackward(StrEnum):
     efficient = "efficient"  # aten's memory-efficient kernels (K/V heads repeated)
 
 
-@dataclass(frozen=True)
+@dataclass
 class FastPaths:
-    """The speed switches of the `sglang` backend and the native engine (bench/RESULTS.md measures each); each runs
-    the same forward bits either way, and all but CHANGES_GRADIENTS' the same gradients too (A/B measurements)."""
+    """top.fast_paths: the speed switches of the `sglang` backend and the native engine (bench/RESULTS.md measures
+    each); each runs the same forward bits either way, and all but CHANGES_GRADIENTS' the same gradients too (A/B
+    measurements). One class for the run config's group and the plan's switches: mutable, because Hydra merges
+    overrides into it (it makes a frozen dataclass read-only); `build` gives every plan its own copy."""
 
     fused_forward: bool = True  # RMSNorm / SiLU-and-mul / token log-prob forwards as one Triton pass each
     fused_sampler: bool = True  # the sampler path's rounding inside the gather kernel (off: eager division, rounding)
@@ -51,19 +53,12 @@ class FastPaths:
 # recompute takes. A resume that changes one changes the run's numbers (top_rl.run.resume_compat); the others are free.
 CHANGES_GRADIENTS = frozenset({"attention_backward", "recompute_attention"})
 
-# `top.fast_paths` in the run config: FastPaths' fields and defaults, mutable (Hydra merges overrides into it).
-FastPathsConfig = dataclasses.make_dataclass(
-    "FastPathsConfig", [(f.name, f.type, field(default=f.default)) for f in dataclasses.fields(FastPaths)],
-    module=__name__)
-FastPathsConfig.__doc__ = "top.fast_paths: " + (FastPaths.__doc__ or "")
-
-
 @dataclass(frozen=True)
 class KernelPlan:
     contract: str  # the run's TOP contract (top.contract): its GEMM path, tiling and attention backends
     backend: str = "reference"  # top_rl.kernels.KernelBackend: reference | plain | stock | sglang
     attention: str | None = None  # the engines' --attention-backend (sglang backend); None: not chosen
-    fast_paths: FastPaths = FastPaths()
+    fast_paths: FastPaths = field(default_factory=FastPaths)  # this plan's own copy (build), never the config's
 
     def __post_init__(self):
         top = _contract.get(self.contract)  # an unknown name fails here, not at the first GEMM

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Optional
 
-from top_rl.rollout.sglang_config import SglangEngineConfig
+from top_rl.rollout.sglang_config import SglangSettings
 
 
 class EngineKind(StrEnum):
@@ -30,44 +26,6 @@ class OnLongPrompt(StrEnum):
     error = "error"
     truncate = "truncate"
     skip = "skip"
-
-
-# rollout.sglang keys an engine takes from the run when left unset: model.path, rollout.logprob_source, top.enabled,
-# top.attention_backend (top_rl/rollout/sglang_plan.py run_defaults); python: this interpreter
-FROM_THE_RUN = {"model_path": None, "logprob_source": None, "top": None, "attention_backend": None, "python": ""}
-
-
-def _hydra_type(hint):
-    """An annotation OmegaConf can type: Literal -> str, `X | None` -> Optional[X], containers of Any."""
-    origin = typing.get_origin(hint)
-    if origin is typing.Literal:
-        return str
-    if origin in (types.UnionType, typing.Union):
-        inner = [a for a in typing.get_args(hint) if a is not type(None)]
-        return Optional[_hydra_type(inner[0])]
-    if hint is dict:
-        return dict[str, Any]
-    return hint  # list[str], dict[str, str] and scalars OmegaConf types as they are
-
-
-def _sglang_settings() -> type:
-    """rollout.sglang as Hydra types it: SglangEngineConfig's fields and defaults (one source, so the two cannot
-    drift), so `rollout.sglang.<key>=v` is checked and completed by Hydra like every other key, and the resolved
-    config records every engine setting. FROM_THE_RUN keys default to "take it from the run"."""
-    hints = typing.get_type_hints(SglangEngineConfig)
-    fields = []
-    for f in dataclasses.fields(SglangEngineConfig):
-        if f.name in FROM_THE_RUN:
-            unset = FROM_THE_RUN[f.name]
-            fields.append((f.name, Optional[_hydra_type(hints[f.name])] if unset is None else str, field(default=unset)))
-        elif f.default_factory is not dataclasses.MISSING:
-            fields.append((f.name, _hydra_type(hints[f.name]), field(default_factory=f.default_factory)))
-        else:
-            fields.append((f.name, _hydra_type(hints[f.name]), field(default=f.default)))
-    return dataclasses.make_dataclass("SglangSettings", fields, module=__name__)
-
-
-SglangSettings = _sglang_settings()
 
 
 @dataclass

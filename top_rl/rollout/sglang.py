@@ -27,14 +27,14 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from top_rl import contract, kernels
+from top_rl import contract
 from top_rl.rollout.sglang_weights import write_hf_checkpoint
 from top_rl.rollout.base import RolloutEngine, RolloutSample, SamplingParams
 from top_rl.rollout.sglang_client import SglangClient, SglangError, SglangProtocolError, SglangUnavailable
 from top_rl.rollout.sglang_config import (SglangEngineConfig, TopConfigError, check_config, check_sampling,
                                           check_sglang_version)
 from top_rl.rollout.sglang_launch import build_launch, validate_argv
-from top_rl.rollout.sglang_plan import config_from_dict, launch_plan
+from top_rl.rollout.sglang_plan import launch_plan
 from top_rl.rollout.sglang_protocol import generate_payload, items, parse_generation, parse_scores, score_payload
 from top_rl.rollout.sglang_rollout import LoadPoller, Progress, RolloutStats, run_chunks
 from top_rl.rollout.sglang_server import ServerProcess
@@ -67,29 +67,6 @@ class SglangEngine(RolloutEngine):
         self.resumed_empty = False  # taken back, its weights not yet pushed again
         self.progress: Progress | None = None  # the rollout in flight (or the last one)
         self.last_stats: RolloutStats | None = None
-
-    @classmethod
-    def from_config(cls, sglang: dict | None, logprob_source: str | None = None,
-                    trainer_attention_backend: str | None = None, model_path: str | None = None,
-                    top: bool | None = None, index: int = 0, start: bool = True,
-                    contract_name: str | None = None) -> "SglangEngine":
-        """Build (and start) engine `index` from the run config's `rollout.sglang` mapping; the other arguments
-        are run-level defaults the mapping may not contradict. The trainer's attention backend comes from the
-        argument or from the installed KernelPlan (what the trainer's kernels compute with), and so does the contract
-        (`contract_name`: the run's top.contract; None: the installed plan's)."""
-        trainer = trainer_attention_backend or kernels.current_plan().attention
-        top = contract.get(contract_name or kernels.current_plan().contract)
-        cfg = config_from_dict(sglang, index, model_path=model_path, logprob_source=logprob_source, top=top,
-                               attention_backend=trainer)
-        if trainer is None:
-            if cfg.top:
-                raise TopConfigError("the SGLang engine needs the trainer's attention backend to refuse a mismatch: pass "
-                                     "trainer_attention_backend=<top.attention_backend> or install a KernelPlan with attention=...")
-            trainer = cfg.attention_backend
-        engine = cls(cfg, trainer, top)
-        if start:
-            engine.start()
-        return engine
 
     # ------------------------------------------------------------------------------------ lifecycle
     def start(self) -> dict:

@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import Any, Literal, Mapping
 
 from top_rl import contract
 
@@ -34,9 +34,12 @@ class TopConfigError(ValueError):
 
 
 @dataclass
-class SglangEngineConfig:
-    model_path: str = ""  # HF checkpoint dir (or hub id) the server loads at start
-    attention_backend: str = "fa3"  # fa3 | flashinfer | triton; must equal the trainer's
+class SglangSettings:
+    """rollout.sglang: one SGLang engine's own settings, as a run sets them (Hydra types this class, so each key is
+    checked and its default recorded). What an engine takes from the run instead (the checkpoint, the attention
+    backend, the log-prob source, TOP on or off) is not a key here but a field of SglangEngineConfig below, filled by
+    top_rl.rollout.sglang_plan.run_defaults: one key per setting, and none that exists only to be refused."""
+
     tp_size: int = 1  # the server's tensor parallelism (1 under TOP: no TP>1 contract)
     host: str = "127.0.0.1"  # the address the server binds
     port: int = 30000  # engine i's server listens on port + i (<= 55535: SGLang adds 10000 for gRPC)
@@ -67,14 +70,29 @@ class SglangEngineConfig:
     # --enable-memory-saver (torch_memory_saver): the server can give its weights, KV pool and CUDA graphs back while
     # the trainer on its GPU trains. Set by cluster.gpu_handoff, not by hand.
     enable_memory_saver: bool = False
-    python: str = sys.executable  # interpreter that has the pinned sglang installed
+    python: str = ""  # interpreter that has the pinned sglang installed ("": the one running the engine)
     log_path: str = ""  # server stdout+stderr; default <weights_dir or tmp>/sglang-<port>.log
-    # prefill | decode, as rollout.logprob_source (None: the run's)
-    logprob_source: Literal["prefill", "decode"] = "prefill"
-    extra_sampling: dict = field(default_factory=dict)  # more /generate sampling_params (checked)
-    top: bool = True  # False: the non-TOP baseline (no determinism flags, no TOP refusals)
+    extra_sampling: dict[str, Any] = field(default_factory=dict)  # more /generate sampling_params (checked)
     skip_version_check: bool = False  # only for experiments on another release; parity is then unproven
     validate_with_parser: bool = True  # parse the command with SGLang's own parser before launching
+
+
+# The fields an engine takes from the run (sglang_plan.run_defaults), not from rollout.sglang.
+FROM_THE_RUN = ("model_path", "attention_backend", "logprob_source", "top")
+
+
+@dataclass(kw_only=True)
+class SglangEngineConfig(SglangSettings):
+    """One engine's server config: its settings plus what it takes from the run (no defaults: a caller names each)."""
+
+    model_path: str  # HF checkpoint dir (or hub id) the server loads at start: model.path
+    attention_backend: str  # fa3 | flashinfer | triton: top.attention_backend (the trainer's)
+    logprob_source: Literal["prefill", "decode"]  # rollout.logprob_source
+    top: bool  # top.enabled; False: the non-TOP baseline (no determinism flags, no TOP refusals)
+
+    def __post_init__(self):
+        if not self.python:  # resolved where the config is built, so the resolved config names the interpreter
+            self.python = sys.executable
 
     @property
     def url(self) -> str:

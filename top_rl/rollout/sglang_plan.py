@@ -9,27 +9,30 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from top_rl import contract
-from top_rl.rollout.config import FROM_THE_RUN
-from top_rl.rollout.sglang_config import (SglangEngineConfig, TopConfigError, check_config, check_sglang_version,
-                                         installed_sglang_version)
+from top_rl.rollout.sglang_config import (FROM_THE_RUN, SglangEngineConfig, SglangSettings, TopConfigError,
+                                         check_config, check_sglang_version, installed_sglang_version)
 from top_rl.rollout.sglang_launch import build_launch, check_extra_args
 
 _FIELDS = {f.name for f in dataclasses.fields(SglangEngineConfig)}
 
 
-def config_from_dict(d: Mapping[str, Any] | Any | None, index: int = 0, **defaults) -> SglangEngineConfig:
-    """`d` (the run's rollout.sglang, or a mapping of SglangEngineConfig fields) over `defaults` (run-level:
-    model_path, logprob_source, top, attention_backend). Engine `index` listens on port + index, so several engines
-    can share a node."""
-    if dataclasses.is_dataclass(d):  # Hydra's typed rollout.sglang (keys and kinds checked): unset run-level keys
-        d = {k: v for k, v in dataclasses.asdict(d).items() if not (k in FROM_THE_RUN and v == FROM_THE_RUN[k])}
+def config_from_dict(d: Mapping[str, Any] | Any | None, index: int = 0, **run) -> SglangEngineConfig:
+    """`d` (the run's rollout.sglang, or a mapping of SglangEngineConfig fields) over `run` (what the engine takes from
+    the run: model_path, logprob_source, top, attention_backend; run_defaults). Engine `index` listens on port +
+    index, so several engines can share a node."""
+    if dataclasses.is_dataclass(d):  # Hydra's typed rollout.sglang (SglangSettings: keys and kinds checked)
+        d = dataclasses.asdict(d)
     else:
         d = dict(d or {})
         unknown = set(d) - _FIELDS
         if unknown:
             raise TopConfigError(f"rollout.sglang: unknown keys {sorted(unknown)}; known: {sorted(_FIELDS)}")
         _check_types(d)
-    merged = {**{k: v for k, v in defaults.items() if v is not None}, **d}
+    merged = {**{k: v for k, v in run.items() if v is not None}, **d}
+    missing = [k for k in FROM_THE_RUN if merged.get(k) is None]
+    if missing:
+        raise TopConfigError(f"an SGLang engine takes {missing} from the run (model.path, top.attention_backend, "
+                             f"rollout.logprob_source, top.enabled): pass them (sglang_plan.run_defaults)")
     for key in ("extra_args",):
         if key in merged:
             merged[key] = [str(a) for a in merged[key]]
@@ -48,9 +51,9 @@ def initial_policy_dir(run_dir) -> Path:
 
 def _check_types(d: Mapping[str, Any]) -> None:
     """Each value has its field's kind (a mapping given in code; Hydra's rollout.sglang is typed already)."""
-    defaults = SglangEngineConfig()
+    defaults = {**dataclasses.asdict(SglangSettings()), **{k: "" for k in FROM_THE_RUN}, "top": True}
     for key, value in d.items():
-        default = getattr(defaults, key)
+        default = defaults[key]
         if isinstance(default, list):
             ok, kind = isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float)) for v in value), \
                 "a list of strings, e.g. [--log-level, warning]"
