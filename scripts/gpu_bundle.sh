@@ -4,7 +4,8 @@
 # triton 3.6 and transformers 5.17 (so numpy, safetensors, PyYAML, httpx, requests, tqdm, aiohttp, click, msgpack,
 # protobuf, uvloop too). One call carries at most 64 MiB (working tree included), so the wheels come in groups. The
 # pins are those of one SGLang release with a TOP contract, --release 0.5.11 (the default, proven on the H200) or
-# 0.5.17 (built, not yet run on a GPU), read from that release's wheel (Requires-Dist): one table below decides them.
+# 0.5.17 (proven on Hopper GPUs, bench/RESULTS.md sessions 15-16), read from that release's wheel (Requires-Dist): one
+# table below decides them.
 # Sizes: 0.5.11 / 0.5.17.
 #   core          the pinned SGLang wheel (installed without its dependencies), the pure-Python packages
 #                 `import sglang.srt...` needs (IPython without its optional parts: no import of sglang's needs

@@ -11,7 +11,8 @@ import pytest
 
 from top_rl import contract, sglang_release
 from top_rl.rollout import sglang_config
-from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError
+from top_rl.rollout.sglang_config import TopConfigError
+from tests.helpers import sglang_engine_config
 
 ROOT = Path(__file__).resolve().parents[2]
 V11, V17 = contract.QWEN3_DENSE_TOP_V1, contract.QWEN3_DENSE_TOP_V1_SGLANG_0_5_17
@@ -24,7 +25,7 @@ def test_every_contract_has_its_release_adapter_and_every_release_a_default_cont
         assert c.describe()["release"]["sglang"] == c.sglang_version
     assert set(contract.RELEASE_DEFAULTS) == set(sglang_release.RELEASES)
     assert all(c.gemm == "triton_persistent" for c in contract.RELEASE_DEFAULTS.values())
-    assert sglang_release.get("0.5.11").status == "proven" and sglang_release.get("0.5.17").status == "built"
+    assert sglang_release.get("0.5.11").status == "proven" and sglang_release.get("0.5.17").status == "proven"
 
 
 def test_the_0517_contract_keeps_prefill_eager_and_linears_on_mm_bi():
@@ -38,8 +39,8 @@ def test_the_0517_contract_keeps_prefill_eager_and_linears_on_mm_bi():
 
 
 def test_an_unknown_release_is_refused_naming_the_releases_with_a_contract():
-    with pytest.raises(ValueError, match=r"top-rl: SGLang 0\.5\.12 has no TOP contract; .*0\.5\.11 \(proven on an "
-                                         r"H200\), 0\.5\.17 \(built from its source, not yet proven on a GPU\)"):
+    with pytest.raises(ValueError, match=r"top-rl: SGLang 0\.5\.12 has no TOP contract; .*"
+                                         r"0\.5\.11 \(proven on a GPU\), 0\.5\.17 \(proven on a GPU\)"):
         sglang_release.get("0.5.12")
     with pytest.raises(ValueError, match="0.5.12 has no TOP contract"):
         contract.for_release("0.5.12")
@@ -56,7 +57,7 @@ def test_the_installed_release_picks_the_contract_where_none_is_named(monkeypatc
 def test_the_engine_refuses_another_release_before_a_server_starts(monkeypatch, have):
     monkeypatch.setattr(sglang_config, "installed_sglang_version", lambda python: have)
     with pytest.raises(TopConfigError) as e:
-        sglang_config.check_sglang_version(SglangEngineConfig(model_path="/m"), V11)
+        sglang_config.check_sglang_version(sglang_engine_config(), V11)
     msg = str(e.value)
     assert f"sglang {have} is installed" in msg and "The releases with a TOP contract: 0.5.11" in msg
     assert (f"top.contract={V17.name}" in msg) == (have == "0.5.17")
@@ -101,7 +102,7 @@ def test_the_dry_run_names_the_contract_and_release_it_runs(monkeypatch, install
     monkeypatch.setattr(sglang_plan, "installed_sglang_version", lambda python=None: installed)
     plan = cli.launch_plan(_sglang_run(f"top.contract={V17.name}"))
     assert plan["runs"] == {"contract": V17.name, "sglang_release": "0.5.17", "sglang_installed": installed}
-    assert plan["top"]["contract"]["release"] == {"sglang": "0.5.17", "status": "built",
+    assert plan["top"]["contract"]["release"] == {"sglang": "0.5.17", "status": "proven",
                                                   "numerics": "docs/numerics_0.5.17.md"}
     argv = plan["engines"][0]["argv"]
     assert argv[argv.index("--cuda-graph-backend-prefill") + 1] == "disabled"
@@ -123,11 +124,11 @@ def test_the_by_name_check_refuses_what_the_0517_contract_pins():
     and GEMM flags and its new graph switches among them."""
     from top_rl.rollout import sglang_launch
 
-    refused = sglang_launch._refused_by_name(SglangEngineConfig(model_path="/m"), V17)
+    refused = sglang_launch._refused_by_name(sglang_engine_config(), V17)
     for flag in ("--cuda-graph-backend-prefill", "--bf16-gemm-backend", "--enforce-piecewise-cuda-graph",
                  "--cuda-graph-backend-decode", "--cuda-graph-config", "--enable-breakable-cuda-graph"):
         assert flag in refused, flag
-    assert "--cuda-graph-backend-prefill" not in sglang_launch._refused_by_name(SglangEngineConfig(model_path="/m"), V11)
+    assert "--cuda-graph-backend-prefill" not in sglang_launch._refused_by_name(sglang_engine_config(), V11)
 
 
 def test_the_cpu_install_follows_the_adapters():

@@ -23,7 +23,8 @@ RELEASES: dict[str, SglangRelease] = {m.RELEASE.version: m.RELEASE for m in (sgl
 
 def supported() -> str:
     """The releases TOP-RL has a contract for, as a user reads them."""
-    return ", ".join(f"{v} ({'proven on an H200' if r.status == 'proven' else 'built from its source, not yet proven on a GPU'})"
+    state = {"proven": "proven on a GPU", "built": "built from its source, not yet proven on a GPU"}
+    return ", ".join(f"{v} ({state[r.status]})"
                      for v, r in RELEASES.items())
 
 

@@ -4,7 +4,7 @@ from top_rl.sglang_release.base import SglangRelease
 
 RELEASE = SglangRelease(
     version="0.5.17",
-    status="built",
+    status="proven",  # bench/RESULTS.md sessions 15 and 16
     numerics_doc="docs/numerics_0.5.17.md",
     # numerics_0.5.17.md §0.3.1: triton_ops/ is gone, the kernels moved under sglang.kernels.ops.attention
     triton_extend_module="sglang.kernels.ops.attention.extend_attention",
