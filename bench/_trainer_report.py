@@ -10,7 +10,8 @@ from bench._util import table
 FAMILY_ORDER = ["GEMM fwd", "GEMM bwd", "GEMM fwd (recompute)", "attention fwd", "attention bwd",
                 "attention fwd (recompute)", "norms", "RoPE", "SwiGLU", "log-softmax", "optimizer", "communication",
                 "grad accumulation", "other", "unattributed", "GPU idle"]
-IMPL_NAME = {"top": "TOP", "top_base": "TOP before", "top_flash_rc": "TOP flash recompute", "stock": "stock"}
+IMPL_NAME = {"top": "TOP", "top_base": "TOP before", "top_flash_rc": "TOP flash recompute",
+             "top_cublas_rc": "TOP cuBLAS recompute", "stock": "stock"}
 
 
 def _f(x, fmt="{:.1f}"):
@@ -93,7 +94,7 @@ class Report:
 
     def _result_rows(self, rows):
         out = []
-        order = {"top": 0, "top_base": 1, "top_flash_rc": 2, "stock": 3}
+        order = {"top": 0, "top_base": 1, "top_flash_rc": 2, "top_cublas_rc": 3, "stock": 4}
         for r in sorted(rows, key=lambda r: (r["model"], not r["recompute"], order[r["impl"]])):
             if r["status"] != "ok":
                 out.append([r["model"], IMPL_NAME[r["impl"]], "on" if r["recompute"] else "off",
@@ -125,6 +126,7 @@ class Report:
                 stock = [r for r in self.results(model=model, impl="stock", recompute=rc) if r["status"] == "ok"]
                 base = [r for r in self.results(model=model, impl="top_base", recompute=rc) if r["status"] == "ok"]
                 flash = [r for r in self.results(model=model, impl="top_flash_rc", recompute=rc) if r["status"] == "ok"]
+                cublas = [r for r in self.results(model=model, impl="top_cublas_rc", recompute=rc) if r["status"] == "ok"]
                 if top and stock:
                     t, s = top[0], stock[0]
                     profs = {r["impl"]: r for r in self._of("PROFILE", model=model, recompute=rc)}
@@ -133,14 +135,17 @@ class Report:
                     rows.append([model, "on" if rc else "off", _f(base[0]["step_ms"]) if base else "-",
                                  _f(t["step_ms"]), _f(s["step_ms"]), _f(t["step_ms"] / s["step_ms"], "{:.2f}"), busy,
                                  _f(flash[0]["step_ms"] / s["step_ms"], "{:.2f}") if flash else "-",
+                                 _f(cublas[0]["step_ms"] / s["step_ms"], "{:.2f}") if cublas else "-",
                                  _f(100 * t["mfu"], "{:.1f}%"), _f(100 * s["mfu"], "{:.1f}%"),
                                  "" if t["mbt"] == s["mbt"] else f"mbt TOP {t['mbt']} / stock {s['mbt']}"])
         return table("TOP / stock step time (acceptance: <= 1.15; TOP before = fused forwards/backwards off, "
                      "memory-efficient attention backward; flash recompute: top.fast_paths.recompute_attention; "
+                     "cuBLAS recompute: top.fast_paths.recompute_gemm; "
                      "GPU busy: of the profiled steps, steadier than wall-clock, "
                      "whose GPU idle time moves by tens of ms between runs)",
                      ["model", "recompute", "TOP before ms", "TOP ms", "stock ms", "TOP/stock", "GPU busy TOP/stock",
-                      "TOP flash recompute/stock", "TOP MFU", "stock MFU", "note"], rows)
+                      "TOP flash recompute/stock", "TOP cuBLAS recompute/stock", "TOP MFU", "stock MFU", "note"],
+                     rows)
 
     def profile_tables(self, top_n: int) -> str:
         text = ""

@@ -136,9 +136,16 @@ class TopFlashRecomputeRunner(TopRunner):
     ENV = {"TOP_RL_RECOMPUTE_ATTENTION": "1"}
 
 
+class TopCublasRecomputeRunner(TopRunner):
+    """The TOP trainer with top.fast_paths.recompute_gemm: with recompute on, the recompute inside the backward runs
+    the linear layers' GEMMs on cuBLAS (the gated forward stays the engine's mm_BI)."""
+
+    ENV = {"TOP_RL_RECOMPUTE_GEMM": "1"}
+
+
 RUNNERS = {"top": TopRunner, "top_base": TopBaselineRunner, "top_flash_rc": TopFlashRecomputeRunner,
-           "stock": StockRunner}
-TOP_IMPLS = ("top", "top_base", "top_flash_rc")
+           "top_cublas_rc": TopCublasRecomputeRunner, "stock": StockRunner}
+TOP_IMPLS = ("top", "top_base", "top_flash_rc", "top_cublas_rc")
 
 
 # ---------------------------------------------------------------------------------------------- one config
@@ -206,7 +213,8 @@ def run_worker(args) -> None:
                                    attention=attn if device.type == "cuda" else None))
         note = f"kernels {kernels.backend_name()}, attention {attn}" + {
             "top_base": " (fused forwards/backwards off, memory-efficient attention backward)",
-            "top_flash_rc": " (the recompute's attention forward: FlashAttention-2)"}.get(args.impl, "")
+            "top_flash_rc": " (the recompute's attention forward: FlashAttention-2)",
+            "top_cublas_rc": " (the recompute's GEMMs: cuBLAS)"}.get(args.impl, "")
     else:
         from bench import _stock_attention, _stock_gpt
 

@@ -58,6 +58,9 @@ def parse(argv=None):
     p.add_argument("--flash-recompute", action="store_true",
                    help="add the 'TOP flash recompute' rows (recompute on, every model): top.fast_paths."
                         "recompute_attention, the recompute's attention forward as FlashAttention-2")
+    p.add_argument("--gemm-recompute", action="store_true",
+                   help="add the 'TOP cuBLAS recompute' rows (recompute on, every model): top.fast_paths."
+                        "recompute_gemm, the recompute's GEMMs on cuBLAS")
     p.add_argument("--budget-s", type=float, default=float(os.environ.get("TOP_RL_BENCH_BUDGET_S", 420)),
                    help="stop starting workers past this many seconds (the device call allows 600)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (the first compiles)")
@@ -153,10 +156,12 @@ def main(argv=None) -> int:
         # One process per (model, trainer, recompute): each starts with an empty GPU. Recompute on first for
         # every model, so a spent budget drops the recompute-off rows of the largest model first.
         rcs = args.recompute.split(",")
-        flash_rc = args.flash_recompute and "top" in impls
+        # the recompute fast paths' rows (recompute on only): top.fast_paths.recompute_attention, recompute_gemm
+        fast_rc = [impl for impl, wanted in (("top_flash_rc", args.flash_recompute), ("top_cublas_rc", args.gemm_recompute))
+                   if wanted and "top" in impls]
 
-        def rows_of(rc, model):  # a model's rows at one recompute setting, the flash-recompute one last
-            return [(rc, model, i) for i in impls] + ([(rc, model, "top_flash_rc")] if flash_rc and rc == "on" else [])
+        def rows_of(rc, model):  # a model's rows at one recompute setting, the recompute fast paths' last
+            return [(rc, model, i) for i in impls] + ([(rc, model, i) for i in fast_rc] if rc == "on" else [])
 
         jobs = [job for m in models for job in rows_of(rcs[0], m)]
         if args.before and "top" in impls:  # the trainer without this branch's speedups, first model
@@ -176,7 +181,7 @@ def main(argv=None) -> int:
                          "--profile", args.profile if model in profile_models else "none"]
                 if impl == "stock":
                     wargv += ["--attention", attention[model]]
-                if impl in ("top_base", "top_flash_rc"):  # their time, not their profile: the table compares TOP's
+                if impl in ("top_base", "top_flash_rc", "top_cublas_rc"):  # their time, not their profile: the table compares TOP's
                     wargv[wargv.index("--profile") + 1] = "none"
                 w = Worker(wargv, log, min(TIMEOUT_S[model], left), on_record)
                 t1 = time.time()

@@ -28,11 +28,12 @@ def test_ratio_table_has_wall_clock_and_gpu_busy_ratios():
         rep.add("RESULT", _result(impl, True, ms))
         rep.add("RESULT", _result(impl, False, ms - 100))
     rep.add("RESULT", _result("top_flash_rc", True, 420.0))  # top.fast_paths.recompute_attention: recompute on only
+    rep.add("RESULT", _result("top_cublas_rc", True, 380.0))  # top.fast_paths.recompute_gemm: recompute on only
     rep.add("PROFILE", _profile("top", True, 360.0))
     rep.add("PROFILE", _profile("stock", True, 300.0))
     text = rep.ratio_table()
     cells = [c.strip() for c in _row(text, "on").split("|")[1:-1]]
-    # TOP ms, stock ms, wall ratio, busy ratio, flash recompute / stock
-    assert cells[3:8] == ["440.0", "400.0", "1.10", "1.20", "1.05"]
+    # TOP ms, stock ms, wall ratio, busy ratio, flash recompute / stock, cuBLAS recompute / stock
+    assert cells[3:9] == ["440.0", "400.0", "1.10", "1.20", "1.05", "0.95"]
     cells = [c.strip() for c in _row(text, "off").split("|")[1:-1]]
-    assert cells[5:8] == ["1.13", "-", "-"]  # no profile and no flash-recompute row with recompute off
+    assert cells[5:9] == ["1.13", "-", "-", "-"]  # no profile and no recompute fast-path rows with recompute off

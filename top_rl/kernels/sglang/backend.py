@@ -33,6 +33,9 @@ import torch
 import torch.distributed as dist
 
 from top_rl import contract as _contract
+from top_rl.kernels import checkpoint_pass
+from top_rl.kernels import fallback as _fallback
+from top_rl.kernels import plan as _plan
 from top_rl.kernels import reference as _ref
 from top_rl.kernels.sglang import attention as _attention
 from top_rl.kernels.sglang import backward as _fused
@@ -92,13 +95,23 @@ def mm_bi(x2d: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return ops().mm(x2d.contiguous(), w.contiguous().t())
 
 
+def _gemm(x2d: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The linear layer's forward GEMM: the engine's mm_BI, except in the recompute inside the backward with
+    top.fast_paths.recompute_gemm, where the output only feeds the backward (the gated forward, whose bits the engine
+    must match, ran mm_BI in the layer's first pass): there cuBLAS, whatever bits it gives."""
+    if checkpoint_pass.current() == checkpoint_pass.RECOMPUTE and _plan.current().fast_paths.recompute_gemm:
+        _fallback.took("linear_recompute", "cublas")
+        return x2d @ w.t()
+    return mm_bi(x2d, w)
+
+
 class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w):
         x2 = x.reshape(-1, x.shape[-1])
         ctx.save_for_backward(x2, w)
         ctx.x_shape = x.shape
-        return mm_bi(x2, w).reshape(*x.shape[:-1], w.shape[0])
+        return _gemm(x2, w).reshape(*x.shape[:-1], w.shape[0])
 
     @staticmethod
     def backward(ctx, g):
@@ -128,7 +141,7 @@ class _RowLinear(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])
         ctx.save_for_backward(x2, w)
         ctx.x_shape = x.shape
-        out = mm_bi(_all_gather_last(x2, group), _all_gather_last(w, group))
+        out = _gemm(_all_gather_last(x2, group), _all_gather_last(w, group))
         return out.reshape(*x.shape[:-1], w.shape[0])
 
     @staticmethod
