@@ -69,10 +69,24 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+_unraisablehook_before = sys.unraisablehook
+
+
+def _quiet_swallowed_interrupt(unraisable) -> None:
+    """A stop signal that lands while Python runs a weakref callback or a __del__ (an import's cache cleanup, say)
+    raises KeyboardInterrupt there, where Python cannot propagate it: it prints "Exception ignored in ..." with a
+    traceback and carries on. `_record` noted the signal, and `raise_if_interrupted` raises it at the next check, so
+    the run still stops at once; only the print goes (a clean stop's message carries no traceback)."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and _startup_signal is not None:
+        return
+    _unraisablehook_before(unraisable)
+
+
 def interrupt_on_signals() -> None:
     """SIGINT/SIGTERM/SIGHUP raise KeyboardInterrupt from now until `RunGuard.catch_signals` takes over:
     during start-up there is no step to finish, so the run stops at once (and cleanly: RunGuard and top-rl
     turn it into a message). Also re-arms SIGINT when the process inherited it ignored."""
+    sys.unraisablehook = _quiet_swallowed_interrupt
     for sig in STOP_SIGNALS:
         signal.signal(sig, _interrupt)
 
