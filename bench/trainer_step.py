@@ -157,8 +157,8 @@ def main(argv=None) -> int:
         # every model, so a spent budget drops the recompute-off rows of the largest model first.
         rcs = args.recompute.split(",")
         # the recompute fast paths' rows (recompute on only): top.fast_paths.recompute_attention, recompute_gemm
-        fast_rc = [impl for impl, wanted in (("top_flash_rc", args.flash_recompute), ("top_cublas_rc", args.gemm_recompute))
-                   if wanted and "top" in impls]
+        fast_rc = [impl for impl, wanted in (("top_flash_rc", args.flash_recompute),
+                                             ("top_cublas_rc", args.gemm_recompute)) if wanted and "top" in impls]
 
         def rows_of(rc, model):  # a model's rows at one recompute setting, the recompute fast paths' last
             return [(rc, model, i) for i in impls] + ([(rc, model, i) for i in fast_rc] if rc == "on" else [])
@@ -181,7 +181,7 @@ def main(argv=None) -> int:
                          "--profile", args.profile if model in profile_models else "none"]
                 if impl == "stock":
                     wargv += ["--attention", attention[model]]
-                if impl in ("top_base", "top_flash_rc", "top_cublas_rc"):  # their time, not their profile: the table compares TOP's
+                if impl in ("top_base", *fast_rc):  # their time, not their profile: the table compares TOP's
                     wargv[wargv.index("--profile") + 1] = "none"
                 w = Worker(wargv, log, min(TIMEOUT_S[model], left), on_record)
                 t1 = time.time()

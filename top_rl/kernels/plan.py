@@ -50,13 +50,14 @@ class FastPaths:
     # With activation recompute: the recompute inside the backward runs the linear layers' GEMMs on cuBLAS instead
     # of the engine's batch-invariant mm_BI (sglang backend). The gated forward keeps the engine's bits; the backward
     # then reads activations a cuBLAS GEMM made (bf16 rounding apart from mm_BI's), so the gradients are not bit for
-    # bit the default's: off unless chosen (bench/RESULTS.md session 17 measures it).
+    # bit the default's: off until measured on a GPU (bench/RESULTS.md session 17 profiles the gap it targets).
     recompute_gemm: bool = False
 
 
 # The switches that change the gradients (not the forward's bits): which backward kernel runs, and which forward the
 # recompute takes. A resume that changes one changes the run's numbers (top_rl.run.resume_compat); the others are free.
 CHANGES_GRADIENTS = frozenset({"attention_backward", "recompute_attention", "recompute_gemm"})
+
 
 @dataclass(frozen=True)
 class KernelPlan:
