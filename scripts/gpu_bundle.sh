@@ -23,10 +23,15 @@
 #                 (0.4.2 / 0.4.5, its Python files and sm90/common_ops only: FA3's flash_ops, sm100 and FlashMLA, and
 #                 0.4.5's InfLLM-V2 infllm_ops are left out; `import sgl_kernel` loads only common_ops eagerly), its
 #                 HTTP stack (fastapi, uvicorn, ...), torch_memory_saver                      (~24 / ~22 MiB)
-#   sglang_live   not a folder: builds core, flashinfer, sglang_ref and sglang_server, the groups a live server
-#                 needs, and prints them split into as few carries as hold them (0.5.11: two, also with ray;
-#                 0.5.17: two, three with ray). gpu_run.sh installs each carry into the same site dir, which
-#                 outlives a call while the machine stays warm: the carries are calls back to back.
+#   fa3           sgl_kernel's FA3 build (flash_ops.abi3.so, 1,022 MiB unpacked), the attention kernel of the fa3
+#                 backend (the Hopper default, docs/sglang.md): taken out of the same sglang-kernel wheel, its sha256
+#                 checked against the wheel's RECORD, xz -9e'd once into $SGLANG_KERNEL_CACHE (5-6 min on 2 cores)
+#                 and copied here with its digest (scripts/flash_ops_xz.py); gpu_run.sh unpacks it into the site
+#                 dir's sgl_kernel/ and checks the digest again                                (~51 / ? MiB)
+#   sglang_live   not a folder: builds core, flashinfer, sglang_ref, sglang_server and fa3, the groups a live
+#                 server needs, and prints them split into as few carries as hold them (0.5.11: three, also with
+#                 ray: fa3 alone fills one). gpu_run.sh installs each carry into the same site dir, which outlives
+#                 a call while the machine stays warm: the carries are calls back to back.
 #   deep_gemm     (0.5.11 only: 0.5.17's DeepGEMM is another package, sgl-deep-gemm, docs/numerics_0.5.17.md §0.1.3)
 #                 the engine's DeepGEMM, to be built on the device against its torch by scripts/build_deep_gemm.py:
 #                 the `deep_gemm` package of sglang-kernel (what sglang pins; its kernel headers and the CUTLASS/CuTe
@@ -74,8 +79,8 @@ R=${RELEASE//./_}
 
 # ---- The pin table: GROUP_ALL is what every release carries, GROUP_<release> what that release adds. The rest of the
 # ---- script reads the chosen release's row ($R) and names no release (but the one a folder from before markers holds).
-GROUPS_0_5_11=(core ray flashinfer sglang_ref sglang_server deep_gemm)
-GROUPS_0_5_17=(core ray flashinfer sglang_ref sglang_server)  # deep_gemm: 0.5.17's is another package (sgl-deep-gemm
+GROUPS_0_5_11=(core ray flashinfer sglang_ref sglang_server fa3 deep_gemm)
+GROUPS_0_5_17=(core ray flashinfer sglang_ref sglang_server fa3)  # deep_gemm: 0.5.17's is another package (sgl-deep-gemm
                                                               # 0.1.5.post1, docs/numerics_0.5.17.md §0.1.3): no recipe
 CORE_ALL=(
   megatron-core==0.19.2
@@ -231,6 +236,17 @@ slim() {  # slim GROUP: rewrite the group's wheels the release's SLIM rows name,
   done
 }
 
+fa3() {  # sgl_kernel's FA3 build, xz-packed once per sglang-kernel wheel beside the wheel cache (digest: the RECORD's)
+  local whl cached
+  [ -f "$ROOT/fa3/flash_ops.so.xz" ] && [ -f "$ROOT/fa3/flash_ops.so.xz.sha256" ] && return 0
+  whl=$(sglang_kernel_wheel)
+  cached="$SGLANG_KERNEL_CACHE/$(basename "$whl" .whl).flash_ops.so.xz"
+  [ -f "$cached" ] && [ -f "$cached.sha256" ] || "$PY" scripts/flash_ops_xz.py pack "$whl" "$cached"
+  mkdir -p "$ROOT/fa3"
+  cp "$cached" "$ROOT/fa3/flash_ops.so.xz"
+  cp "$cached.sha256" "$ROOT/fa3/flash_ops.so.xz.sha256"
+}
+
 sglang_server() {  # the live server's extra wheels and the slimmed sglang-kernel
   download "$ROOT/sglang_server" "${SGLANG_SERVER[@]}"
   compgen -G "$ROOT/sglang_server/sglang_kernel-*.whl" >/dev/null ||
@@ -249,7 +265,7 @@ group_pins() {  # the pinned requirements of a group under the chosen release (-
     flashinfer) printf '%s\n' "${FLASHINFER[@]}" ;;
     sglang_ref) printf '%s\n' "${SGLANG_REF[@]}" ;;
     sglang_server) printf '%s\n' "${SGLANG_SERVER[@]}" "$SGLANG_KERNEL" ;;
-    deep_gemm) echo "$SGLANG_KERNEL" ;;
+    deep_gemm|fa3) echo "$SGLANG_KERNEL" ;;
     *) return 2 ;;
   esac
 }
@@ -261,7 +277,7 @@ fi
 
 groups=()
 for g in "${ARGS[@]:-core}"; do  # sglang_live: every group a live server needs
-  if [ "$g" = sglang_live ]; then groups+=(core flashinfer sglang_ref sglang_server); else groups+=("$g"); fi
+  if [ "$g" = sglang_live ]; then groups+=(core flashinfer sglang_ref sglang_server fa3); else groups+=("$g"); fi
 done
 for g in "${groups[@]}"; do
   if [[ " ${GROUPS_R[*]} " != *" $g "* ]]; then
@@ -304,13 +320,14 @@ for g in "${groups[@]}"; do
     sglang_ref) download "$ROOT/sglang_ref" "${SGLANG_REF[@]}" ;;
     sglang_server) sglang_server ;;
     deep_gemm) deep_gemm_src ;;
+    fa3) fa3 ;;
   esac
   slim "$g"
   echo "$RELEASE" >"$ROOT/$g/RELEASE"
   size=$(du -sb "$ROOT/$g" 2>/dev/null | cut -f1 || echo 0)
   sizes[$g]=$size
   total=$((total + size))
-  echo "gpu bundle $g: $(ls "$ROOT/$g" | grep -cvx RELEASE) files, $((size / 1024 / 1024)) MiB in $ROOT/$g (SGLang $RELEASE)"
+  echo "gpu bundle $g: $(ls "$ROOT/$g" | grep -cvx -e RELEASE -e '.*\.sha256') files, $((size / 1024 / 1024)) MiB in $ROOT/$g (SGLang $RELEASE)"
 done
 names=("${!seen[@]}")
 for g in "${names[@]}"; do  # a carry is one call: a group is never split across two

@@ -60,6 +60,18 @@ elif [ -d "$SITE" ]; then
 else
   echo "gpu_run: no .gpu_bundle/*/*.whl (run scripts/gpu_bundle.sh here and carry .gpu_bundle/core)" | tee "$OUT/install.log"
 fi
+# sgl_kernel's FA3 build (carry .gpu_bundle/fa3, scripts/gpu_bundle.sh fa3: ~51 MiB of xz, a carry of its own), unpacked
+# into the site dir beside the wheels with its digest checked (scripts/flash_ops_xz.py), then linked into sgl_kernel/ at
+# every call: a later carry's `pip install --upgrade --target` replaces that folder, and the order of carries is free.
+if [ -f .gpu_bundle/fa3/flash_ops.so.xz ] && [[ "$CARRIED_RELEASE" != *" "* ]]; then
+  mkdir -p "$SITE"
+  [ -f "$SITE/RELEASE" ] || echo "$CARRIED_RELEASE" >"$SITE/RELEASE"
+  "$PY" scripts/flash_ops_xz.py unpack .gpu_bundle/fa3/flash_ops.so.xz "$SITE/.fa3/flash_ops.abi3.so" \
+    >>"$OUT/install.log" 2>&1 || echo "gpu_run: the FA3 build did not unpack (see install.log)" | tee -a "$OUT/install.log"
+fi
+if [ -f "$SITE/.fa3/flash_ops.abi3.so" ] && [ -d "$SITE/sgl_kernel" ]; then
+  ln -sfn "$SITE/.fa3/flash_ops.abi3.so" "$SITE/sgl_kernel/flash_ops.abi3.so"
+fi
 SITE_RELEASE=$(cat "$SITE/RELEASE" 2>/dev/null || true)
 [ -d "$SITE" ] && export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" || export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -80,7 +92,7 @@ fi
   echo "bundle: SGLang ${SITE_RELEASE:-?} in $SITE (carried now: ${CARRIED_RELEASE:-nothing})${SITE_NOTE:+; $SITE_NOTE}"
   "$PY" -W ignore - <<'PYEOF' 2>/dev/null
 import importlib
-for m in ("torch", "triton", "sglang", "megatron.core", "deep_gemm"):
+for m in ("torch", "triton", "sglang", "megatron.core", "deep_gemm", "sgl_kernel.flash_ops"):
     try:
         mod = importlib.import_module(m)
         version = getattr(mod, "__version__", None)
@@ -192,6 +204,8 @@ if [[ "$WHAT" == e2e ]]; then
          done_steps=$( [ -f "$E2E_ROOT/e2e_g/metrics.jsonl" ] && wc -l <"$E2E_ROOT/e2e_g/metrics.jsonl" || echo 0)
          args=("${G[@]}" steps=$((done_steps + ${E2E_G_STEPS:-10})) ${E2E_G_ARGS:-})
          [ -d "$E2E_ROOT/e2e_g/checkpoints" ] && args+=(resume=true) ;;
+      g2) args=("${G[@]}" steps="${E2E_G2_STEPS:-5}" ${E2E_G2_ARGS:-}) ;;  # (g) again from step 0 with other settings,
+                                                                      # e.g. the triton + prefill baseline beside auto
       g4b) args=("${G4B[@]}" steps="${E2E_G4B_STEPS:-3}" ${E2E_G4B_ARGS:-}) ;;
     esac
     if still_running "$run"; then
@@ -210,10 +224,19 @@ if [[ "$WHAT" == e2e ]]; then
     # running, except a new session, which runs until the machine goes back. So with E2E_DETACH=1 a job longer than
     # one call (the 4B shape's start-up and 3 steps) is started by one call and followed by the next (`e2e-wait`),
     # back to back while the machine is warm. Its exit status goes to a file: no later call is its parent.
+    # A detached job runs from a copy of the tree outside it: the device lays the carried tree anew at each call, and
+    # a GSM8K job started inside it died at the next call in ray.init (os.path.abspath(os.curdir): FileNotFoundError).
     DETACH=()
-    if [ "${E2E_DETACH:-0}" = 1 ]; then DETACH=(setsid); : >"$E2E_ROOT/e2e_$run.detached"; fi
-    TOP_RL_FAULT="$fault" "${DETACH[@]}" bash -c 'timeout "$1" "${@:3}" >"$E2E_ROOT/e2e_$2.log" 2>&1; echo $? >"$E2E_ROOT/e2e_$2.rc"' \
-      e2e "$limit" "$run" "${JOB[@]}" run_dir="$E2E_ROOT/e2e_$run" "${args[@]}" </dev/null >/dev/null 2>&1 &
+    JOB_TREE=$PWD
+    if [ "${E2E_DETACH:-0}" = 1 ]; then
+      DETACH=(setsid); : >"$E2E_ROOT/e2e_$run.detached"
+      JOB_TREE="$E2E_ROOT/e2e_tree_$run"
+      rm -rf "$JOB_TREE" && mkdir -p "$JOB_TREE"
+      tar -C "$PWD" --exclude=./.gpu_bundle --exclude=./.git -cf - . | tar -C "$JOB_TREE" -xf -
+    fi
+    PYTHONPATH="${PYTHONPATH//$PWD/$JOB_TREE}" TOP_RL_FAULT="$fault" "${DETACH[@]}" bash -c \
+      'cd "$3" && timeout "$1" "${@:4}" >"$E2E_ROOT/e2e_$2.log" 2>&1; echo $? >"$E2E_ROOT/e2e_$2.rc"' \
+      e2e "$limit" "$run" "$JOB_TREE" "${JOB[@]}" run_dir="$E2E_ROOT/e2e_$run" "${args[@]}" </dev/null >/dev/null 2>&1 &
     echo $! >"$E2E_ROOT/e2e_$run.pid"
     if ! follow_run "$run"; then  # left running: a second job would share the GPU with it
       later=$(echo "${E2E_RUNS:-a b c}" | tr ' ' '\n' | sed -n "/^$run\$/,\$p" | tail -n +2 | xargs)

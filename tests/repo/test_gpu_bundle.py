@@ -30,7 +30,7 @@ SCRIPT = ROOT / "scripts/gpu_bundle.sh"
 _ERR = sglang_cpu.import_error()
 RELEASES = tuple(sglang_release.RELEASES)  # every release with a TOP contract has a bundle
 GROUPS = ("core", "ray", "flashinfer", "sglang_ref", "sglang_server")
-LIVE = ("core", "flashinfer", "sglang_ref", "sglang_server")  # sglang_live
+LIVE = ("core", "flashinfer", "sglang_ref", "sglang_server", "fa3")  # sglang_live
 # What a wheel's marker is evaluated for: the lent machine (Linux x86_64, CPython 3.12)
 _TARGET = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux", "platform_system": "Linux",
            "platform_machine": "x86_64", "implementation_name": "cpython", "platform_python_implementation": "CPython",
@@ -193,9 +193,13 @@ def test_a_group_larger_than_a_carry_is_refused_naming_it(tmp_path):
     assert "gpu_bundle.sh: group sglang_ref is 62 MiB, more than one carry holds (60 MiB beside the tree)" in out.stderr
 
 
+def _fa3_group(tree: Path, release: str, mib: int) -> None:
+    _group(tree, "fa3", release, {"flash_ops.so.xz": mib << 20, "flash_ops.so.xz.sha256": 100})
+
+
 def test_sglang_live_prints_as_many_carries_as_the_groups_need(tmp_path):
-    """0.5.17's live server with ray (sizes as built: core 50, ray 38, flashinfer 30, sglang_server 22 MiB) takes three
-    carries, each group whole in one; the carries are printed for the calls to make."""
+    """0.5.17's live server with ray (sizes as built: core 50, ray 38, flashinfer 30, sglang_server 22 MiB, fa3's
+    packed FA3 build ~51) takes four carries, each group whole in one; the carries are printed for the calls to make."""
     tree = _copy(tmp_path)
     mib = 1 << 20
     _group(tree, "core", "0.5.17", {"sglang-0.5.17-cp312-cp312-manylinux_2_34_x86_64.whl": 50 * mib,
@@ -204,13 +208,65 @@ def test_sglang_live_prints_as_many_carries_as_the_groups_need(tmp_path):
     _group(tree, "flashinfer", "0.5.17", {"xgrammar-0.2.1-cp312-cp312-manylinux_2_28_x86_64.whl": 30 * mib})
     _group(tree, "sglang_ref", "0.5.17", {"loguru-0.7.3-py3-none-any.whl": mib})
     _group(tree, "sglang_server", "0.5.17", {"sglang_kernel-0.4.5-cp310-abi3-manylinux2014_x86_64.whl": 22 * mib})
+    _fa3_group(tree, "0.5.17", 51)
     out = _bundle(tree, "--release", "0.5.17", "sglang_live", "ray")
     assert out.returncode == 0, out.stderr
     carries = [line.split(":", 2)[2].split() for line in out.stdout.splitlines() if line.startswith("gpu bundle: carry")]
-    assert len(carries) == 3 and "gpu bundle: carry 3 of 3" in out.stdout
+    assert len(carries) == 4 and "gpu bundle: carry 4 of 4" in out.stdout
     assert sorted(g for c in carries for g in c) == sorted(f".gpu_bundle/{g}" for g in (*LIVE, "ray"))
     out = _bundle(tree, "--release", "0.5.17", "sglang_live")
-    assert "gpu bundle: carry 2 of 2" in out.stdout and "carry 3" not in out.stdout
+    assert "gpu bundle: carry 3 of 3" in out.stdout and "carry 4" not in out.stdout
+    assert "gpu bundle fa3: 1 files" in out.stdout  # the digest beside it is not counted as a file to install
+
+
+def _flash_ops_wheel(path: Path, payload: bytes, record_payload: bytes | None = None) -> Path:
+    """A stand-in sglang-kernel wheel whose RECORD states the sha256 of `record_payload` (default: the payload)."""
+    import base64
+    import hashlib
+
+    digest = base64.urlsafe_b64encode(hashlib.sha256(record_payload or payload).digest()).rstrip(b"=").decode()
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("sgl_kernel/__init__.py", b"")
+        z.writestr("sgl_kernel/flash_ops.abi3.so", payload)
+        z.writestr("sglang_kernel-0.4.2.dist-info/RECORD",
+                   f"sgl_kernel/__init__.py,,0\nsgl_kernel/flash_ops.abi3.so,sha256={digest},"
+                   f"{len(record_payload or payload)}\nsglang_kernel-0.4.2.dist-info/RECORD,,\n")
+    return path
+
+
+def _flash_ops_xz(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts/flash_ops_xz.py"), *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_fa3_build_is_packed_with_the_wheels_digest_and_unpacked_only_when_it_matches(tmp_path):
+    """scripts/flash_ops_xz.py: pack checks the member against the wheel's RECORD and writes its digest beside the xz
+    file; unpack gives back the same bytes, and a packed file that does not unpack to that digest leaves nothing at the
+    destination (the device would otherwise load a torn or foreign kernel)."""
+    payload = os.urandom(1 << 16) * 8
+    whl = _flash_ops_wheel(tmp_path / "sglang_kernel-0.4.2-cp310-abi3-manylinux2014_x86_64.whl", payload)
+    packed = tmp_path / "cache" / "flash_ops.so.xz"
+    out = _flash_ops_xz("pack", whl, packed)
+    assert out.returncode == 0, out.stderr
+    assert packed.stat().st_size < len(payload) // 4  # xz'd
+    hexdigest, size, member, wheel = (packed.parent / "flash_ops.so.xz.sha256").read_text().split()
+    assert (size, member, wheel) == (str(len(payload)), "sgl_kernel/flash_ops.abi3.so", whl.name)
+    dest = tmp_path / "site" / "sgl_kernel" / "flash_ops.abi3.so"
+    assert _flash_ops_xz("unpack", packed, dest).returncode == 0
+    assert dest.read_bytes() == payload
+    (packed.parent / "flash_ops.so.xz.sha256").write_text(f"{'0' * 64} {size} {member} {wheel}\n")  # not its bytes
+    dest.unlink()
+    out = _flash_ops_xz("unpack", packed, dest)
+    assert out.returncode != 0 and "nothing installed" in out.stderr
+    assert not dest.exists() and not list(dest.parent.iterdir())
+
+
+def test_a_wheel_whose_fa3_build_differs_from_its_record_is_not_packed(tmp_path):
+    whl = _flash_ops_wheel(tmp_path / "sglang_kernel-0.4.2-cp310-abi3-manylinux2014_x86_64.whl", b"tampered",
+                           record_payload=b"the real kernel")
+    out = _flash_ops_xz("pack", whl, tmp_path / "flash_ops.so.xz")
+    assert out.returncode != 0 and "does not match its RECORD entry" in out.stderr
+    assert not (tmp_path / "flash_ops.so.xz").exists() and not (tmp_path / "flash_ops.so.xz.sha256").exists()
 
 
 def _wheel(path: Path, files: dict[str, bytes]) -> Path:

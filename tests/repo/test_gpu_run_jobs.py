@@ -124,6 +124,7 @@ if [ "$1 $2" = "-m top_rl.cli" ]; then
   mkdir -p "$d"
   echo "step 1 | abs_diff 0.0"; echo '{"step": 1}' >"$d/metrics.jsonl"
   sleep "$STUB_PAUSE"
+  /bin/pwd -P >"$d/cwd" || exit 7  # as ray.init's os.path.abspath(os.curdir): fails where the cwd was removed
   echo "step 2 | abs_diff 0.0"; echo '{"step": 2}' >>"$d/metrics.jsonl"
 fi
 exit 0
@@ -136,13 +137,17 @@ def test_a_detached_job_outlives_the_call_that_started_it_and_the_next_call_foll
     start the same run again while it runs; `e2e-wait` (no E2E_DETACH needed: the job's marker says it) keeps to the
     budget too, and follows it to its exit status and rows. Without a job started on the machine, it says so."""
     tree = tmp_path / "tree"
-    (tree / "scripts").mkdir(parents=True)
-    shutil.copy(SCRIPT, tree / "scripts" / "gpu_run.sh")
-    stub = tree / "bin" / "python3"
-    stub.parent.mkdir()
-    stub.write_text(_JOB_STUB)
-    stub.chmod(0o755)
-    env = {**os.environ, "PATH": f"{stub.parent}:{os.environ['PATH']}", "TOP_RL_SITE": str(tmp_path / "site"),
+
+    def lay_tree() -> None:  # as the device does at every call: the carried tree anew, the old one gone
+        shutil.rmtree(tree, ignore_errors=True)
+        (tree / "scripts").mkdir(parents=True)
+        shutil.copy(SCRIPT, tree / "scripts" / "gpu_run.sh")
+        (tree / "bin").mkdir()
+        (tree / "bin" / "python3").write_text(_JOB_STUB)
+        (tree / "bin" / "python3").chmod(0o755)
+
+    lay_tree()
+    env = {**os.environ, "PATH": f"{tree / 'bin'}:{os.environ['PATH']}", "TOP_RL_SITE": str(tmp_path / "site"),
            "E2E_ROOT": str(tmp_path), "E2E_POLL_S": "1", "STUB_PAUSE": "8"}
     env.pop("E2E_DETACH", None)
 
@@ -159,12 +164,15 @@ def test_a_detached_job_outlives_the_call_that_started_it_and_the_next_call_foll
     os.kill(pid, 0)  # alive after the call that started it returned
     assert os.getsid(pid) != os.getsid(0)  # in a session of its own
     assert (tmp_path / "out1" / "metrics_s.jsonl").read_text().splitlines() == ['{"step": 1}']
+    lay_tree()  # the job started from a copy outside the tree (E2E_ROOT/e2e_tree_s), so it outlives this too
     again = call("e2e", "out2", E2E_DETACH="1", E2E_RUNS="s")
     assert "e2e s: a job an earlier call started is still running" in again
     assert int((tmp_path / "e2e_s.pid").read_text()) == pid  # not replaced, not restarted
     assert "e2e s: still running after" in call("e2e-wait", "out3", E2E_RUNS="s")  # the budget holds here too
     done = call("e2e-wait", "out4", budget=30, E2E_RUNS="s")
     assert "e2e s: exit 0 in" in done and "+experiment=one_gpu_qwen3_0.6b_sglang" in done
+    assert (tmp_path / "e2e_s" / "cwd").read_text().strip() == str((tmp_path / "e2e_tree_s").resolve())
+    assert (tmp_path / "e2e_tree_s" / "scripts" / "gpu_run.sh").is_file()  # the copy of the tree it ran from
     assert (tmp_path / "out4" / "metrics_s.jsonl").read_text().splitlines() == ['{"step": 1}', '{"step": 2}']
     assert (tmp_path / "out4" / "steps_s.log").read_text().splitlines() == ["step 1 | abs_diff 0.0",
                                                                              "step 2 | abs_diff 0.0"]
@@ -187,4 +195,54 @@ def test_without_detach_a_call_waits_for_each_job_in_turn(tmp_path):
                    env=env, stdin=subprocess.DEVNULL, timeout=60)
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "e2e s: exit 0 in" in summary and "e2e s2: exit 0 in" in summary and "still running" not in summary
+    assert (tmp_path / "e2e_s" / "cwd").read_text().strip() == str(tree.resolve())  # no copy: the call outlives it
     assert (tmp_path / "out" / "metrics_s2.jsonl").read_text().splitlines() == ['{"step": 1}', '{"step": 2}']
+
+
+def test_the_carried_fa3_build_is_unpacked_checked_and_linked_into_sgl_kernel(tmp_path):
+    """A carry of .gpu_bundle/fa3 (scripts/gpu_bundle.sh fa3): gpu_run.sh unpacks it into the site dir with its digest
+    checked, and links it into sgl_kernel/ at every call, so a later carry that reinstalls sgl_kernel (pip's --upgrade
+    --target replaces the folder) still finds it; a digest that does not match installs nothing."""
+    import hashlib
+    import lzma
+    import sys
+
+    tree, site = tmp_path / "tree", tmp_path / "site"
+    (tree / "scripts").mkdir(parents=True)
+    shutil.copy(SCRIPT, tree / "scripts" / "gpu_run.sh")
+    shutil.copy(SCRIPT.parent / "flash_ops_xz.py", tree / "scripts" / "flash_ops_xz.py")
+    (tree / "bin").mkdir()
+    (tree / "bin" / "python3").write_text(  # pip and the rest do nothing; the unpacker runs for real
+        f'#!/bin/sh\nif [ "$1" = scripts/flash_ops_xz.py ]; then exec {sys.executable} "$@"; fi\nexit 0\n')
+    (tree / "bin" / "python3").chmod(0o755)
+    payload = b"an FA3 build" * 1000
+    fa3 = tree / ".gpu_bundle" / "fa3"
+    fa3.mkdir(parents=True)
+    (fa3 / "RELEASE").write_text("0.5.11\n")
+    (fa3 / "flash_ops.so.xz").write_bytes(lzma.compress(payload))
+    digest = f"{hashlib.sha256(payload).hexdigest()} {len(payload)} sgl_kernel/flash_ops.abi3.so sglang_kernel-0.4.2.whl\n"
+    (fa3 / "flash_ops.so.xz.sha256").write_text(digest)
+    (site / "sgl_kernel").mkdir(parents=True)  # an earlier carry installed sglang-kernel's slimmed wheel
+    env = {**os.environ, "PATH": f"{tree / 'bin'}:{os.environ['PATH']}", "TOP_RL_SITE": str(site)}
+
+    def call(out: str) -> None:
+        subprocess.run(["bash", str(tree / "scripts" / "gpu_run.sh"), "none"], check=True, capture_output=True,
+                       text=True, env={**env, "OUT": str(tmp_path / out)}, stdin=subprocess.DEVNULL, timeout=60)
+
+    call("out1")
+    linked = site / "sgl_kernel" / "flash_ops.abi3.so"
+    assert linked.read_bytes() == payload and linked.is_symlink()
+    assert "as the wheel's RECORD" in (tmp_path / "out1" / "install.log").read_text()
+    shutil.rmtree(fa3)
+    shutil.rmtree(site / "sgl_kernel")  # the next carry reinstalls sgl_kernel
+    (site / "sgl_kernel").mkdir()
+    call("out2")
+    assert linked.read_bytes() == payload  # linked again
+    fa3.mkdir()
+    (fa3 / "RELEASE").write_text("0.5.11\n")
+    (fa3 / "flash_ops.so.xz").write_bytes(lzma.compress(b"another kernel"))
+    (fa3 / "flash_ops.so.xz.sha256").write_text(digest)
+    shutil.rmtree(site / ".fa3")
+    call("out3")
+    assert "the FA3 build did not unpack" in (tmp_path / "out3" / "install.log").read_text()
+    assert not (site / ".fa3" / "flash_ops.abi3.so").exists()
