@@ -136,6 +136,7 @@ def compose(overrides: list[str]):
     from hydra import initialize_config_dir
 
     from top_rl.config import from_hydra, validate
+    from top_rl.driver import backend_choice
 
     from hydra.errors import CompactHydraException
 
@@ -147,7 +148,12 @@ def compose(overrides: list[str]):
             composed = hydra_compose(config_name="config", overrides=overrides)
         except CompactHydraException as e:  # an enum-typed key's bad value, an unknown key: name it
             raise ConfigError(hydra_error_line(e)) from None
-        return validate(from_hydra(composed))
+        cfg = from_hydra(composed)
+        try:  # `auto` decided as a run's preflight decides it (its first check), so the config validates as it would
+            backend_choice.resolve(cfg)
+        except ValueError as e:
+            raise ConfigError(f"invalid config: {e}") from None
+        return validate(cfg)
 
 
 def hydra_error_line(e: BaseException) -> str:
@@ -170,8 +176,9 @@ def hydra_error_line(e: BaseException) -> str:
     return "invalid config: " + " ".join(parts)
 
 
-def launch_plan(cfg) -> dict:
-    """What `dry_run=true` prints: engines (with full commands for SGLang), trainer layout, contract, Ray."""
+def launch_plan(cfg, backend=None) -> dict:
+    """What `dry_run=true` prints: engines (with full commands for SGLang), trainer layout, contract, Ray; `backend`:
+    what `auto` chose (top_rl.driver.backend_choice.BackendChoice, None: the config named them)."""
     from top_rl import contract
     from top_rl.config import kernel_backend
 
@@ -194,6 +201,9 @@ def launch_plan(cfg) -> dict:
         "steps": cfg.steps,
         "top": {"enabled": cfg.top.enabled, "contract": top.describe() if cfg.top.enabled else None,
                 "on_violation": cfg.top.on_violation},
+        # the attention kernel both sides run and the log-probs the gate compares, and why where `auto` chose them
+        "attention": {"backend": str(cfg.top.attention_backend), "logprob_source": str(cfg.rollout.logprob_source),
+                      "chosen_by": backend.why if backend else "the config"},
         # the contract and SGLang release the run will run (the contract's; `installed`: what the engines' python holds)
         "runs": {"contract": top.name if cfg.top.enabled else None, "sglang_release": top.sglang_version,
                  "sglang_installed": _installed_sglang(cfg)},
@@ -233,8 +243,8 @@ def _hydra_entry():
 
         if cfg.dry_run:  # the refusals the config alone decides, then the plan
             try:
-                check(cfg, CONFIG_CHECKS)
-                plan = launch_plan(cfg)
+                ready = check(cfg, CONFIG_CHECKS)
+                plan = launch_plan(cfg, ready.backend)
             except REFUSALS as e:
                 print(f"top-rl: {e}", file=sys.stderr)
                 sys.exit(getattr(e, "exit_code", 1))

@@ -36,7 +36,9 @@ class TopConfig(GateConfig):
     # argument (the KernelPlan carries it to the actors).
     contract: str = contract.fallback().name
     kernels: KernelBackend = KernelBackend.reference  # reference (CPU/any device) | sglang (GPU); stock is the baseline's
-    attention_backend: AttentionBackend = AttentionBackend.triton  # = the SGLang engines' --attention-backend
+    # = the SGLang engines' --attention-backend. auto: decided on the driver from its GPU (top_rl/driver/backend_choice.py):
+    # fa3 on Hopper where the contract proves fa3's decode equal to its extend, else triton
+    attention_backend: AttentionBackend = AttentionBackend.triton
     fast_paths: FastPaths = field(default_factory=FastPaths)  # speed switches, same numbers (plan.py)
 
 
@@ -74,13 +76,13 @@ def kernel_backend(cfg: RunConfig) -> str:
     return (cfg.top.kernels if cfg.top.enabled else KernelBackend.stock).value
 
 
-def resolve_kernel_plan(cfg: RunConfig) -> KernelPlan:
+def resolve_kernel_plan(cfg: RunConfig, attention_chosen_by: str | None = None) -> KernelPlan:
     """The run's KernelPlan, built once on the driver from top.* (a $TOP_RL_<SWITCH> of a bench overrides its fast
     path), and written back into cfg.top.fast_paths, so the resolved config (state.json, wandb) records what every
-    actor runs."""
+    actor runs. `attention_chosen_by`: why `auto` chose the attention kernel (top_rl.driver.backend_choice)."""
     try:
         plan = kernel_plans.build(kernel_backend(cfg), cfg.top.contract, cfg.top.attention_backend.value,
-                                  cfg.top.fast_paths)
+                                  cfg.top.fast_paths, attention_chosen_by=attention_chosen_by)
     except ValueError as e:  # a bad $TOP_RL_<SWITCH>
         raise ConfigError(f"invalid config: {e}") from None
     cfg.top.fast_paths = dataclasses.replace(plan.fast_paths)  # a copy: the plan's stays its own
@@ -153,8 +155,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     errors += _model_errors(cfg.model)
     chosen = contract.CONTRACTS.get(cfg.top.contract)  # None: refused just below, by name
     choices = {**_CHOICES, "top.contract": tuple(contract.CONTRACTS)}  # the registry as it is now
-    if chosen is not None:  # the backends the run's contract allows (another contract may allow others)
-        choices["top.attention_backend"] = chosen.attention_backends
+    if chosen is not None:  # the backends the run's contract allows (another contract may allow others), or auto
+        # (decided on the driver before the run's checks, which then see the backend it chose: preflight)
+        choices["top.attention_backend"] = (*chosen.attention_backends, AttentionBackend.auto.value)
     for key, allowed in choices.items():
         if _get(cfg, key) not in allowed:
             errors.append(f"{key}={_plain(_get(cfg, key))!r} is not allowed; choose one of: {', '.join(allowed)}")
@@ -195,7 +198,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     if cfg.algo.updates_per_rollout > batch:
         errors.append(f"algo.updates_per_rollout={cfg.algo.updates_per_rollout} exceeds the {batch} samples of a step "
                       "(rollout.prompts_per_step x rollout.n_samples): each update needs at least one")
-    refusal = chosen and chosen.decode_refusal(cfg.top.attention_backend)
+    refusal = chosen and cfg.top.attention_backend != "auto" and chosen.decode_refusal(cfg.top.attention_backend)
     if cfg.top.enabled and kernel_backend(cfg) == "sglang" and cfg.rollout.logprob_source == "decode" and refusal:
         proven = ", ".join(chosen.decode_equals_extend)
         errors.append(f"rollout.logprob_source=decode with top.kernels=sglang and top.attention_backend="

@@ -27,6 +27,9 @@ class AttentionBackend(StrEnum):
     fa3 = "fa3"
     flashinfer = "flashinfer"
     triton = "triton"
+    # The run config's: decided on the driver from the GPU it sees (top_rl/driver/backend_choice.py) before any check;
+    # no contract allows it, so it never reaches an engine, a KernelPlan or a checkpoint.
+    auto = "auto"
 
 
 @dataclass(frozen=True)
@@ -112,10 +115,11 @@ class TopContract:
     radix_cache_required_off: tuple[str, ...]
     # Sampling settings under which returned log-probs are the sampled distribution's (§6.3-6.4).
     required_sampling: tuple[tuple[str, float | int], ...] = field(default=())
-    # Attention backends whose decode kernel is proven (torch.equal on the GPU) to give the bits of its
-    # extend/prefill kernel: only these may serve `logprob_source=decode`, where the gate compares the sampler's
-    # decode-step log-probs with the trainer's prefill recompute. Empty: none is proven. Measured on an H200:
-    # triton's split-KV decode differs from its extend on a few tokens; fa3 and flashinfer are unmeasured.
+    # Attention backends whose decode kernel is proven (torch.equal on the GPU, against a live server of this release:
+    # tests/gpu/test_fa3_decode.py) to give the bits of its extend/prefill kernel: only these may serve
+    # `logprob_source=decode`, where the gate compares the sampler's decode-step log-probs with the trainer's prefill
+    # recompute. Empty: none is proven. triton's split-KV decode differs from its extend on ~7% of tokens (H100, H200)
+    # and flashinfer's on a few: they stay on the prefill re-score.
     decode_equals_extend: tuple[str, ...] = field(default=())
     gemm: str = "triton_persistent"  # a key of GEMM_PATHS
     engine_flags_off: tuple[tuple[str, str], ...] = ENGINE_FLAGS_OFF  # (flag, why) pairs, §1.2
@@ -204,6 +208,9 @@ QWEN3_DENSE_TOP_V1 = TopContract(
     ),
     # §11.1: SGLang's Triton persistent GEMM, proven batch-invariant on the H200 (tests/gpu/test_invariance.py).
     gemm="triton_persistent",
+    # fa3 (sgl_kernel 0.4.2's FA3, num_splits=1 in deterministic mode, §5): its decode gives its extend's bits on every
+    # case of tests/gpu/test_fa3_decode.py against a live 0.5.11 server on an H100 (bench/RESULTS.md session 18).
+    decode_equals_extend=("fa3",),
 )
 
 # The same contract on DeepGEMM's bf16_gemm_nn: SGLang's own Hopper default, at ~cuBLAS speed. The engine's DeepGEMM
@@ -212,8 +219,10 @@ QWEN3_DENSE_TOP_V1 = TopContract(
 # (tests/gpu/test_deepgemm.py), SGLang's own Qwen3ForCausalLM equal to the trainer layer by layer, logits and
 # log-probs (tests/gpu/test_sglang_reference.py), trainer == native engine (docs/numerics.md §11, Question 1). Needs
 # an sm90+ GPU and that deep_gemm on both sides; the default stays the Triton GEMM, which runs anywhere.
+# decode_equals_extend: empty until fa3's decode is measured with DeepGEMM's GEMMs (a decode step's M is the batch,
+# an extend's the tokens: batch-invariant GEMMs make that irrelevant, but this pairing has not run live).
 QWEN3_DENSE_TOP_V1_DEEPGEMM = dataclasses.replace(QWEN3_DENSE_TOP_V1, name="qwen3_dense_top_v1_deepgemm",
-                                                  gemm="deepgemm")
+                                                  gemm="deepgemm", decode_equals_extend=())
 
 # SGLang 0.5.17 (the newest release on torch 2.11): the same dense-Qwen3 contract, read from that wheel's source
 # (docs/numerics_0.5.17.md; its release adapter is top_rl/sglang_release.py). Two more flags keep 0.5.11's numerics:
@@ -238,6 +247,8 @@ QWEN3_DENSE_TOP_V1_SGLANG_0_5_17 = dataclasses.replace(
     engine_flags=QWEN3_DENSE_TOP_V1.engine_flags + ("--cuda-graph-backend-prefill", "disabled",
                                                     "--bf16-gemm-backend", "torch"),
     engine_flags_off=ENGINE_FLAGS_OFF_0_5_17,
+    # fa3's decode is not yet proven against a live 0.5.17 server (sglang-kernel 0.4.5's FA3): the prefill re-score
+    decode_equals_extend=(),
 )
 # 0.5.17's DeepGEMM (recorded, not offered): the same digest function over sgl-deep-gemm 0.1.5.post1's deep_gemm/
 DEEPGEMM_SOURCE_0_5_17 = {

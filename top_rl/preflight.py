@@ -59,12 +59,27 @@ class Ready:
     sglang: tuple = ()  # rollout=sglang: each engine's checked SglangEngineConfig
     placement: placement.Placement | None = None
     faults: FaultPlan = NO_FAULTS  # test-only: what TOP_RL_FAULT names (top_rl.run.fault_injection)
+    backend: Any = None  # what `auto` chose (top_rl.driver.backend_choice.BackendChoice); None: nothing was auto
 
 
 def fault_plan(cfg, ready: Ready) -> None:
     """Test-only: TOP_RL_FAULT, read here once into the run plan (top_rl.run.fault_injection); a malformed one is
     refused naming the bad part."""
     ready.faults = FaultPlan.from_env()
+
+
+def backend_choice(cfg, ready: Ready) -> None:
+    """`auto` for top.attention_backend / rollout.logprob_source, decided here once from the GPU the driver sees and
+    the contract (top_rl/driver/backend_choice.py: fa3 with the decode source on Hopper where the contract proves it),
+    written into cfg before any other check reads it."""
+    from top_rl.driver import backend_choice as choice
+
+    try:
+        ready.backend = choice.resolve(cfg)
+    except ValueError as e:
+        raise Refused(str(e)) from None
+    if ready.backend is not None and not cfg.dry_run:  # a dry run prints it in its plan (stdout is the JSON)
+        print(f"[top-rl] attention backend: {ready.backend.why}", flush=True)
 
 
 def config_values(cfg, ready: Ready) -> None:
@@ -226,7 +241,7 @@ def resume_state(cfg, ready: Ready) -> None:
         raise
 
 
-CONFIG_CHECKS = (fault_plan, config_values, task_config, sglang_engines, trainer_layout)
+CONFIG_CHECKS = (fault_plan, backend_choice, config_values, task_config, sglang_engines, trainer_layout)
 CHECKS = CONFIG_CHECKS + (resources, run_dir_writable, task_data, model_fits_task, host_memory, shared_gpu_memory,
                           prompt_lengths, resume_state)
 # What a sweep checks for every job before its first job starts (top_rl.cli): the config's refusals and those this
@@ -265,7 +280,8 @@ def run_plan(cfg, ready: Ready) -> RunPlan:
                           faults=ready.faults)
     return RunPlan(
         cluster=cfg.cluster, placement=ready.placement,
-        kernels=resolve_kernel_plan(cfg),  # decided once, here; written back into cfg.top.fast_paths
+        # decided once, here; written back into cfg.top.fast_paths; why its attention kernel is the one it is
+        kernels=resolve_kernel_plan(cfg, ready.backend.why if ready.backend else None),
         engines=tuple(EngineSpec(cfg.rollout.engine, cfg.rollout.logprob_source, cfg.model.dtype, ready.model_cfg, sglang=s)
                       for s in sglang),
         trainer=trainer, faults=ready.faults,

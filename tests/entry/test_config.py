@@ -56,7 +56,7 @@ def _top_rl(*args, timeout=120):
 def test_cli_bad_override_exits_nonzero_with_message(tmp_path):
     out = _top_rl(f"run_dir={tmp_path}", "rollout.logprob_source=sampler")
     assert out.returncode != 0
-    assert "rollout.logprob_source=sampler" in out.stderr and "expected one of [prefill, decode]" in out.stderr
+    assert "rollout.logprob_source=sampler" in out.stderr and "expected one of [prefill, decode, auto]" in out.stderr
     out = _top_rl(f"run_dir={tmp_path}", "no_such_key=1")
     assert out.returncode != 0 and "no_such_key" in out.stderr
     assert not (tmp_path / "metrics.jsonl").exists()  # nothing ran
@@ -127,7 +127,12 @@ def test_the_gpu_tests_decode_claim_is_asserted_or_refused(backend, monkeypatch)
     from top_rl import contract
     from tests.gpu._common import decode_equals_extend_claimed
 
-    assert decode_equals_extend_claimed(backend) is False  # no contract claims one today: all refuse
+    # 0.5.11's Triton-GEMM contract claims fa3 (proven live, tests/gpu/test_fa3_decode.py); every other contract and
+    # backend refuses (decode_equals_extend_claimed asserts the refusals of those that do not claim it)
+    assert decode_equals_extend_claimed(backend) is (backend == "fa3")
+    assert contract.QWEN3_DENSE_TOP_V1.decode_equals_extend == ("fa3",)
+    assert contract.QWEN3_DENSE_TOP_V1_SGLANG_0_5_17.decode_equals_extend == ()
+    assert contract.QWEN3_DENSE_TOP_V1_DEEPGEMM.decode_equals_extend == ()
     claims = {n: dataclasses.replace(c, decode_equals_extend=(backend,)) for n, c in contract.CONTRACTS.items()}
     monkeypatch.setattr(contract, "CONTRACTS", claims)
     assert decode_equals_extend_claimed(backend) is True  # claimed: the GPU tests then assert equal bits

@@ -65,6 +65,9 @@ class KernelPlan:
     backend: str = "reference"  # top_rl.kernels.KernelBackend: reference | plain | stock | sglang
     attention: str | None = None  # the engines' --attention-backend (sglang backend); None: not chosen
     fast_paths: FastPaths = field(default_factory=FastPaths)  # this plan's own copy (build), never the config's
+    # where the run config said `auto`: the GPU the driver saw and the rule that chose `attention`
+    # (top_rl.driver.backend_choice); None: the config named it
+    attention_chosen_by: str | None = None
 
     def __post_init__(self):
         top = _contract.get(self.contract)  # an unknown name fails here, not at the first GEMM
@@ -79,6 +82,7 @@ class KernelPlan:
 
     def as_dict(self) -> dict:
         return {"backend": self.backend, "contract": self.contract, "attention": self.attention,
+                **({"attention_chosen_by": self.attention_chosen_by} if self.attention_chosen_by else {}),
                 "fast_paths": {k: str(v) if isinstance(v, StrEnum) else v
                                for k, v in dataclasses.asdict(self.fast_paths).items()}}
 
@@ -101,7 +105,7 @@ def _switch(name: str, value: str, default):
 
 
 def build(backend: str = "reference", contract: str | None = None, attention: str | None = None,
-          fast_paths=None, environ=None) -> KernelPlan:
+          fast_paths=None, environ=None, attention_chosen_by: str | None = None) -> KernelPlan:
     """The plan for these settings (a run passes its config's). `contract` / `attention` None: $TOP_RL_CONTRACT /
     $TOP_RL_ATTENTION_BACKEND, else contract.fallback() (a process with no run config: a test, a bench) / none
     chosen. `fast_paths` (FastPaths or the config's
@@ -116,7 +120,8 @@ def build(backend: str = "reference", contract: str | None = None, attention: st
             value = _switch(f.name, env[FAST_PATH_ENV[f.name]], f.default)
         switches[f.name] = type(f.default)(value) if isinstance(f.default, StrEnum) else bool(value)
     return KernelPlan(backend=str(backend), contract=contract or env.get(CONTRACT_ENV) or _contract.fallback().name,
-                      attention=attention or env.get(ATTENTION_ENV) or None, fast_paths=FastPaths(**switches))
+                      attention=attention or env.get(ATTENTION_ENV) or None, fast_paths=FastPaths(**switches),
+                      attention_chosen_by=attention_chosen_by)
 
 
 _installed: KernelPlan | None = None

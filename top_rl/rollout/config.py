@@ -18,6 +18,9 @@ class LogprobSource(StrEnum):
 
     prefill = "prefill"  # the engine re-scores finished sequences (fp32, untempered)
     decode = "decode"  # the sampler's own log-probs (tempered, compute dtype)
+    # decode where the contract proves the attention backend's decode equal to its extend, else prefill; decided on
+    # the driver with top.attention_backend (top_rl/driver/backend_choice.py) before any check
+    auto = "auto"
 
 
 class OnLongPrompt(StrEnum):
@@ -36,7 +39,9 @@ class RolloutConfig:
     n_samples: int = 8  # samples per prompt (the GRPO group)
     max_new_tokens: int = 4  # response length limit; longer responses are cut (rollout/truncated_frac)
     temperature: float = 1.0  # sampling temperature (> 1e-6: TOP samples)
-    logprob_source: LogprobSource = LogprobSource.prefill  # the gate compares the trainer against this source
+    # the gate compares the trainer against this source; auto: decode where the contract proves the attention backend's
+    # decode equal to its extend (no re-score pass), else prefill
+    logprob_source: LogprobSource = LogprobSource.prefill
     # a prompt the context cannot hold: error (all checked at start) | truncate | skip
     on_long_prompt: OnLongPrompt = OnLongPrompt.error
     # 0: synchronous (the rollout of step k+1 starts after step k's weights are pushed). 1: one step off: the rollout
