@@ -131,6 +131,18 @@ def run_dir_writable(cfg, ready: Ready) -> None:
                           "metrics or checkpoints. Fix the permissions, or pick a writable run_dir=")
 
 
+def run_dir_entries(cfg, ready: Ready) -> None:
+    """What the run itself writes in run_dir is not already there as a link: run.lock (written through, it would
+    change a file outside the run: top_rl.run.lock) and checkpoints/step_N.tmp or .old (a checkpoint write removes
+    and recreates them: a link there failed the run after its step trained)."""
+    refusal = run_lock.refusal(cfg.run_dir)
+    if refusal:
+        raise Refused(refusal)
+    refusal = checkpoint.scratch_refusal(Path(cfg.run_dir))
+    if refusal:
+        raise Refused(refusal)
+
+
 def task_data(cfg, ready: Ready) -> None:
     """The dataset loads (bad rows named file:line) and is not empty."""
     ready.task = task = prompts.load_task(cfg.task)
@@ -227,11 +239,11 @@ def resume_state(cfg, ready: Ready) -> None:
 
 
 CONFIG_CHECKS = (fault_plan, config_values, task_config, sglang_engines, trainer_layout)
-CHECKS = CONFIG_CHECKS + (resources, run_dir_writable, task_data, model_fits_task, host_memory, shared_gpu_memory,
+CHECKS = CONFIG_CHECKS + (resources, run_dir_writable, run_dir_entries, task_data, model_fits_task, host_memory, shared_gpu_memory,
                           prompt_lengths, resume_state)
 # What a sweep checks for every job before its first job starts (top_rl.cli): the config's refusals and those this
 # machine decides from the config alone (run_dir, memory), not the data's or the checkpoints'.
-SWEEP_CHECKS = CONFIG_CHECKS + (run_dir_writable, host_memory)
+SWEEP_CHECKS = CONFIG_CHECKS + (run_dir_writable, run_dir_entries, host_memory)
 
 
 def check(cfg, checks=CHECKS) -> Ready:

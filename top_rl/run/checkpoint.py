@@ -110,14 +110,34 @@ def _fsync_tree(path: Path) -> None:
     _fsync(path)
 
 
+def _scratch(root: Path) -> list[Path]:
+    """What interrupted writes leave in checkpoints/: `step_N.tmp` and `step_N.old` (begin removes them)."""
+    return [*root.glob(f"{STEP_PREFIX}*.tmp"), *root.glob(f"{STEP_PREFIX}*.old")]
+
+
+def scratch_refusal(run_dir: Path) -> str | None:
+    """A `step_N.tmp` / `.old` in run_dir's checkpoints/ that is not a directory (a link, a file): top-rl never
+    writes one, and the checkpoint write that replaces it would fail after its step trained (pre-flight). Reads only."""
+    root = _dir(run_dir)
+    for path in sorted(_scratch(root)) if root.is_dir() else []:
+        if path.is_symlink() or not path.is_dir():
+            what = f"a symbolic link (to {os.readlink(path)})" if path.is_symlink() else "not a directory"
+            return (f"{path} is {what}: top-rl writes only directories there (an unfinished checkpoint), and would "
+                    f"fail replacing it after a step trained; remove {path} (nothing was written)")
+    return None
+
+
 def begin(run_dir: Path, step: int, faults: FaultPlan = NO_FAULTS) -> "Writer":
     """Start the step-`step` checkpoint: its `step_NNNNNN.tmp/` directory, created empty after removing what writes a
     crash interrupted left (one writer per run: the run lock). `faults`: the run plan's (test-only)."""
     root = _dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{STEP_PREFIX}{step:06d}"
-    for leftover in [*root.glob(f"{STEP_PREFIX}*.tmp"), *root.glob(f"{STEP_PREFIX}*.old")]:
-        shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in _scratch(root):
+        if leftover.is_symlink() or not leftover.is_dir():  # pre-flight refused one; planted since: the link goes,
+            leftover.unlink(missing_ok=True)                # never what it points to
+        else:
+            shutil.rmtree(leftover, ignore_errors=True)
     writer = Writer(Path(run_dir), step, final, faults)
     writer.tmp.mkdir()
     return writer
