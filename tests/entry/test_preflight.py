@@ -111,6 +111,11 @@ def _gsm(data: Path, name: str) -> list[str]:
      "rollout.prompts_per_step (over "),
     (["model.hidden_size=100000", "model.intermediate_size=100000"], "parameters x (1 engine(s) x 4 B + 1 trainer "
      "replica(s) x 16 B)). A smaller model (model.*), or actors on GPUs"),
+    # Issue 54 item 8: these passed dry_run=true and the checks, then failed after Ray started
+    (["cluster.torch_threads=-1"], "cluster.torch_threads=-1 must be >= 1, or 0 (the machine's cores)"),
+    (["trainer.seed=-1"], "trainer.seed=-1 must be between 0 and 4294967295 (numpy's seed range"),
+    ([f"trainer.seed={2 ** 70}"], f"trainer.seed={2 ** 70} must be between 0 and 4294967295"),
+    (["seed=-1"], "seed=-1 must be between 0 and 4294967295"),
 ])
 def test_config_refusals_come_before_anything_starts(tmp_path, nothing_starts, overrides, message):
     run_dir = tmp_path / "run"
@@ -149,6 +154,37 @@ def test_data_that_is_no_regular_file_is_refused_unread(tmp_path, nothing_starts
         for task in ("gsm8k", "dapo"):
             assert f"task.path={path} is {kind}, not a regular file: nothing was read from it" in \
                 _refused(tmp_path / "run", f"task={task}", f"task.path={path}", f"task.tokenizer={data / 'tok'}")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("overrides", [["cluster.torch_threads=-1"], ["trainer.seed=-1"], [f"trainer.seed={2 ** 70}"]])
+def test_a_dry_run_refuses_what_the_actors_would(tmp_path, overrides):
+    """Issue 54 item 8: dry_run=true planned these; the run then failed in every actor."""
+    with pytest.raises(preflight.REFUSALS, match=re.escape(overrides[0].split("=")[0] + "=")):
+        preflight.check(compose([f"run_dir={tmp_path / 'run'}", *SMALL, "dry_run=true", *overrides]),
+                        preflight.CONFIG_CHECKS)
+
+
+def test_a_model_safetensors_of_zeros_and_an_unreadable_task_path_are_named(tmp_path, nothing_starts, data):
+    """Issue 54 item 8: a model.safetensors of 2 GB of zeros (a failed download) passed the checks and failed in each
+    actor; task.path=/proc/self/mem (EIO on read) was refused without naming the file."""
+    from top_rl.model import save_model
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from helpers import tiny_model
+
+    model = tmp_path / "model"
+    save_model(tiny_model(vocab_size=32), model)
+    with open(model / "model.safetensors", "r+b") as f:  # sparse: 2 GB of zeros that take no disk
+        f.truncate(0)
+        f.truncate(2 << 30)
+    assert _refused(tmp_path / "run", f"model.path={model}") == (
+        f"{model / 'model.safetensors'} is not a safetensors file: its header length is 0 bytes in a {2 << 30}-byte "
+        "file; download it again, or point model.path at a complete Hugging Face checkpoint")
+    assert _refused(tmp_path / "run", *_gsm(data, "x")[:1], "task.path=/proc/self/mem",
+                    f"task.tokenizer={data / 'tok'}") == (
+        "task 'gsm8k': reading task.path=/proc/self/mem failed (Input/output error): point task.path at a readable "
+        "data file")
     assert not (tmp_path / "run").exists()
 
 
