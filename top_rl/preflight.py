@@ -8,7 +8,7 @@ state), so the run does not load it twice. A new refusal is one function and one
 Reading is all they do: the lock (top_rl.run.lock) is the run's first write, right after.
 `dry_run=true` runs CONFIG_CHECKS, those that need only the config (and model.path's config.json where this
 machine has it): the planning machine need not hold the data, the weights or the run's resources. A sweep runs
-SWEEP_CHECKS on every job before its first job starts (top_rl.cli.SweepPrecheck).
+SWEEP_CHECKS (its data included) on every job before its first job starts (top_rl.cli.SweepPrecheck).
 """
 
 from __future__ import annotations
@@ -241,9 +241,11 @@ def resume_state(cfg, ready: Ready) -> None:
 CONFIG_CHECKS = (fault_plan, config_values, task_config, sglang_engines, trainer_layout)
 CHECKS = CONFIG_CHECKS + (resources, run_dir_writable, run_dir_entries, task_data, model_fits_task, host_memory, shared_gpu_memory,
                           prompt_lengths, resume_state)
-# What a sweep checks for every job before its first job starts (top_rl.cli): the config's refusals and those this
-# machine decides from the config alone (run_dir, memory), not the data's or the checkpoints'.
-SWEEP_CHECKS = CONFIG_CHECKS + (run_dir_writable, run_dir_entries, host_memory)
+# What a sweep checks for every job before its first job starts (top_rl.cli): the config's refusals, run_dir's, the
+# job's data and model (task.path=good.jsonl,/dev/zero trained job 0, then refused job 1, leaving both behind), and
+# memory; not the checkpoints' (a resumed sweep's jobs verify theirs when each starts).
+SWEEP_CHECKS = CONFIG_CHECKS + (run_dir_writable, run_dir_entries, task_data, model_fits_task, host_memory,
+                                prompt_lengths)
 
 
 def check(cfg, checks=CHECKS) -> Ready:
