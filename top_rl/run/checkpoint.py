@@ -244,7 +244,7 @@ def load_verified(ckpt: Path, driver: bool = True) -> dict:
         step, world = int(state["step"]), int(state["world"])
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
         raise CheckpointInvalid(ckpt, "state.json", f"unreadable ({type(e).__name__}: {e})") from None
-    if not checkpoint_manifest.has_manifest(ckpt) and state.get("format", 1) >= 2:
+    if not checkpoint_manifest.has_manifest(ckpt) and state.get("format", 1) != 1:
         raise CheckpointInvalid(ckpt, checkpoint_manifest.NAME, "missing: the checkpoint cannot be verified")
     if step != step_of(ckpt):
         raise CheckpointInvalid(ckpt, "state.json", f"says step {step}, the directory name says {step_of(ckpt)}")
@@ -268,6 +268,11 @@ def load_verified(ckpt: Path, driver: bool = True) -> dict:
             state["driver"]["rng"]
         except Exception as e:  # noqa: BLE001 - any unpickling failure: name the file, never a traceback
             raise CheckpointInvalid(ckpt, "driver.pt", f"unreadable ({type(e).__name__}: {e})") from None
+        from top_rl.run import rng
+
+        why = rng.refusal(state["driver"]["rng"])  # restored only after Ray started: checked here, before it
+        if why:
+            raise CheckpointInvalid(ckpt, "driver.pt", f"its RNG state cannot be restored ({why})")
     return state
 
 
