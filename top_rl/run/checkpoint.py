@@ -301,6 +301,12 @@ def prepare(run_dir: Path, cfg) -> dict | None:
             raise ResumeRefused(
                 f"{run_dir} already holds checkpoints (latest: {found.name}); a fresh run there would "
                 "overwrite them. Continue it with resume=true, or start elsewhere with run_dir=<new dir>.")
+        earlier = _earlier_rows(Path(run_dir) / "metrics.jsonl")
+        if earlier:  # a run that wrote no checkpoint (checkpoint.enabled=false, stopped before its first)
+            raise ResumeRefused(
+                f"{Path(run_dir) / 'metrics.jsonl'} holds {earlier} of an earlier run that wrote no checkpoint; a "
+                "fresh run there would replace them, and resume=true has no checkpoint to continue from. Start "
+                "elsewhere with run_dir=<new dir>, or move that metrics.jsonl aside to start again here.")
         return None
     found, state, failed = newest_verified(run_dir)
     unsafe = [e for e in failed if isinstance(e, CheckpointUnsafe)]
@@ -336,6 +342,24 @@ def prepare(run_dir: Path, cfg) -> dict | None:
     return state
 
 
+def _earlier_rows(metrics: Path) -> str | None:
+    """The rows an earlier run left in `metrics` ("4 rows (steps 1-4)"), or None when it holds none. Reads only."""
+    try:
+        lines = [line for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    if not lines:
+        return None
+    steps = []
+    for line in lines:
+        try:
+            steps.append(int(json.loads(line)["step"]))
+        except (ValueError, KeyError, TypeError):
+            pass  # a torn or foreign row: counted, not named
+    span = f" (steps {min(steps)}-{max(steps)})" if steps else ""
+    return f"{len(lines)} row{'s' if len(lines) != 1 else ''}{span}"
+
+
 def saved_metrics(state: dict | None) -> list[str]:
     """The metrics lines the resumed checkpoint keeps (METRICS_TAIL, verified with the rest of it; none from a
     checkpoint written before checkpoints kept them)."""
@@ -366,7 +390,8 @@ def resume_hint(run_dir: Path) -> str:
     skipped = describe_failed(failed)
     if latest is None:
         return f"{run_dir} has no complete checkpoint{' that verifies' if failed else ''} yet: a new run starts " \
-               f"from step 0.{skipped}"
+               f"from step 0 (in another run_dir=, or here once metrics.jsonl is moved aside: a fresh run never " \
+               f"replaces the rows kept).{skipped}"
     from_cli = Path(sys.argv[0]).name in ("top-rl", "cli.py")  # the same overrides, plus resume=true
     args = [a for a in sys.argv[1:] if not a.startswith(("resume=", "+resume="))] if from_cli else []
     if not any(a.startswith("run_dir=") for a in args):
