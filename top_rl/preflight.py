@@ -179,18 +179,24 @@ def _arch_before_the_task(cfg):
 
 
 def host_memory(cfg, ready: Ready) -> None:
-    """The step's batch and, on a local run, the models of the actors computing on the CPU fit this host's memory
+    """The step's batch and, on a local run, the models of the actors computing on the CPU and the native CPU engines'
+    generate calls fit this host's memory
     (lower bounds: top_rl/driver/host_memory.py); a sweep's check runs it before the task is loaded."""
     from top_rl.driver import host_memory as host
 
     r, c = cfg.rollout, cfg.cluster
-    models = None
+    models = calls = None
     if not (c.address or os.environ.get("RAY_ADDRESS")):  # a local run: every actor is on this host
         arch = ready.model_cfg or _arch_before_the_task(cfg)
         engines = r.num_engines if r.engine != "sglang" and not c.engine_gpus else 0
         replicas = cfg.trainer.dp * cfg.trainer.cp if not c.trainer_gpus else 0
-        models = host.cpu_models(arch, cfg.model.dtype, engines, replicas) if arch is not None else None
-    refusal = host.refusal(r.prompts_per_step, r.n_samples, r.max_new_tokens, models, host.host_bytes())
+        if arch is not None:
+            models = host.cpu_models(arch, cfg.model.dtype, engines, replicas)
+            # rollout.n_samples=100000 (1.6 M samples in one native call) passed the batch bound alone and ran
+            # out of memory deep in its first rollout
+            calls = host.cpu_engine_calls(arch, cfg.model.dtype, engines, r.prompts_per_step * r.n_samples,
+                                          c.rollout_chunk, r.max_new_tokens) if engines else None
+    refusal = host.refusal(r.prompts_per_step, r.n_samples, r.max_new_tokens, models, host.host_bytes(), calls)
     if refusal:
         raise Refused(refusal)
 

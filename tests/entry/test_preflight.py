@@ -247,6 +247,43 @@ def test_cli_refusals_are_one_message_and_leave_no_run_dir(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+# ------------------------------------------------------------------ issue 54: a step no engine call can hold
+def test_a_step_whose_engine_call_cannot_fit_this_host_is_refused_with_its_numbers(tmp_path, nothing_starts,
+                                                                                    monkeypatch):
+    """rollout.n_samples=100000 (1.6 M samples in the native engine's one call) passed the batch bound alone (0.3 GiB
+    of it) and ran for ten minutes without a sample; its KV cache alone is 2.3 GiB, so a 2 GiB host refuses it."""
+    from top_rl.driver import host_memory
+
+    monkeypatch.setattr(host_memory, "host_bytes", lambda: 2 << 30)
+    message = _refused(tmp_path / "run", "rollout.prompts_per_step=16", "rollout.n_samples=100000",
+                       "rollout.max_new_tokens=2")
+    assert message.startswith("this host's 2.0 GiB of memory cannot hold the run: it needs at least "), message
+    assert "2.3 GiB for the KV cache of 1 CPU engine(s)' generate call(s) (1,600,000 rows a call x (>= 1 prompt " \
+           "token + rollout.max_new_tokens=2) positions x 512 B)" in message, message
+    assert "cluster.rollout_chunk" in message and "rollout.n_samples" in message
+    assert not (tmp_path / "run").exists()
+    # waves of cluster.rollout_chunk rows per engine call hold only those: the same step then fits
+    cfg = compose([f"run_dir={tmp_path / 'run'}", *SMALL, "rollout.prompts_per_step=16", "rollout.n_samples=100000",
+                   "rollout.max_new_tokens=2", "cluster.rollout_chunk=4096"])
+    preflight.host_memory(cfg, preflight.Ready())
+
+
+def test_cli_refuses_a_step_no_engine_call_can_hold_in_one_line_before_ray(tmp_path):
+    """The same in the shell, on this host: n_samples whose batch alone fits (the old bound let it start) and whose
+    engine call's KV cache does not."""
+    from top_rl.driver import host_memory
+
+    per_batch, per_kv = host_memory.sample_bytes(1), (1 + 1) * 2 * 2 * 2 * 16 * 4  # tiny: 2 layers, 2 KV heads x 16
+    n = int(host_memory.host_bytes() * 1.2) // (16 * (per_batch + per_kv)) + 1
+    assert 16 * n * per_batch < host_memory.host_bytes() // 2
+    out = _top_rl(tmp_path / "run", "rollout.prompts_per_step=16", f"rollout.n_samples={n}", "rollout.max_new_tokens=1")
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1, out.stderr[-3000:]
+    assert lines[0].startswith("top-rl: this host's ") and f"rollout.n_samples={n}" in lines[0]
+    assert "for the KV cache of 1 CPU engine(s)' generate call(s)" in lines[0] and "Ray" not in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 # ------------------------------------------------------------------ issue 32: the test-only fault plan
 def test_a_malformed_fault_spec_is_refused_before_anything_starts_naming_the_part(tmp_path, nothing_starts,
                                                                                    monkeypatch):
