@@ -107,8 +107,11 @@ def _gsm(data: Path, name: str) -> list[str]:
     (["model.init_std=-0.02"], "model.init_std=-0.02 must be >= 0"),
     (["rollout.prompts_per_step=1000000000"], "of memory cannot hold the run: it needs at least "),
     (["rollout.prompts_per_step=1000000000"], "for a step's batch on the driver (rollout.prompts_per_step=1000000000 "
-     "x rollout.n_samples=4 samples x (>= 1 prompt token x 16 B + rollout.max_new_tokens=3 x 96 B)). Lower "
-     "rollout.prompts_per_step (over "),
+     "x rollout.n_samples=4 samples x (>= 1 prompt token x 16 B + rollout.max_new_tokens=3 x 96 B)) + "),
+    # Issue 54: the native CPU engine's one call holds every sample's KV cache too
+    (["rollout.prompts_per_step=1000000000"], "for the KV cache of 1 CPU engine(s)' generate call(s) (4,000,000,000 "
+     "rows a call x (>= 1 prompt token + rollout.max_new_tokens=3) positions x 512 B) = "),
+    (["rollout.prompts_per_step=1000000000"], ". Lower rollout.prompts_per_step (over "),
     (["model.hidden_size=100000", "model.intermediate_size=100000"], "parameters x (1 engine(s) x 4 B + 1 trainer "
      "replica(s) x 16 B)). A smaller model (model.*), or actors on GPUs"),
     # Issue 54 item 8: these passed dry_run=true and the checks, then failed after Ray started
