@@ -192,8 +192,8 @@ def host_memory(cfg, ready: Ready) -> None:
         replicas = cfg.trainer.dp * cfg.trainer.cp if not c.trainer_gpus else 0
         if arch is not None:
             models = host.cpu_models(arch, cfg.model.dtype, engines, replicas)
-            # rollout.n_samples=100000 (1.6 M samples in one native call) passed the batch bound alone and ran
-            # out of memory deep in its first rollout
+            # the batch bound alone let a step start whose one native call could not hold its rows' KV cache
+            # (26.7 M samples: the engine failed to allocate 41 GB, after Ray started)
             calls = host.cpu_engine_calls(arch, cfg.model.dtype, engines, r.prompts_per_step * r.n_samples,
                                           c.rollout_chunk, r.max_new_tokens) if engines else None
     refusal = host.refusal(r.prompts_per_step, r.n_samples, r.max_new_tokens, models, host.host_bytes(), calls)
