@@ -170,6 +170,17 @@ def validate(cfg: RunConfig) -> RunConfig:
     for key in ("checkpoint.every", "cluster.max_engine_restarts"):
         if _get(cfg, key) < 0:
             errors.append(f"{key}={_get(cfg, key)} must be >= 0")
+    if not cfg.cluster.stop_grace_s >= 0:
+        errors.append(f"cluster.stop_grace_s={cfg.cluster.stop_grace_s} must be >= 0 (0: a stop signal abandons the "
+                      "step in progress at once)")
+    if cfg.cluster.torch_threads < 0:  # torch.set_num_threads refuses it in every actor, after Ray started
+        errors.append(f"cluster.torch_threads={cfg.cluster.torch_threads} must be >= 1, or 0 (the machine's cores)")
+    # Every process seeds python, numpy and torch with these (top_rl.run.rng.seed): numpy takes 0 .. 2**32 - 1 only,
+    # and refused -1 or 2**70 in each trainer actor, after Ray started (the driver's seed: in the driver, the same).
+    for key in ("seed", "trainer.seed"):
+        if not 0 <= _get(cfg, key) < 2 ** 32:
+            errors.append(f"{key}={_get(cfg, key)} must be between 0 and {2 ** 32 - 1} (numpy's seed range; every "
+                          "process seeds python, numpy and torch with it)")
     if contract.temperature_refusal(cfg.rollout.temperature):
         errors.append(f"rollout.temperature={cfg.rollout.temperature} {contract.temperature_refusal(cfg.rollout.temperature)}")
     errors += _optimizer_errors(cfg.trainer)

@@ -108,12 +108,14 @@ def run(cfg: RunConfig) -> dict:
     rng.seed(cfg.seed)
     # One run per run_dir; SIGINT/SIGTERM/SIGHUP stop the run after a checkpointed step; a dead trainer stops it
     # naming the checkpoint; a full disk stops it in one line, before the tracker and Ray shut down.
-    with faults.RunGuard(run_dir, plan.faults, cfg.checkpoint.enabled) as guard, run_lock.RunLock(run_dir), \
+    with faults.RunGuard(run_dir, plan.faults, cfg.checkpoint.enabled, cfg.cluster.stop_grace_s) as guard, \
+            run_lock.RunLock(run_dir), \
             contextlib.ExitStack() as cleanup, faults.StopOnFullDisk(run_dir):
         state = preflight.confirm_under_lock(cfg, ready)  # None: a fresh run (which never overwrites checkpoints)
         cluster = Cluster(plan)
         cleanup.callback(cluster.shutdown)
         guard.catch_signals()  # after Ray started (it installs a SIGTERM handler of its own)
+        cluster.stop_check = guard.abandon_if_due  # one signal ends a step that outlasts cluster.stop_grace_s
         lag = cfg.rollout.policy_lag
         start_step, position = checkpoint.resume_point(state)
         if state is not None:  # engines get the resumed weights before the first rollout
@@ -135,6 +137,7 @@ def run(cfg: RunConfig) -> dict:
             rng.restore(state["driver"]["rng"])
         next_rollout = None  # policy_lag=1: the next step's rollout, generating while this step trains
         for step in range(start_step, cfg.steps):
+            guard.step_started(step + 1)
             t0 = time.perf_counter()
             rollout = next_rollout or _Rollout(cluster, task, cfg, step, position, max_prompt_len, params)
             position = rollout.position
@@ -211,6 +214,7 @@ def run(cfg: RunConfig) -> dict:
             }
             # Log before checkpointing: a crash in between replays this step on resume, never loses its row.
             tracker.log(step + 1, last)
+            guard.step_logged(step + 1)
             if checkpoint.due(cfg.checkpoint, step + 1, cfg.steps, stopping=guard.stopping):
                 # the data position before the rollout in flight (policy_lag=1): a resume generates it again
                 save_checkpoint(run_dir, cfg, step + 1, position, cluster, task, tracker.run_id,

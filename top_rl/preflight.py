@@ -8,7 +8,7 @@ state), so the run does not load it twice. A new refusal is one function and one
 Reading is all they do: the lock (top_rl.run.lock) is the run's first write, right after.
 `dry_run=true` runs CONFIG_CHECKS, those that need only the config (and model.path's config.json where this
 machine has it): the planning machine need not hold the data, the weights or the run's resources. A sweep runs
-SWEEP_CHECKS on every job before its first job starts (top_rl.cli.SweepPrecheck).
+SWEEP_CHECKS (its data included) on every job before its first job starts (top_rl.cli.SweepPrecheck).
 """
 
 from __future__ import annotations
@@ -146,6 +146,18 @@ def run_dir_writable(cfg, ready: Ready) -> None:
                           "metrics or checkpoints. Fix the permissions, or pick a writable run_dir=")
 
 
+def run_dir_entries(cfg, ready: Ready) -> None:
+    """What the run itself writes in run_dir is not already there as a link: run.lock (written through, it would
+    change a file outside the run: top_rl.run.lock) and checkpoints/step_N.tmp or .old (a checkpoint write removes
+    and recreates them: a link there failed the run after its step trained)."""
+    refusal = run_lock.refusal(cfg.run_dir)
+    if refusal:
+        raise Refused(refusal)
+    refusal = checkpoint.scratch_refusal(Path(cfg.run_dir))
+    if refusal:
+        raise Refused(refusal)
+
+
 def task_data(cfg, ready: Ready) -> None:
     """The dataset loads (bad rows named file:line) and is not empty."""
     ready.task = task = prompts.load_task(cfg.task)
@@ -182,18 +194,24 @@ def _arch_before_the_task(cfg):
 
 
 def host_memory(cfg, ready: Ready) -> None:
-    """The step's batch and, on a local run, the models of the actors computing on the CPU fit this host's memory
+    """The step's batch and, on a local run, the models of the actors computing on the CPU and the native CPU engines'
+    generate calls fit this host's memory
     (lower bounds: top_rl/driver/host_memory.py); a sweep's check runs it before the task is loaded."""
     from top_rl.driver import host_memory as host
 
     r, c = cfg.rollout, cfg.cluster
-    models = None
+    models = calls = None
     if not (c.address or os.environ.get("RAY_ADDRESS")):  # a local run: every actor is on this host
         arch = ready.model_cfg or _arch_before_the_task(cfg)
         engines = r.num_engines if r.engine != "sglang" and not c.engine_gpus else 0
         replicas = cfg.trainer.dp * cfg.trainer.cp if not c.trainer_gpus else 0
-        models = host.cpu_models(arch, cfg.model.dtype, engines, replicas) if arch is not None else None
-    refusal = host.refusal(r.prompts_per_step, r.n_samples, r.max_new_tokens, models, host.host_bytes())
+        if arch is not None:
+            models = host.cpu_models(arch, cfg.model.dtype, engines, replicas)
+            # the batch bound alone let a step start whose one native call could not hold its rows' KV cache
+            # (26.7 M samples: the engine failed to allocate 41 GB, after Ray started)
+            calls = host.cpu_engine_calls(arch, cfg.model.dtype, engines, r.prompts_per_step * r.n_samples,
+                                          c.rollout_chunk, r.max_new_tokens) if engines else None
+    refusal = host.refusal(r.prompts_per_step, r.n_samples, r.max_new_tokens, models, host.host_bytes(), calls)
     if refusal:
         raise Refused(refusal)
 
@@ -242,11 +260,14 @@ def resume_state(cfg, ready: Ready) -> None:
 
 
 CONFIG_CHECKS = (fault_plan, backend_choice, config_values, task_config, sglang_engines, trainer_layout)
-CHECKS = CONFIG_CHECKS + (resources, run_dir_writable, task_data, model_fits_task, host_memory, shared_gpu_memory,
+CHECKS = CONFIG_CHECKS + (resources, run_dir_writable, run_dir_entries, task_data, model_fits_task, host_memory,
+                          shared_gpu_memory,
                           prompt_lengths, resume_state)
-# What a sweep checks for every job before its first job starts (top_rl.cli): the config's refusals and those this
-# machine decides from the config alone (run_dir, memory), not the data's or the checkpoints'.
-SWEEP_CHECKS = CONFIG_CHECKS + (run_dir_writable, host_memory)
+# What a sweep checks for every job before its first job starts (top_rl.cli): the config's refusals, run_dir's, the
+# job's data and model (task.path=good.jsonl,/dev/zero trained job 0, then refused job 1, leaving both behind), and
+# memory; not the checkpoints' (a resumed sweep's jobs verify theirs when each starts).
+SWEEP_CHECKS = CONFIG_CHECKS + (run_dir_writable, run_dir_entries, task_data, model_fits_task, host_memory,
+                                prompt_lengths)
 
 
 def check(cfg, checks=CHECKS) -> Ready:

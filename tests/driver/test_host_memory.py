@@ -62,3 +62,27 @@ def test_the_engine_model_bound_is_below_the_real_model(dtype):
     models = host_memory.cpu_models(model.cfg, dtype, engines=1, trainer_replicas=0)
     assert sum(p.numel() for p in model.parameters()) == models.params
     assert models.bytes <= real
+
+
+@pytest.mark.parametrize("dtype, max_new_tokens", [("float32", 2), ("bfloat16", 5)])
+def test_the_engine_call_bound_is_below_the_kv_cache_the_native_engine_allocates(monkeypatch, dtype, max_new_tokens):
+    """Issue 54: one native generate call holds the KV cache of every row at once; the bound counts one-token prompts."""
+    model = tiny_model(dtype)
+    held = []
+    real = type(model).new_kv_cache
+
+    def recorded(self, slots, max_len):
+        cache = real(self, slots, max_len)
+        held.append(cache.k.nbytes + cache.v.nbytes)
+        return cache
+    monkeypatch.setattr(type(model), "new_kv_cache", recorded)
+    rows = 24
+    with kernels.use_backend("reference"):
+        NativeEngine(model, "decode", eos_token_id=-1).generate([[5]] * rows, list(range(rows)),
+                                                                SamplingParams(max_new_tokens, 1.0))
+    calls = host_memory.cpu_engine_calls(model.cfg, dtype, engines=1, samples=rows, rollout_chunk=0,
+                                         max_new_tokens=max_new_tokens)
+    assert calls.rows == rows and held and calls.bytes <= held[0]
+    # a wave of rollout.chunk rows per engine holds only those; two engines split the step
+    assert host_memory.cpu_engine_calls(model.cfg, dtype, 2, 1000, 8, 2).rows == 8
+    assert host_memory.cpu_engine_calls(model.cfg, dtype, 2, 1001, 0, 2).rows == 501

@@ -130,6 +130,12 @@ def test_a_checkpoint_whose_state_contradicts_itself_is_refused_before_ray(saved
     ({"position": {"epoch": 0}}, "position={'epoch': 0} must be"),
     ({"run_id": 7}, "run_id=7 must be a string or null (the wandb run id)"),
     ({"config": {}}, "config.trainer is missing"),
+    # issue 54 item 6: each of these passed, then failed after Ray started (a traceback, an actor error)
+    ({"step": "6"}, "step='6' must be a whole number >= 0 (below 2**63)"),
+    ({"step": 6.5}, "step=6.5 must be a whole number >= 0"),
+    ({"behaviour_version": 10 ** 24}, f"behaviour_version={10 ** 24} must be a whole number >= 0 (below 2**63)"),
+    ({"format": "2"}, "format='2' must be a whole number"),
+    ({"config": []}, "config=[] must be the resolved config the checkpoint was written with"),
 ])
 def test_the_resume_checks_every_key_of_state_json_it_uses(saved_run, changes, message):
     from top_rl.cli import compose
@@ -141,6 +147,51 @@ def test_the_resume_checks_every_key_of_state_json_it_uses(saved_run, changes, m
     with pytest.raises(checkpoint.ResumeRefused) as refused:
         checkpoint.prepare(run_dir, cfg)
     assert str(refused.value).startswith(f"resume refused: {state}: {message}"), str(refused.value)
+
+
+@pytest.mark.slow
+def test_a_tampered_state_json_or_driver_rng_is_refused_in_one_line_before_ray(saved_run):
+    """Issue 54 item 6, end to end: "step": "6" with the manifest recomputed gave a 37-line traceback after Ray
+    started, and a driver RNG state of the wrong size a 78-line one. Now both are one `top-rl:` line, before Ray."""
+    import torch
+
+    from top_rl.run import manifest, safe_load
+
+    run_dir, _ = saved_run
+    state = _edit_state(run_dir, step="6")
+    before = rl_runs.tree_hash(run_dir)
+    err = _refused(run_dir)
+    assert err.strip().splitlines() == [
+        f"top-rl: resume refused: {state}: step='6' must be a whole number >= 0 (below 2**63). The checkpoint verifies "
+        "but contradicts itself (edited after it was written?); restore it from a copy, or move it aside to resume "
+        "from an earlier one."], err[-3000:]
+    assert rl_runs.tree_hash(run_dir) == before
+
+    _edit_state(run_dir, step=rl_runs.STEPS)
+    driver = rl_runs.final_checkpoint(run_dir) / "driver.pt"
+    saved = safe_load.load(driver)
+    saved["rng"]["torch"] = saved["rng"]["torch"][:-8]  # a generator state 8 bytes short
+    torch.save(saved, driver)
+    manifest.write(driver.parent)
+    older = sorted((run_dir / "checkpoints").iterdir())[:-1]
+    for ckpt in older:  # the newest only: the refusal, not a fallback to an older checkpoint
+        __import__("shutil").rmtree(ckpt)
+    err = _refused(run_dir)
+    assert err.strip().splitlines() == [
+        f"top-rl: resume refused: no checkpoint in {run_dir} verifies:",
+        f"  {driver.parent.name} fails verification, skipped: driver.pt: its RNG state cannot be restored "
+        f"(RuntimeError: {_torch_state_error(saved['rng']['torch'])})",
+        "Restore them from a copy, or move them aside to start again from step 0."], err[-3000:]
+
+
+def _torch_state_error(bad) -> str:
+    import torch
+
+    try:
+        torch.Generator().set_state(bad)
+    except RuntimeError as e:
+        return str(e).splitlines()[0]
+    raise AssertionError("a short state was accepted")
 
 
 @pytest.mark.slow

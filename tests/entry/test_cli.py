@@ -105,6 +105,26 @@ def test_a_sweep_checks_every_job_before_the_first_starts(tmp_path, sweep, rc, m
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_sweep_checks_every_jobs_data_before_the_first_starts(tmp_path, tmp_path_factory):
+    """Issue 54 item 4: a sweep checked a job's data only when that job started: task.path=good.jsonl,/dev/zero
+    trained and checkpointed job 0, then refused job 1, leaving sweep/0, an empty sweep/1 and multirun.yaml."""
+    from top_rl.tasks import ArithTask
+
+    data = tmp_path_factory.mktemp("sweep_data")
+    ArithTask().save_tokenizer(str(data / "tok"))
+    (data / "good.jsonl").write_text("".join(json.dumps({"question": f"What is {a}+1?", "answer": f"#### {a + 1}"})
+                                             + "\n" for a in range(4)))
+    d = tmp_path / "sweep"
+    out = _top_rl("-m", f"run_dir={d}", "steps=1", "task=gsm8k", f"task.tokenizer={data / 'tok'}",
+                  f"task.path={data / 'good.jsonl'},/dev/zero", "rollout.prompts_per_step=2", "rollout.n_samples=2",
+                  "rollout.max_new_tokens=2", "cluster.torch_threads=1", cwd=tmp_path)
+    assert out.returncode == 1 and out.stderr.splitlines() == [
+        "top-rl: sweep refused before any job started: job 1 (task.path=/dev/zero): task 'gsm8k': task.path=/dev/zero "
+        "is a character device, not a regular file: nothing was read from it; point task.path at a data file"], \
+        out.stderr[-3000:]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_sweep_with_an_empty_or_blocked_run_dir_is_refused(tmp_path):
     """Issue 30: `-m run_dir=` (an unset variable) put the jobs in ./0, ./1; a run_dir under a file failed in Hydra's
     mkdir with a traceback."""

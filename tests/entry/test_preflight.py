@@ -107,10 +107,18 @@ def _gsm(data: Path, name: str) -> list[str]:
     (["model.init_std=-0.02"], "model.init_std=-0.02 must be >= 0"),
     (["rollout.prompts_per_step=1000000000"], "of memory cannot hold the run: it needs at least "),
     (["rollout.prompts_per_step=1000000000"], "for a step's batch on the driver (rollout.prompts_per_step=1000000000 "
-     "x rollout.n_samples=4 samples x (>= 1 prompt token x 16 B + rollout.max_new_tokens=3 x 96 B)). Lower "
-     "rollout.prompts_per_step (over "),
+     "x rollout.n_samples=4 samples x (>= 1 prompt token x 16 B + rollout.max_new_tokens=3 x 96 B)) + "),
+    # Issue 54: the native CPU engine's one call holds every sample's KV cache too
+    (["rollout.prompts_per_step=1000000000"], "for the KV cache of 1 CPU engine(s)' generate call(s) (4,000,000,000 "
+     "rows a call x (>= 1 prompt token + rollout.max_new_tokens=3) positions x 512 B) = "),
+    (["rollout.prompts_per_step=1000000000"], ". Lower rollout.prompts_per_step (over "),
     (["model.hidden_size=100000", "model.intermediate_size=100000"], "parameters x (1 engine(s) x 4 B + 1 trainer "
      "replica(s) x 16 B)). A smaller model (model.*), or actors on GPUs"),
+    # Issue 54 item 8: these passed dry_run=true and the checks, then failed after Ray started
+    (["cluster.torch_threads=-1"], "cluster.torch_threads=-1 must be >= 1, or 0 (the machine's cores)"),
+    (["trainer.seed=-1"], "trainer.seed=-1 must be between 0 and 4294967295 (numpy's seed range"),
+    ([f"trainer.seed={2 ** 70}"], f"trainer.seed={2 ** 70} must be between 0 and 4294967295"),
+    (["seed=-1"], "seed=-1 must be between 0 and 4294967295"),
 ])
 def test_config_refusals_come_before_anything_starts(tmp_path, nothing_starts, overrides, message):
     run_dir = tmp_path / "run"
@@ -149,6 +157,37 @@ def test_data_that_is_no_regular_file_is_refused_unread(tmp_path, nothing_starts
         for task in ("gsm8k", "dapo"):
             assert f"task.path={path} is {kind}, not a regular file: nothing was read from it" in \
                 _refused(tmp_path / "run", f"task={task}", f"task.path={path}", f"task.tokenizer={data / 'tok'}")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("overrides", [["cluster.torch_threads=-1"], ["trainer.seed=-1"], [f"trainer.seed={2 ** 70}"]])
+def test_a_dry_run_refuses_what_the_actors_would(tmp_path, overrides):
+    """Issue 54 item 8: dry_run=true planned these; the run then failed in every actor."""
+    with pytest.raises(preflight.REFUSALS, match=re.escape(overrides[0].split("=")[0] + "=")):
+        preflight.check(compose([f"run_dir={tmp_path / 'run'}", *SMALL, "dry_run=true", *overrides]),
+                        preflight.CONFIG_CHECKS)
+
+
+def test_a_model_safetensors_of_zeros_and_an_unreadable_task_path_are_named(tmp_path, nothing_starts, data):
+    """Issue 54 item 8: a model.safetensors of 2 GB of zeros (a failed download) passed the checks and failed in each
+    actor; task.path=/proc/self/mem (EIO on read) was refused without naming the file."""
+    from top_rl.model import save_model
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from helpers import tiny_model
+
+    model = tmp_path / "model"
+    save_model(tiny_model(vocab_size=32), model)
+    with open(model / "model.safetensors", "r+b") as f:  # sparse: 2 GB of zeros that take no disk
+        f.truncate(0)
+        f.truncate(2 << 30)
+    assert _refused(tmp_path / "run", f"model.path={model}") == (
+        f"{model / 'model.safetensors'} is not a safetensors file: its header length is 0 bytes in a {2 << 30}-byte "
+        "file; download it again, or point model.path at a complete Hugging Face checkpoint")
+    assert _refused(tmp_path / "run", *_gsm(data, "x")[:1], "task.path=/proc/self/mem",
+                    f"task.tokenizer={data / 'tok'}") == (
+        "task 'gsm8k': reading task.path=/proc/self/mem failed (Input/output error): point task.path at a readable "
+        "data file")
     assert not (tmp_path / "run").exists()
 
 
@@ -208,6 +247,43 @@ def test_cli_refusals_are_one_message_and_leave_no_run_dir(tmp_path):
     out = _top_rl(tmp_path / "b", "rollout=sglang", "rollout.sglang.port=60000")
     assert out.returncode == 1 and "top-rl: port=60000: SGLang" in out.stderr
     assert "Traceback" not in out.stderr and "Ray" not in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ issue 54: a step no engine call can hold
+def test_a_step_whose_engine_call_cannot_fit_this_host_is_refused_with_its_numbers(tmp_path, nothing_starts,
+                                                                                    monkeypatch):
+    """rollout.n_samples=100000 (1.6 M samples in the native engine's one call) passed the batch bound alone (0.3 GiB
+    of it) and ran for ten minutes without a sample; its KV cache alone is 2.3 GiB, so a 2 GiB host refuses it."""
+    from top_rl.driver import host_memory
+
+    monkeypatch.setattr(host_memory, "host_bytes", lambda: 2 << 30)
+    message = _refused(tmp_path / "run", "rollout.prompts_per_step=16", "rollout.n_samples=100000",
+                       "rollout.max_new_tokens=2")
+    assert message.startswith("this host's 2.0 GiB of memory cannot hold the run: it needs at least "), message
+    assert "2.3 GiB for the KV cache of 1 CPU engine(s)' generate call(s) (1,600,000 rows a call x (>= 1 prompt " \
+           "token + rollout.max_new_tokens=2) positions x 512 B)" in message, message
+    assert "cluster.rollout_chunk" in message and "rollout.n_samples" in message
+    assert not (tmp_path / "run").exists()
+    # waves of cluster.rollout_chunk rows per engine call hold only those: the same step then fits
+    cfg = compose([f"run_dir={tmp_path / 'run'}", *SMALL, "rollout.prompts_per_step=16", "rollout.n_samples=100000",
+                   "rollout.max_new_tokens=2", "cluster.rollout_chunk=4096"])
+    preflight.host_memory(cfg, preflight.Ready())
+
+
+def test_cli_refuses_a_step_no_engine_call_can_hold_in_one_line_before_ray(tmp_path):
+    """The same in the shell, on this host: n_samples whose batch alone fits (the old bound let it start) and whose
+    engine call's KV cache does not."""
+    from top_rl.driver import host_memory
+
+    per_batch, per_kv = host_memory.sample_bytes(1), (1 + 1) * 2 * 2 * 2 * 16 * 4  # tiny: 2 layers, 2 KV heads x 16
+    n = int(host_memory.host_bytes() * 1.2) // (16 * (per_batch + per_kv)) + 1
+    assert 16 * n * per_batch < host_memory.host_bytes() // 2
+    out = _top_rl(tmp_path / "run", "rollout.prompts_per_step=16", f"rollout.n_samples={n}", "rollout.max_new_tokens=1")
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1, out.stderr[-3000:]
+    assert lines[0].startswith("top-rl: this host's ") and f"rollout.n_samples={n}" in lines[0]
+    assert "for the KV cache of 1 CPU engine(s)' generate call(s)" in lines[0] and "Ray" not in out.stderr
     assert list(tmp_path.iterdir()) == []
 
 

@@ -108,6 +108,29 @@ def test_ipc_push_end_to_end(ckpt, flattened, monkeypatch):
 
 
 @needs_sglang
+def test_a_disk_push_of_version_v_makes_the_server_report_v(ckpt, tmp_path):
+    """Issue 54 item 10: SglangDisk.receive called engine.update_weights, which numbered versions itself: pushing 1
+    then 4 (a resumed run, a replaced engine) made the server report '2' while the trainer held 4, as the IPC
+    transport does not. Now the server reports the version pushed, and samples carry it."""
+    from types import SimpleNamespace
+
+    from top_rl.weights.native import SglangDisk
+
+    params = SamplingParams(max_new_tokens=3, temperature=1.0)
+    with StandinServer(str(ckpt)) as srv:
+        eng = SglangEngine(sglang_engine_config(str(ckpt), port=srv.port, weights_dir=str(tmp_path / "w"),
+                                                keep_weight_versions=1), "fa3", top=V1)
+        actor = SimpleNamespace(engine=eng)
+        for version, seed in ((1, 3), (4, 5)):
+            SglangDisk.receive(actor, hf_state_dict(tiny_model(seed=seed)), version)
+            got = eng.generate([[3, 4, 5]], [7], params)
+            assert got[0].meta["weight_version"] == str(version) and eng.version == version
+        assert [b["weight_version"] for p, b in srv.requests if p == "/update_weights_from_disk"] == ["1", "4"]
+        assert got[0].logprobs == NativeEngine(tiny_model(seed=5)).generate([[3, 4, 5]], [7], params)[0].logprobs
+        assert sorted(p.name for p in (tmp_path / "w").iterdir() if p.name.startswith("v")) == ["v000004"]
+
+
+@needs_sglang
 def test_a_released_server_refuses_until_resumed_and_pushed(ckpt, monkeypatch):
     """cluster.gpu_handoff's engine side against the stand-in (its weights turn to NaN on release, as a real server's
     paused memory holds nothing it can trust): release, resume, then the push restores the trainer's weights."""

@@ -226,3 +226,19 @@ def test_the_memory_saver_comes_from_cluster_gpu_handoff_and_is_refused_by_hand(
     assert "--enable-memory-saver" in build_launch(on, on.attention_backend, base_env=ENV, check=False, top=C).argv
     with pytest.raises(TopConfigError, match=r"rollout.sglang.enable_memory_saver=true is set by cluster.gpu_handoff"):
         engine_config(compose([*base, "rollout.sglang.enable_memory_saver=true"]))
+
+
+def test_disk_pushed_weights_default_to_the_run_dir_not_the_system_temp_dir(tmp_path, monkeypatch):
+    """Issue 54: without rollout.sglang.weights_dir an engine wrote each version (and its server log beside them) to a
+    mkdtemp in /tmp, never removed. The default is resolved on the driver, under run_dir, one directory per engine."""
+    from top_rl.cli import compose
+    from top_rl.rollout.sglang_plan import engine_config
+
+    monkeypatch.chdir(tmp_path)  # run_dir relative: the engine's actor runs in another working directory
+    base = ["rollout=sglang", "model.path=/m", "run_dir=runs/r"]
+    for i in (0, 1):
+        cfg = engine_config(compose(base), index=i)
+        assert cfg.weights_dir == str(tmp_path / "runs" / "r" / "engines" / str(i))
+    assert not (tmp_path / "runs").exists()  # planned, not written: pre-flight only reads
+    chosen = engine_config(compose([*base, f"rollout.sglang.weights_dir={tmp_path / 'w'}"]))
+    assert chosen.weights_dir == str(tmp_path / "w")

@@ -76,6 +76,30 @@ def test_a_writer_never_committed_leaves_no_checkpoint_and_the_next_begin_cleans
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000001", "step_000003.tmp"]
 
 
+def test_a_step_tmp_symlink_is_refused_before_start_and_never_followed(tmp_path):
+    """Issue 54 item 7: a checkpoints/step_N.tmp that is a symbolic link failed the run with a FileExistsError after
+    step N trained (rmtree refuses a link, quietly; mkdir then found it). Pre-flight now refuses it in one line, and
+    a link planted after pre-flight is removed by begin, never what it points to."""
+    from top_rl import preflight
+    from top_rl.cli import compose
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    link = run_dir / "checkpoints" / "step_000001.tmp"
+    link.symlink_to(outside)
+    with pytest.raises(preflight.Refused) as refused:
+        preflight.check(compose([f"run_dir={run_dir}", "steps=1", "cluster.torch_threads=1"]))
+    assert str(refused.value) == (f"{link} is a symbolic link (to {outside}): top-rl writes only directories there "
+                                  f"(an unfinished checkpoint), and would fail replacing it after a step trained; "
+                                  f"remove {link} (nothing was written)")
+    saved = _save(run_dir, 1)
+    assert checkpoint.load_verified(saved)["step"] == 1 and not link.exists() and not link.is_symlink()
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+
+
 def test_a_step_saved_twice_replaces_the_first_copy(tmp_path):
     first = _save(tmp_path, 5)
     (first / "stale").write_text("only in the first copy")

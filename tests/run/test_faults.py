@@ -85,6 +85,47 @@ def test_sigterm_finishes_the_step_checkpoints_it_and_exits_nonzero(tmp_path):
     assert rl_runs.without_timing(rows[:n]) == rl_runs.without_timing(rl_runs.rows(rl_runs.baseline())[:n])
 
 
+@pytest.mark.slow
+def test_one_sigterm_stops_a_long_step_mid_rollout_within_the_grace_saying_what_was_kept(tmp_path):
+    """Issue 54: one SIGTERM let a step of 1.6 M samples run on (it never ended; a second one stopped it). Now the step
+    may run cluster.stop_grace_s more, then it is abandoned: the run exits in bounded time, naming what it kept."""
+    import threading
+
+    # 40 waves of 2,000 rows (memory stays small): minutes of rollout, then a training step on 80,000 samples
+    proc = rl_runs.start(tmp_path, *_with(BASE, rollout__n_samples=20000, cluster__rollout_chunk=2000,
+                                          cluster__stop_grace_s=2), "steps=2")
+    err: list[str] = []
+    rolling = threading.Event()
+
+    def read():
+        for line in proc.stderr:
+            err.append(line)
+            if "[top-rl] rollout " in line:  # the step's progress line: the rollout is under way
+                rolling.set()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert rolling.wait(240), "".join(err)[-3000:]
+        proc.send_signal(signal.SIGTERM)  # one
+        sent = time.monotonic()
+        rc = proc.wait(timeout=90)  # the grace, the actors' shutdown, Ray's: well under the step's minutes
+        took = time.monotonic() - sent
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        reader.join(10)
+    stderr = "".join(err)
+    assert rc == 128 + signal.SIGTERM, stderr[-3000:]
+    assert took < 60, (took, stderr[-3000:])
+    assert "top-rl: stopped by SIGTERM: step 1 did not finish within cluster.stop_grace_s=2 s of it and was " \
+           "abandoned (a resume redoes it). Kept: " in stderr and "with no rows" in stderr, stderr[-3000:]
+    assert "has no complete checkpoint yet" in stderr and "Traceback" not in stderr
+    assert rl_runs.rows(tmp_path) == [] and checkpoint.latest(tmp_path) is None
+    assert not (tmp_path / "run.lock").exists()
+
+
 def _stop_group_after(run_dir: Path, proc, step: int, sig: int):
     """Send `sig` to the run's whole process group (as timeout, Slurm or a closing terminal do) once step
     `step` is logged; the finished run."""

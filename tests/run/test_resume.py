@@ -135,6 +135,24 @@ def test_resume_without_a_complete_checkpoint_is_refused_and_changes_nothing(tmp
     assert not (tmp_path / "never_ran").exists()
 
 
+def test_a_fresh_run_never_replaces_the_rows_of_an_earlier_run_that_wrote_no_checkpoint(tmp_path):
+    """Issue 54 item 2: after a run with checkpoint.enabled=false, a fresh run on the same run_dir printed only
+    "fresh run: replacing .../metrics.jsonl" and the earlier rows were gone. Now it is refused in one line naming
+    the rows, the way out (another run_dir, or the file moved aside), and nothing in run_dir changes."""
+    run_dir = tmp_path / "run"
+    out = rl_runs.run(run_dir, *BASE, "steps=2", "checkpoint.enabled=false")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [r["step"] for r in rl_runs.rows(run_dir)] == [1, 2] and not (run_dir / "checkpoints").exists()
+    before = rl_runs.tree_hash(run_dir)
+    out = rl_runs.run(run_dir, *BASE, "steps=2", timeout=120)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert [line for line in out.stderr.splitlines() if line.startswith("top-rl")] == [
+        f"top-rl: {run_dir / 'metrics.jsonl'} holds 2 rows (steps 1-2) of an earlier run that wrote no checkpoint; a "
+        "fresh run there would replace them, and resume=true has no checkpoint to continue from. Start elsewhere with "
+        "run_dir=<new dir>, or move that metrics.jsonl aside to start again here."], out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and rl_runs.tree_hash(run_dir) == before
+
+
 def test_check_compatible_lists_keys_and_allow_changes_overrides():
     saved = {"steps": 6, "seed": 0, "rollout": {"temperature": 1.0, "n_samples": 4}, "checkpoint": {"every": 1},
              "resume_allow_changes": False}

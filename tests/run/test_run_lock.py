@@ -92,6 +92,43 @@ def test_top_rl_on_a_run_dir_the_test_holds_is_refused_and_leaves_the_lock(tmp_p
             RunLock(tmp_path).acquire()
 
 
+def test_a_run_lock_that_is_a_symlink_is_never_written_through(tmp_path):
+    """Issue 54 item 1: run.lock opened with O_CREAT followed a link: a run_dir carrying run.lock -> ~/.bashrc had the
+    file outside the run truncated and overwritten, and a dangling link created it there. Now the lock refuses."""
+    victim, run_dir = tmp_path / "victim", tmp_path / "run"
+    victim.write_text("precious\n")
+    run_dir.mkdir()
+    (run_dir / NAME).symlink_to(victim)
+    with pytest.raises(RunDirLocked, match=rf"{run_dir / NAME} is a symbolic link \(to {victim}\): top-rl writes its "
+                                           "lock only as a regular file"):
+        RunLock(run_dir).acquire()
+    assert victim.read_text() == "precious\n"
+    (run_dir / NAME).unlink()
+    (run_dir / NAME).symlink_to(tmp_path / "elsewhere")  # dangling: it would have been created outside the run
+    with pytest.raises(RunDirLocked, match="is a symbolic link"):
+        RunLock(run_dir).acquire()
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_top_rl_refuses_a_run_lock_symlink_in_one_line_before_anything_starts(tmp_path):
+    """The same with the CLI: one `top-rl:` line naming the link and the fix; the file it points to untouched."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import rl_runs
+    from rl_runs import BASE
+
+    victim, run_dir = tmp_path / "victim", tmp_path / "run"
+    victim.write_text("precious\n")
+    run_dir.mkdir()
+    (run_dir / NAME).symlink_to(victim)
+    out = rl_runs.run(run_dir, *BASE, "steps=1", "checkpoint.every=0", timeout=300)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert out.stderr.strip().splitlines() == [
+        f"top-rl: {run_dir / NAME} is a symbolic link (to {victim}): top-rl writes its lock only as a regular file "
+        f"inside run_dir and never writes through a link; remove {run_dir / NAME} (nothing was written), or use "
+        "another run_dir="], out.stderr[-3000:]
+    assert victim.read_text() == "precious\n" and sorted(p.name for p in run_dir.iterdir()) == [NAME]
+
+
 def _holder_pid(run_dir: Path) -> int | None:
     try:
         return json.loads((run_dir / NAME).read_text())["pid"]

@@ -66,6 +66,38 @@ def test_export_never_copies_through_a_link_in_a_checkpoint(tmp_path, capsys, ca
     assert rl_runs.tree_hash(run_dir) == before
 
 
+def test_a_hard_link_in_a_checkpoint_is_refused_and_copies_keep_at_most_the_source_mode(tmp_path, capsys):
+    """Issue 54 item 5: a hard link in hf/ to a file outside the run (/etc/shadow for the attacker who knows its bytes
+    to fake the manifest), manifest recomputed, was exported as out/notes.txt, mode 0644. A file with more than one
+    name is now refused like a symbolic link; and a copy never gets wider permissions than its source."""
+    secret = _outside(tmp_path) / "secret.txt"
+    os.chmod(secret, 0o600)
+    run_dir = tmp_path / "r"
+    ckpt = rl_runs.fake_run(run_dir, steps=(1, 2))
+    os.link(secret, ckpt / "hf" / "notes.txt")
+    rl_runs.manifest_through_links(ckpt)
+    out = tmp_path / "e"
+    for step in ([], ["step=2"]):
+        _refused([f"run_dir={run_dir}", f"out={out}", *step], capsys,
+                 f"{ckpt / 'hf' / 'notes.txt'}: is a hard link (2 names for one file, the others possibly outside the "
+                 "directory)", "Nothing was exported")
+        assert not out.exists()
+    (ckpt / "hf" / "notes.txt").unlink()
+    rl_runs.manifest_through_links(ckpt)
+    weights = next(p for p in (ckpt / "hf").iterdir() if p.name != "config.json" and p.is_file())
+    os.chmod(weights, 0o600)
+    assert export_main([f"run_dir={run_dir}", f"out={out}"]) == 0, capsys.readouterr().err
+    assert (out / weights.name).stat().st_mode & 0o777 == 0o600
+    assert (out / "config.json").stat().st_mode & 0o077 == (ckpt / "hf" / "config.json").stat().st_mode & 0o077 & \
+        ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @pytest.mark.parametrize("entry", ["../../../../../../../../../../etc/passwd", "/etc/passwd",
                                    "hf/../../../../../../../../../../etc/passwd"])
 def test_a_manifest_entry_outside_the_checkpoint_is_refused(tmp_path, capsys, entry):

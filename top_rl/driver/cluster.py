@@ -94,6 +94,7 @@ class Cluster:
         self.rollout_chunk = cfg.rollout_chunk
         self.weight_version = 0
         self.faults = plan.faults  # test-only (top_rl.run.fault_injection): kill_engine, kill_trainer
+        self.stop_check = lambda: None  # the loop's RunGuard.abandon_if_due, once it takes the signals
 
         t = plan.trainer
         self.trainers = [
@@ -143,13 +144,16 @@ class Cluster:
 
     def _get(self, refs, names: list[str], what: str, poll=None) -> list:
         """ray.get, fail-fast: the first actor that dies or raises ends the wait (see module doc). `poll()`, if
-        given, runs about every second while waiting."""
+        given, runs about every second while waiting, and so does `self.stop_check()`: a stop signal's grace may end
+        the wait (top_rl.run.faults.RunGuard.abandon_if_due; the actors are killed on the way out)."""
         index = {ref: i for i, ref in enumerate(refs)}
         pending = list(refs)
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=None if poll is None else 1.0)
+            ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
             if not ready:
-                poll()
+                self.stop_check()
+                if poll is not None:
+                    poll()
                 continue
             i = index[ready[0]]
             try:

@@ -12,6 +12,12 @@ never have run (it would have grown until the machine killed it, deep in a step)
   (model.dtype), a trainer rank its shard's weights, their fp32 master copy (unless they are fp32), their fp32
   gradients and Adam's two fp32 moments (top_rl.train.optim.CpuAdamW). The trainer ranks' shards together hold the
   whole model once per data- and context-parallel replica.
+- On a local run, every native engine that computes on the CPU generates all the rows of its call at once (its share
+  of the step's samples, or cluster.rollout_chunk of them per wave) and holds, for the whole call, the KV cache of
+  every row: each of its (>= 1 prompt + rollout.max_new_tokens) positions keeps a K and a V vector per layer and KV
+  head, in model.dtype (top_rl/rollout/native.py: model.new_kv_cache(rows, longest prompt + max_new_tokens)). Its
+  activations, logits and the samples it returns are not counted (measured: the tiny default model's call takes
+  ~75 KB a row on the reference kernels, its KV cache ~1.5 KB of it).
 """
 
 from __future__ import annotations
@@ -72,6 +78,35 @@ class CpuModels:
         return f"{_size(self.bytes)} for the CPU actors' models ({self.params:,} parameters x ({' + '.join(held)}))"
 
 
+@dataclass(frozen=True)
+class CpuEngineCalls:
+    """What the native engines computing on the CPU hold during one generate call each (module doc)."""
+
+    engines: int
+    rows: int  # samples in one engine's call
+    positions: int  # >= 1 prompt token + rollout.max_new_tokens
+    kv_position_bytes: int  # one row's K and V at one position, over every layer and KV head
+
+    @property
+    def bytes(self) -> int:
+        return self.engines * self.rows * self.positions * self.kv_position_bytes
+
+    def describe(self) -> str:
+        return (f"{_size(self.bytes)} for the KV cache of {self.engines} CPU engine(s)' generate call(s) ({self.rows:,} "
+                f"rows a call x (>= {MIN_PROMPT_TOKENS} prompt token + rollout.max_new_tokens={self.positions - MIN_PROMPT_TOKENS}) "
+                f"positions x {self.kv_position_bytes:,} B)")
+
+
+def cpu_engine_calls(arch, dtype: str, engines: int, samples: int, rollout_chunk: int, max_new_tokens: int) -> CpuEngineCalls:
+    """`samples`: the step's (prompts_per_step x n_samples), split over the run's `engines` (all on the CPU: a call's
+    rows are ceil(wave / engines), a wave the whole step or rollout_chunk per engine: top_rl.driver.cluster)."""
+    rows = -(-samples // max(1, engines))
+    if rollout_chunk > 0:
+        rows = min(rows, rollout_chunk)
+    kv = arch.num_hidden_layers * 2 * arch.num_key_value_heads * arch.head_dim * (4 if dtype == "float32" else 2)
+    return CpuEngineCalls(engines, rows, MIN_PROMPT_TOKENS + max_new_tokens, kv)
+
+
 def cpu_models(arch, dtype: str, engines: int, trainer_replicas: int) -> CpuModels:
     return CpuModels(param_count(arch), 4 if dtype == "float32" else 2, engines, trainer_replicas)
 
@@ -80,23 +115,37 @@ def _size(n: int) -> str:
     return f"{n / GIB:,.1f} GiB"
 
 
-def refusal(prompts: int, n_samples: int, max_new_tokens: int, models: CpuModels | None, host: int) -> str | None:
+def refusal(prompts: int, n_samples: int, max_new_tokens: int, models: CpuModels | None, host: int,
+            calls: CpuEngineCalls | None = None) -> str | None:
     """Why this host cannot hold the run (None: these lower bounds fit), with the numbers and the fix."""
-    per_prompt = n_samples * sample_bytes(max_new_tokens)
-    batch = prompts * per_prompt
+    per_sample = sample_bytes(max_new_tokens)
+    batch = prompts * n_samples * per_sample
+    engine = calls.bytes if calls else 0
     model = models.bytes if models else 0
-    if batch + model <= host:
+    fixed = model  # what does not grow with rollout.prompts_per_step
+    if calls is not None and calls.engines and calls.rows == -(-prompts * n_samples // calls.engines):
+        # one call per engine holds its whole share of the step (no cluster.rollout_chunk cap): a prompt more is
+        # its samples' KV cache more, too
+        per_sample += calls.positions * calls.kv_position_bytes
+    else:
+        fixed += engine
+    per_prompt = n_samples * per_sample
+    if batch + engine + model <= host:
         return None
     parts = [f"{_size(batch)} for a step's batch on the driver (rollout.prompts_per_step={prompts} x rollout.n_samples={n_samples} "
              f"samples x (>= {MIN_PROMPT_TOKENS} prompt token x {PROMPT_TOKEN_BYTES} B + rollout.max_new_tokens="
              f"{max_new_tokens} x {RESPONSE_TOKEN_BYTES} B))"] if batch * 100 >= host else []
+    parts += [calls.describe()] if engine * 100 >= host else []
     parts += [models.describe()] if model * 100 >= host else []  # a part under 1% of the host is not the story
     fixes = []
-    if model < host:
-        fixes.append(f"lower rollout.prompts_per_step (over {(host - model) // per_prompt:,} cannot fit here), "
+    if fixed < host:
+        fixes.append(f"lower rollout.prompts_per_step (over {(host - fixed) // per_prompt:,} cannot fit here), "
                      "rollout.n_samples or rollout.max_new_tokens")
+    if engine * 100 >= host:
+        fixes.append("cap the rows an engine's call holds (cluster.rollout_chunk: samples per engine call), or put "
+                     "the engines on GPUs (cluster.engine_gpus)")
     if model * 2 > host:
         fixes.append("a smaller model (model.*), or actors on GPUs (cluster.engine_gpus, cluster.trainer_gpus)")
     fix = "; or ".join(fixes)
     return (f"this host's {_size(host)} of memory cannot hold the run: it needs at least {' + '.join(parts)}"
-            f"{f' = {_size(batch + model)}' if len(parts) > 1 else ''}. {fix[0].upper()}{fix[1:]}")
+            f"{f' = {_size(batch + engine + model)}' if len(parts) > 1 else ''}. {fix[0].upper()}{fix[1:]}")

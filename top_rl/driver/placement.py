@@ -40,6 +40,10 @@ class ClusterConfig:
     # the whole batch at once (an SGLang server then runs every sample concurrently; waves cap it at the wave's size).
     # Batch invariance makes the samples the same either way.
     rollout_chunk: int = 0
+    # After the first SIGINT/SIGTERM/SIGHUP the step in progress may run this many seconds more to finish (and be
+    # checkpointed); past it the step is abandoned (its rollout and training are redone on resume, bitwise) and the
+    # run stops: a step of hours (rollout.n_samples=100000) must not outlast a scheduler's stop.
+    stop_grace_s: float = 30.0
 
 
 class PlacementError(ValueError):

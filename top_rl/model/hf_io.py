@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -29,11 +30,39 @@ def weight_files(path: str | Path) -> list[Path]:
         missing = [f.name for f in files if not f.is_file()]
         if missing:
             raise UnsupportedModel(f"{path / _INDEX} names {len(missing)} missing file(s): {', '.join(missing[:3])}")
-        return files
+        return _checked(files)
     single = path / "model.safetensors"
     if not single.is_file():
         raise UnsupportedModel(f"{path} has neither model.safetensors nor {_INDEX}")
-    return [single]
+    return _checked([single])
+
+
+_MAX_HEADER = 100 << 20  # the safetensors library's own limit on its JSON header
+
+
+def _header_refusal(f: Path) -> str | None:
+    """Why `f` is not a safetensors file (its 8-byte little-endian header length, then that many bytes of JSON), or
+    None. A file of zeros (a failed download, a sparse placeholder) passed the start-up checks and failed inside each
+    actor, after Ray started. Reads the header only."""
+    try:
+        with open(f, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            n = int.from_bytes(fh.read(8), "little") if size >= 8 else 0
+            if not 2 <= n <= min(size - 8, _MAX_HEADER):
+                return f"its header length is {n} bytes in a {size}-byte file"
+            header = json.loads(fh.read(n).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return f"its header does not read ({type(e).__name__}: {e})"
+    return None if isinstance(header, dict) else "its header is not a JSON object"
+
+
+def _checked(files: list[Path]) -> list[Path]:
+    for f in files:
+        why = _header_refusal(f)
+        if why:
+            raise UnsupportedModel(f"{f} is not a safetensors file: {why}; download it again, or point model.path at "
+                                   "a complete Hugging Face checkpoint")
+    return files
 
 
 def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:

@@ -241,22 +241,27 @@ class SglangEngine(RolloutEngine):
         if version is not None:
             self._after_sync(version)
 
-    def update_weights_from_disk(self, path: str) -> str:
-        """Load an HF checkpoint the trainer wrote (visible to the server at `path`); returns the weight_version."""
-        version = str(self.version + 1)
+    def update_weights_from_disk(self, path: str, version: int | None = None) -> str:
+        """Load an HF checkpoint the trainer wrote (visible to the server at `path`) as weight version `version`
+        (default: the one after this engine's last); returns the weight_version the server now reports."""
+        version = str(self.version + 1 if version is None else version)
         self._load_disk(str(path), version)
         return version
 
-    def update_weights(self, hf_state_dict: dict) -> None:
+    def update_weights(self, hf_state_dict: dict, version: int | None = None) -> None:
         """A whole version (cluster.weight_transport=disk, top_rl.weights.native.SglangDisk): written as an HF
-        checkpoint next to the server and reloaded; the older version directories are deleted."""
+        checkpoint next to the server and reloaded as weight version `version`, the trainer's (a resumed run or a
+        replaced engine pushes 1 then 4: numbering them here would stamp samples with a version the loop does not
+        expect); without one, the next after this engine's last. The older version directories are deleted."""
         if not self.cfg.weights_dir:  # the engine writes next to its server: a local temp dir is visible to it
             self.cfg.weights_dir = tempfile.mkdtemp(prefix=f"top_rl_sglang_{self.cfg.port}_")
+        version = self.version + 1 if version is None else int(version)
         root = Path(self.cfg.weights_dir)
-        path = write_hf_checkpoint(hf_state_dict, root / f"v{self.version + 1:06d}", self.cfg.model_path)
-        self.update_weights_from_disk(str(path))
-        keep = max(self.cfg.keep_weight_versions, 1)
-        for old in sorted(root.glob("v[0-9]*"))[:-keep]:
+        path = write_hf_checkpoint(hf_state_dict, root / f"v{version:06d}", self.cfg.model_path)
+        self.update_weights_from_disk(str(path), version)
+        # the newest written are kept, never the one loaded: versions need not rise (a resume may push a lower one)
+        older = sorted((p for p in root.glob("v[0-9]*") if p != path), key=lambda p: p.stat().st_mtime_ns)
+        for old in older[:max(len(older) - max(self.cfg.keep_weight_versions, 1) + 1, 0)]:
             shutil.rmtree(old, ignore_errors=True)
 
     def update_weights_from_tensor_buckets(self, buckets: list[tuple[list[str], str | None]], version: str) -> None:

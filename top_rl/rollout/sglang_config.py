@@ -48,7 +48,7 @@ class SglangSettings:
     extra_args: list[str] = field(default_factory=list)  # more `sglang.launch_server` flags
     env: dict[str, str] = field(default_factory=dict)  # extra env for the server process
     # How the weights reach the server is cluster.weight_transport (top_rl.weights.transport); these shape each way.
-    weights_dir: str = ""  # disk: where versions are written (must be visible to the server)
+    weights_dir: str = ""  # disk: where versions are written (must be visible to the server); "": run_dir/engines/<i>
     keep_weight_versions: int = 2  # disk: older version dirs are deleted
     flattened_buckets: bool = True  # ipc / broadcast: one uint8 buffer per bucket (SGLang's FlattenedTensorBucket)
     weight_group_name: str = "top_rl_weight_sync"  # broadcast: the process group's name

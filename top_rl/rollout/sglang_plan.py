@@ -49,6 +49,14 @@ def initial_policy_dir(run_dir) -> Path:
     return (Path(run_dir) / "initial_policy").resolve()
 
 
+def engine_weights_dir(run_dir, index: int) -> Path:
+    """Where engine `index` writes the weight versions pushed to it by disk (cluster.weight_transport=disk) when
+    rollout.sglang.weights_dir is unset: inside the run, not the system temp dir (a run's files live in run_dir). An
+    absolute path, resolved on the driver: the engine's actor runs elsewhere (another working directory, maybe another
+    node, which must see run_dir as the trainer ranks writing their checkpoint shards into it do)."""
+    return (Path(run_dir) / "engines" / str(index)).resolve()
+
+
 def _check_types(d: Mapping[str, Any]) -> None:
     """Each value has its field's kind (a mapping given in code; Hydra's rollout.sglang is typed already)."""
     defaults = {**dataclasses.asdict(SglangSettings()), **{k: "" for k in FROM_THE_RUN}, "top": True}
@@ -87,6 +95,8 @@ def engine_config(run_cfg, index: int = 0) -> SglangEngineConfig:
     through every refusal except the installed-version check (the planning machine need not have SGLang), extra_args
     included (top_rl.rollout.sglang_launch.check_extra_args). The run plan carries it to the engine's actor."""
     cfg = config_from_dict(run_cfg.rollout.sglang, index, **run_defaults(run_cfg))
+    if not cfg.weights_dir:  # "" left the engine a mkdtemp in /tmp, never removed (issue 54)
+        cfg = dataclasses.replace(cfg, weights_dir=str(engine_weights_dir(run_cfg.run_dir, index)))
     if cfg.enable_memory_saver and not run_cfg.cluster.gpu_handoff:
         raise TopConfigError("rollout.sglang.enable_memory_saver=true is set by cluster.gpu_handoff=true (the loop "
                              "then releases and resumes the server's memory around each training step): set that instead")

@@ -110,14 +110,34 @@ def _fsync_tree(path: Path) -> None:
     _fsync(path)
 
 
+def _scratch(root: Path) -> list[Path]:
+    """What interrupted writes leave in checkpoints/: `step_N.tmp` and `step_N.old` (begin removes them)."""
+    return [*root.glob(f"{STEP_PREFIX}*.tmp"), *root.glob(f"{STEP_PREFIX}*.old")]
+
+
+def scratch_refusal(run_dir: Path) -> str | None:
+    """A `step_N.tmp` / `.old` in run_dir's checkpoints/ that is not a directory (a link, a file): top-rl never
+    writes one, and the checkpoint write that replaces it would fail after its step trained (pre-flight). Reads only."""
+    root = _dir(run_dir)
+    for path in sorted(_scratch(root)) if root.is_dir() else []:
+        if path.is_symlink() or not path.is_dir():
+            what = f"a symbolic link (to {os.readlink(path)})" if path.is_symlink() else "not a directory"
+            return (f"{path} is {what}: top-rl writes only directories there (an unfinished checkpoint), and would "
+                    f"fail replacing it after a step trained; remove {path} (nothing was written)")
+    return None
+
+
 def begin(run_dir: Path, step: int, faults: FaultPlan = NO_FAULTS) -> "Writer":
     """Start the step-`step` checkpoint: its `step_NNNNNN.tmp/` directory, created empty after removing what writes a
     crash interrupted left (one writer per run: the run lock). `faults`: the run plan's (test-only)."""
     root = _dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{STEP_PREFIX}{step:06d}"
-    for leftover in [*root.glob(f"{STEP_PREFIX}*.tmp"), *root.glob(f"{STEP_PREFIX}*.old")]:
-        shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in _scratch(root):
+        if leftover.is_symlink() or not leftover.is_dir():  # pre-flight refused one; planted since: the link goes,
+            leftover.unlink(missing_ok=True)                # never what it points to
+        else:
+            shutil.rmtree(leftover, ignore_errors=True)
     writer = Writer(Path(run_dir), step, final, faults)
     writer.tmp.mkdir()
     return writer
@@ -224,7 +244,7 @@ def load_verified(ckpt: Path, driver: bool = True) -> dict:
         step, world = int(state["step"]), int(state["world"])
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
         raise CheckpointInvalid(ckpt, "state.json", f"unreadable ({type(e).__name__}: {e})") from None
-    if not checkpoint_manifest.has_manifest(ckpt) and state.get("format", 1) >= 2:
+    if not checkpoint_manifest.has_manifest(ckpt) and state.get("format", 1) != 1:
         raise CheckpointInvalid(ckpt, checkpoint_manifest.NAME, "missing: the checkpoint cannot be verified")
     if step != step_of(ckpt):
         raise CheckpointInvalid(ckpt, "state.json", f"says step {step}, the directory name says {step_of(ckpt)}")
@@ -248,6 +268,11 @@ def load_verified(ckpt: Path, driver: bool = True) -> dict:
             state["driver"]["rng"]
         except Exception as e:  # noqa: BLE001 - any unpickling failure: name the file, never a traceback
             raise CheckpointInvalid(ckpt, "driver.pt", f"unreadable ({type(e).__name__}: {e})") from None
+        from top_rl.run import rng
+
+        why = rng.refusal(state["driver"]["rng"])  # restored only after Ray started: checked here, before it
+        if why:
+            raise CheckpointInvalid(ckpt, "driver.pt", f"its RNG state cannot be restored ({why})")
     return state
 
 
@@ -276,6 +301,12 @@ def prepare(run_dir: Path, cfg) -> dict | None:
             raise ResumeRefused(
                 f"{run_dir} already holds checkpoints (latest: {found.name}); a fresh run there would "
                 "overwrite them. Continue it with resume=true, or start elsewhere with run_dir=<new dir>.")
+        earlier = _earlier_rows(Path(run_dir) / "metrics.jsonl")
+        if earlier:  # a run that wrote no checkpoint (checkpoint.enabled=false, stopped before its first)
+            raise ResumeRefused(
+                f"{Path(run_dir) / 'metrics.jsonl'} holds {earlier} of an earlier run that wrote no checkpoint; a "
+                "fresh run there would replace them, and resume=true has no checkpoint to continue from. Start "
+                "elsewhere with run_dir=<new dir>, or move that metrics.jsonl aside to start again here.")
         return None
     found, state, failed = newest_verified(run_dir)
     unsafe = [e for e in failed if isinstance(e, CheckpointUnsafe)]
@@ -311,6 +342,24 @@ def prepare(run_dir: Path, cfg) -> dict | None:
     return state
 
 
+def _earlier_rows(metrics: Path) -> str | None:
+    """The rows an earlier run left in `metrics` ("4 rows (steps 1-4)"), or None when it holds none. Reads only."""
+    try:
+        lines = [line for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    if not lines:
+        return None
+    steps = []
+    for line in lines:
+        try:
+            steps.append(int(json.loads(line)["step"]))
+        except (ValueError, KeyError, TypeError):
+            pass  # a torn or foreign row: counted, not named
+    span = f" (steps {min(steps)}-{max(steps)})" if steps else ""
+    return f"{len(lines)} row{'s' if len(lines) != 1 else ''}{span}"
+
+
 def saved_metrics(state: dict | None) -> list[str]:
     """The metrics lines the resumed checkpoint keeps (METRICS_TAIL, verified with the rest of it; none from a
     checkpoint written before checkpoints kept them)."""
@@ -341,7 +390,8 @@ def resume_hint(run_dir: Path) -> str:
     skipped = describe_failed(failed)
     if latest is None:
         return f"{run_dir} has no complete checkpoint{' that verifies' if failed else ''} yet: a new run starts " \
-               f"from step 0.{skipped}"
+               f"from step 0 (in another run_dir=, or here once metrics.jsonl is moved aside: a fresh run never " \
+               f"replaces the rows kept).{skipped}"
     from_cli = Path(sys.argv[0]).name in ("top-rl", "cli.py")  # the same overrides, plus resume=true
     args = [a for a in sys.argv[1:] if not a.startswith(("resume=", "+resume="))] if from_cli else []
     if not any(a.startswith("run_dir=") for a in args):

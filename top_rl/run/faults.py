@@ -5,7 +5,10 @@
 - A trainer rank that dies stops the run: `RunGuard` turns the failure into `RunStopped`, naming the
   actor, the last complete checkpoint and the command that resumes from it.
 - SIGINT / SIGTERM / SIGHUP: the first one lets the current step finish, checkpoints it and stops
-  (exit 128 + signal); a second one abandons the step at once. Before the first step can run (checks,
+  (exit 128 + signal); a second one abandons the step at once, and so does the first once the step has run
+  cluster.stop_grace_s past it (the driver's waits on the cluster check every second: `RunGuard.abandon_if_due`;
+  the actors are killed on the way out), so one signal stops any step in bounded time. An abandoned step loses
+  nothing that a resume does not redo bitwise: its rows and checkpoint were never written. Before the first step can run (checks,
   imports, Ray starting) one stops the run at once (`interrupt_on_signals`, installed by `top-rl`
   first thing: also when the shell started it with SIGINT ignored, as a background job). Schedulers
   and terminals send them to the whole process group: Ray's own processes are shielded from them
@@ -21,6 +24,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from top_rl.run import disk_full
@@ -104,8 +108,14 @@ def startup_signal_name() -> str:
 class RunGuard:
     """Wraps a run: signal handling (see module doc) and clean stops naming the checkpoint to resume."""
 
-    def __init__(self, run_dir: Path, fault_plan: FaultPlan = NO_FAULTS, checkpoints: bool = True):
+    def __init__(self, run_dir: Path, fault_plan: FaultPlan = NO_FAULTS, checkpoints: bool = True,
+                 grace_s: float = float("inf")):
         self.run_dir = Path(run_dir)
+        self.grace_s = grace_s  # cluster.stop_grace_s: how long the first signal lets the step run on
+        self.signalled_at: float | None = None
+        self.step: int | None = None  # the step in progress (1-based), once the loop says
+        self.logged: int | None = None  # the last step whose metrics row is written
+        self.abandoned = False
         self.fault_plan = fault_plan  # test-only (top_rl.run.fault_injection): kill_after_step
         self.checkpoints = checkpoints  # checkpoint.enabled: false, and a stop saves nothing (its messages say so)
         self.signum: int | None = None
@@ -123,6 +133,22 @@ class RunGuard:
         return f"checkpoint.enabled=false: this run wrote no checkpoint, so none of its steps can be resumed. " \
                f"{resume_hint(self.run_dir)}"
 
+    def step_started(self, step: int) -> None:
+        self.step = step
+
+    def step_logged(self, step: int) -> None:
+        """Step `step`'s row is written: its checkpoint (if due) is never abandoned, it completes the step."""
+        self.logged = step
+
+    def abandon_if_due(self) -> None:
+        """Called about every second while the driver waits on the cluster: past the first signal's grace, abandon the
+        step (KeyboardInterrupt, as a second signal does), unless its row is written and only its checkpoint is left."""
+        if self.logged is not None and self.logged == self.step:
+            return
+        if self.signalled_at is not None and time.monotonic() - self.signalled_at > self.grace_s:
+            self.abandoned = True
+            raise KeyboardInterrupt
+
     def step_done(self, step: int) -> None:
         """Called once step `step` is logged and (if due) checkpointed."""
         self.fault_plan.inject("kill_after_step", step)
@@ -137,9 +163,10 @@ class RunGuard:
         if self.signum is not None:  # the second signal: abandon the step now
             raise KeyboardInterrupt
         self.signum = signum
+        self.signalled_at = time.monotonic()
         saving = "checkpointing it and " if self.checkpoints else "(checkpoint.enabled=false: saving nothing) and "
-        _say(f"[top-rl] {signal.Signals(signum).name}: finishing the current step, {saving}stopping "
-             "(send it again to abandon the step)")
+        _say(f"[top-rl] {signal.Signals(signum).name}: finishing the current step, {saving}stopping (it is abandoned "
+             f"if not done within cluster.stop_grace_s={self.grace_s:g} s; send the signal again to abandon it now)")
 
     def catch_signals(self) -> None:
         """Take the stop signals from here on. Call it after Ray has started: Ray's core worker installs
@@ -169,9 +196,25 @@ class RunGuard:
             raise RunStopped(f"{exc}\nThe run stopped. {self._hint()}") from exc
         if isinstance(exc, KeyboardInterrupt):
             signum = self.signum or _startup_signal or signal.SIGINT
+            name = signal.Signals(signum).name
+            if self.abandoned:
+                raise RunStopped(f"stopped by {name}: {self._abandoned_step()} did not finish within "
+                                 f"cluster.stop_grace_s={self.grace_s:g} s of it and was abandoned (a resume redoes "
+                                 f"it). {self._kept()}{self._hint()}", exit_code=128 + signum) from None
             how = "twice: the step in progress was abandoned" if self.signum else "while the run was starting"
-            raise RunStopped(f"interrupted ({signal.Signals(signum).name} {how}). {self._hint()}",
-                             exit_code=128 + signum) from exc
+            kept = self._kept() if self.signum else ""
+            raise RunStopped(f"interrupted ({name} {how}). {kept}{self._hint()}", exit_code=128 + signum) from exc
+
+    def _abandoned_step(self) -> str:
+        return f"step {self.step}" if self.step is not None else "the step in progress"
+
+    def _kept(self) -> str:
+        """What an abandoned step leaves: the rows of the steps before it (the checkpoint: the hint after this)."""
+        if self.step is None:
+            return ""
+        done = self.logged if self.logged is not None else self.step - 1
+        rows = f"the rows of steps 1-{done}" if done > 1 else "the row of step 1" if done == 1 else "no rows"
+        return f"Kept: {self.run_dir / 'metrics.jsonl'} with {rows} (this run's and any it resumed). "
 
 
 class StopOnFullDisk:

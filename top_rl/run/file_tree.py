@@ -1,5 +1,5 @@
 """What a directory holds, found without following a single link: its regular files, and every entry that is not
-one (a symbolic link, a FIFO, a socket, a device). A checkpoint and an export hold regular files only, so
+one (a symbolic link, a FIFO, a socket, a device, a regular file with other names: a hard link). A checkpoint and an export hold regular files only, so
 verification, `top-rl-export`'s copy and its overwrite check all read a directory through this walk: a link
 planted in a checkpoint (to /etc/passwd, to a directory outside the run) is named here, never read.
 """
@@ -44,6 +44,10 @@ def walk(directory: str | Path) -> Tree:
                 if stat.S_ISDIR(mode):
                     tree.dirs.append(name)
                     visit(e.path, name + "/")
+                elif stat.S_ISREG(mode) and e.stat(follow_symlinks=False).st_nlink > 1:
+                    # a hard link: its other name may lie outside (/etc/shadow); top-rl writes files with one name
+                    tree.others.append((name, f"a hard link ({e.stat(follow_symlinks=False).st_nlink} names for one "
+                                              "file, the others possibly outside the directory)"))
                 elif stat.S_ISREG(mode):
                     tree.files.append(name)
                 else:

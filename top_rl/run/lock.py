@@ -9,6 +9,9 @@ run_dir/run.lock, which records the holder (pid, host, start time, command):
 The kernel drops a flock when its process dies, so a stale lock never blocks a run; on NFS, flock is
 served by the server's lock manager and holds across nodes. A filesystem without locks is reported and
 the run goes on unprotected (nothing better can be done there).
+run.lock is opened with O_NOFOLLOW: a run.lock that is a symbolic link (a run_dir shared or unpacked from a tarball
+can carry one to ~/.bashrc) would otherwise be truncated and written through, outside the run. Pre-flight refuses
+such a run.lock (`refusal`) before anything starts; O_NOFOLLOW keeps one planted after that from being followed.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
@@ -58,11 +62,25 @@ def _locked(run_dir: Path, rec: dict) -> RunDirLocked:
                         f"it, or use another run_dir=. (If that process is gone, delete {Path(run_dir) / NAME}.)")
 
 
+def refusal(run_dir: str | Path) -> str | None:
+    """Why run_dir's run.lock cannot be this run's lock (it is a link or not a regular file), or None. Reads only."""
+    path = Path(run_dir) / NAME
+    try:
+        mode = os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    what = f"a symbolic link (to {os.readlink(path)})" if stat.S_ISLNK(mode) else "not a regular file"
+    return (f"{path} is {what}: top-rl writes its lock only as a regular file inside run_dir and never writes "
+            f"through a link; remove {path} (nothing was written), or use another run_dir=")
+
+
 def refuse_if_held(run_dir: str | Path) -> None:
     """Raise RunDirLocked when a live run holds run_dir. Writes nothing: a shared lock is tried and dropped (it
     conflicts with the holder's exclusive one, and works on a read-only descriptor, also over NFS)."""
     try:
-        fd = os.open(Path(run_dir) / NAME, os.O_RDONLY)
+        fd = os.open(Path(run_dir) / NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return  # no lock file (or unreadable: acquire will say)
     try:
@@ -91,7 +109,13 @@ class RunLock:
         self._created = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            except OSError as e:  # ELOOP: a link (pre-flight refuses one; this is one planted since)
+                if e.errno != errno.ELOOP:
+                    raise
+                self._remove_created_dir()
+                raise RunDirLocked(refusal(self.run_dir) or f"{self.path} is a symbolic link") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
@@ -102,7 +126,7 @@ class RunLock:
                     raise _locked(self.run_dir, rec) from None
                 print(f"[top-rl] warning: cannot lock {self.path} ({os.strerror(e.errno)}): this filesystem has no "
                       "file locks, so a second run on this run_dir would not be refused", file=sys.stderr, flush=True)
-                self._fd = os.open(self.path, os.O_RDWR)
+                self._fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW)
                 break
             # Between our open and flock, the previous holder may have released and unlinked the file: then
             # we hold a lock on a name nobody else will open. Retry on the current file.

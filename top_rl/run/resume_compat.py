@@ -39,6 +39,12 @@ def state_refusal(ckpt: Path, state: dict) -> str | None:
     a signature: a hand-edited state.json with its manifest recomputed verifies, and a world of 0 or a broken data
     position would otherwise fail only once Ray and the trainers had started."""
     where = Path(ckpt) / "state.json"
+    for key in ("step", "format", "behaviour_version"):  # JSON gives "6", 6.5 or 10**24 as readily as 6
+        value = state.get(key, 1)
+        if type(value) is not int or not 0 <= value < 2 ** 63:
+            return f"{where}: {key}={value!r} must be a whole number >= 0 (below 2**63)"
+    if not isinstance(state.get("config"), dict):
+        return f"{where}: config={state.get('config')!r} must be the resolved config the checkpoint was written with"
     trainer = state["config"].get("trainer") if isinstance(state.get("config"), dict) else None
     if not isinstance(trainer, dict):
         return f"{where}: config.trainer is missing (the resolved config the checkpoint was written with)"

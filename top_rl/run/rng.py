@@ -25,6 +25,22 @@ def restore(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def refusal(state) -> str | None:
+    """Why `restore(state)` would fail (a state of the wrong shape or size: a checkpoint edited with its manifest
+    recomputed), or None. Tried on fresh generators: this process's RNGs are left as they are."""
+    try:
+        random.Random().setstate(state["python"])
+        np.random.RandomState().set_state(state["numpy"])
+        torch.Generator().set_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            for gen, saved in zip(torch.cuda.default_generators, state["cuda"], strict=True):
+                if not isinstance(saved, torch.Tensor) or saved.shape != gen.get_state().shape:
+                    raise ValueError(f"a CUDA RNG state of shape {getattr(saved, 'shape', None)}")
+    except Exception as e:  # noqa: BLE001 - any way it fails is the same answer: it cannot be restored
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'bad value'}"
+    return None
+
+
 def seed(seed: int) -> None:
     """Seed this process's global RNGs (driver and trainer ranks). Nothing draws from them today (seeds
     are pure functions of the step); if something ever does, a fresh run is reproducible and a resume

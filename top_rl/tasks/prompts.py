@@ -36,7 +36,13 @@ def load_task(task_cfg) -> Task:
     name = task_cfg.name  # a top_rl.tasks.TaskConfig
     try:
         task = get_task(name, task_cfg)
-    except (ValueError, KeyError, OSError) as e:
+    except OSError as e:
+        if e.filename is None:  # a read that failed (/proc/self/mem: EIO) names no file: name the data read
+            where = getattr(task_cfg, "path", None) or "its data"
+            raise BadInput(f"task {name!r}: reading task.path={where} failed ({e.strerror or e}): point task.path at "
+                           "a readable data file") from e
+        raise BadInput(f"task {name!r}: {e}") from e
+    except (ValueError, KeyError) as e:
         raise BadInput(f"task {name!r}: {e}") from e
     skipped = getattr(task, "skipped", 0)
     if skipped:

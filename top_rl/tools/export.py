@@ -14,7 +14,9 @@ copy may go and what `overwrite=true` may replace is export_target.py's to decid
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 import sys
 from pathlib import Path
 
@@ -104,9 +106,12 @@ def _checkpoint(run_dir: Path, step: int | None) -> tuple[Path, dict]:
 
 
 def _copy(src: Path, dst: Path) -> None:
-    """One verified file, read without following a link (verification found none; O_NOFOLLOW keeps it so)."""
+    """One verified file, read without following a link (verification found none; O_NOFOLLOW keeps it so). The copy
+    keeps at most the source's permissions (a file readable by its owner only is not exported readable by all)."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     with file_tree.open_regular(src) as f_in, open(dst, "xb") as f_out:
+        mode = stat.S_IMODE(os.fstat(f_in.fileno()).st_mode) & stat.S_IMODE(os.fstat(f_out.fileno()).st_mode)
+        os.fchmod(f_out.fileno(), mode)
         shutil.copyfileobj(f_in, f_out, 8 << 20)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import socket
-import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +20,8 @@ from megatron.core import parallel_state as ps
 
 def init_process_group(rank: int = 0, world_size: int = 1, init_method: str | None = None, store=None) -> None:
     """Join (or create) the default group at `init_method` or `store` (top_rl.driver.rendezvous.store: bound to the node's
-    address); a single process gets a private file store."""
+    address); a single process gets a private in-memory store (a file store was a /tmp/top_rl_pg_* file that no one
+    removed: every run left one behind, outside its run_dir)."""
     if dist.is_initialized():
         return
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -33,7 +33,8 @@ def init_process_group(rank: int = 0, world_size: int = 1, init_method: str | No
     if init_method is None:
         if world_size != 1:
             raise ValueError("init_method or store is required for world_size > 1")
-        init_method = "file://" + tempfile.mktemp(prefix="top_rl_pg_")
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        return
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
 
 

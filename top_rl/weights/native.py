@@ -40,6 +40,10 @@ class SglangDisk(ObjectStore):
 
     kind = Transport.sglang_disk
 
+    @staticmethod
+    def receive(actor, payload, version: int) -> None:
+        actor.engine.update_weights(payload, version=version)  # the trainer's number, which samples must carry
+
 
 class Broadcast(WeightTransport):
     """A process group of rank 0 and the engine (NCCL between GPUs, gloo on CPU): one flat uint8 buffer per bucket,
