@@ -132,3 +132,16 @@ def test_gpu_install_resolves_on_pypi_to_the_release_pins(fresh_venv, version, t
     want = {"sglang": version, **{norm(n): v for n, v in sglang_release.RELEASES[version].gpu_pins}}
     assert {k: got.get(k) for k in want} == want
     assert got["megatron-core"].startswith("0.19.") and got["top-rl"] == PROJECT["version"]
+
+
+def test_readme_gives_one_gpu_install_command_for_the_default_release():
+    """The README's GPU section is one command, installing the default contract's release through its extra (the one
+    the resolution test above resolves) and running the doctor."""
+    from top_rl import contract
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### GPU install", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    assert len(blocks) == 1 and len(blocks[0].strip().splitlines()) == 1, blocks
+    cmd = blocks[0].strip()
+    assert f"pip install -e '.[{extra_for(contract.DEFAULT.sglang_version)}]'" in cmd and cmd.endswith("top-rl doctor")
