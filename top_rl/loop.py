@@ -31,6 +31,7 @@ from top_rl.config import RunConfig
 from top_rl.rl import gate, grpo_advantages, versions
 from top_rl.rl.batch import RLBatch, RLSample
 from top_rl.rollout.base import SamplingParams, sample_seed
+from top_rl.observe.startup import StartupLog
 from top_rl.observe.tracking import Tracker
 
 
@@ -100,6 +101,7 @@ class _Rollout:
 
 
 def run(cfg: RunConfig) -> dict:
+    startup = StartupLog()  # the start-up lines' clock starts with the checks
     run_dir = Path(cfg.run_dir)
     # Every refusal comes before Ray, wandb or any file write (a refused run leaves no run_dir behind).
     ready = preflight.check(cfg)
@@ -111,7 +113,7 @@ def run(cfg: RunConfig) -> dict:
     with faults.RunGuard(run_dir, plan.faults, cfg.checkpoint.enabled) as guard, run_lock.RunLock(run_dir), \
             contextlib.ExitStack() as cleanup, faults.StopOnFullDisk(run_dir):
         state = preflight.confirm_under_lock(cfg, ready)  # None: a fresh run (which never overwrites checkpoints)
-        cluster = Cluster(plan)
+        cluster = Cluster(plan, startup)
         cleanup.callback(cluster.shutdown)
         guard.catch_signals()  # after Ray started (it installs a SIGTERM handler of its own)
         lag = cfg.rollout.policy_lag
@@ -135,6 +137,8 @@ def run(cfg: RunConfig) -> dict:
             rng.restore(state["driver"]["rng"])
         next_rollout = None  # policy_lag=1: the next step's rollout, generating while this step trains
         for step in range(start_step, cfg.steps):
+            if step == start_step:
+                startup.say(f"step {step + 1} starting" + (f" (resumed from {Path(state['path']).name})" if state else ""))
             t0 = time.perf_counter()
             rollout = next_rollout or _Rollout(cluster, task, cfg, step, position, max_prompt_len, params)
             position = rollout.position

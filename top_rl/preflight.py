@@ -253,8 +253,13 @@ def run_plan(cfg, ready: Ready) -> RunPlan:
     from top_rl.rl.batch import RLStepConfig
     from top_rl.rollout.sglang_plan import initial_policy_dir
 
+    from top_rl.observe.startup import run_logs_dir
+
     run_dir = Path(cfg.run_dir)
-    sglang = ready.sglang or (None,) * cfg.rollout.num_engines
+    logs = run_logs_dir(run_dir)
+    # each server's output goes to this run's log directory unless rollout.sglang.log_path names a file
+    sglang = tuple(dataclasses.replace(s, log_path=str(logs / f"sglang-{i}-port{s.port}.log")) if not s.log_path
+                   else s for i, s in enumerate(ready.sglang)) if ready.sglang else (None,) * cfg.rollout.num_engines
     trainer = TrainerSpec(world=cfg.trainer.world, trainer_cfg=dataclasses.replace(cfg.trainer, dtype=cfg.model.dtype),
                           step_cfg=RLStepConfig(loss=cfg.algo.loss, gate=cfg.top,
                                                 dump_dir=str((run_dir / "parity").resolve()),
@@ -268,6 +273,6 @@ def run_plan(cfg, ready: Ready) -> RunPlan:
         kernels=resolve_kernel_plan(cfg),  # decided once, here; written back into cfg.top.fast_paths
         engines=tuple(EngineSpec(cfg.rollout.engine, cfg.rollout.logprob_source, cfg.model.dtype, ready.model_cfg, sglang=s)
                       for s in sglang),
-        trainer=trainer, faults=ready.faults,
+        trainer=trainer, faults=ready.faults, logs_dir=str(logs),
         initial_policy=str(initial_policy_dir(run_dir)) if cfg.rollout.engine == "sglang" and not cfg.model.path
         else None)
