@@ -9,7 +9,7 @@ def assert_started(stdout: str, run_dir: Path, engines: int = 1, trainers: int =
     """The start-up lines of a run, in order, and its log directory (returned): one per run under run_dir/logs/."""
     lines = [ln for ln in stdout.splitlines() if ln.startswith("[top-rl] start-up +")]
     what = [ln.split(": ", 1)[1] for ln in lines]
-    order = ["checks passed; starting Ray", "local Ray up"] + [f"trainer rank {r} ready" for r in range(trainers)] + [
+    order = ["checks passed; starting Ray", "local Ray up", "run_dir "] + [f"trainer rank {r} ready" for r in range(trainers)] + [
         f"rollout engine {i} starting" for i in range(engines)] + [f"rollout engine {i} ready" for i in range(engines)] + [
         "initial weights sent", "step 1 starting"]
     assert len(what) == len(order) and all(w.startswith(o) for w, o in zip(what, order)), "\n".join(lines)

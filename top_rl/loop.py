@@ -102,9 +102,9 @@ class _Rollout:
 
 def run(cfg: RunConfig) -> dict:
     startup = StartupLog()  # the start-up lines' clock starts with the checks
-    run_dir = Path(cfg.run_dir)
     # Every refusal comes before Ray, wandb or any file write (a refused run leaves no run_dir behind).
     ready = preflight.check(cfg)
+    run_dir = Path(cfg.run_dir)  # absolute from here on (preflight.config_values)
     plan = preflight.run_plan(cfg, ready)  # what the cluster places and starts, decided once
     task, max_prompt_len = ready.task, ready.max_prompt_len
     rng.seed(cfg.seed)

@@ -130,3 +130,16 @@ def test_check_image_refuses_a_package_the_build_installed_unpinned(tmp_path, ca
     rc = mod.main(["check_image.py", "--lock", str(lock), "--before", str(frozen)])
     err = capsys.readouterr().err
     assert rc == 1 and "pytest==" in err and "does not pin it" in err
+
+
+def test_pyproject_requires_the_ray_that_has_token_authentication():
+    """launch/ turns on RAY_AUTH_MODE=token, which Ray has from 2.52: an older Ray would ignore it (no auth)."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    assert "RAY_AUTH_MODE:-token" in (LAUNCH / "_common.sh").read_text()
+    deps = tomllib.loads((LAUNCH.parent / "pyproject.toml").read_text())["project"]["dependencies"]
+    (ray,) = [Requirement(d) for d in deps if Requirement(d).name == "ray"]
+    assert not ray.specifier.contains(Version("2.51.9")) and ray.specifier.contains(Version("2.52.0"))

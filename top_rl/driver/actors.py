@@ -191,6 +191,20 @@ class TrainerActor:
     def kernel_report(self) -> dict:
         return kernels.report()
 
+    def check_run_dir(self, run_dir: str, token: str, unseen: bool = False) -> tuple[str, str | None]:
+        """This rank's node and what it sees at run_dir (None: the driver's token; top_rl.driver.shared_run_dir).
+        `unseen` (test-only, the run_dir_unseen fault): read an empty directory of this process's instead, as a node
+        that does not mount run_dir would see it."""
+        import tempfile
+
+        from top_rl.driver import shared_run_dir
+
+        node = ray.util.get_node_ip_address()
+        if unseen:
+            with tempfile.TemporaryDirectory(prefix="top-rl-unseen-") as elsewhere:
+                return node, shared_run_dir.read_token(elsewhere, token)
+        return node, shared_run_dir.read_token(run_dir, token)
+
     def free_address(self) -> tuple[str, int]:
         """An address on this node's IP for others to meet at (rank 0: the trainer's rendezvous, weight groups),
         its port reserved by this actor until the rendezvous serves on it (top_rl.driver.rendezvous)."""

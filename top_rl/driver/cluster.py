@@ -32,6 +32,7 @@ from top_rl.run import faults
 from top_rl.driver import local_ray
 from top_rl.driver import placement
 from top_rl.driver import rendezvous
+from top_rl.driver import shared_run_dir
 from top_rl.weights import transport
 from top_rl.driver.actors import EngineActor, TrainerActor
 from top_rl.driver.plan import RunPlan
@@ -112,6 +113,7 @@ class Cluster:
                                                                          self._log(f"trainer-rank{r}.log"))
             for r in range(t.world)
         ]
+        self._check_run_dir(plan.run_dir, startup)
         host, port = ray.get(self.trainers[0].free_address.remote())
         self._on_trainers("setup", [((host, port), t)] * t.world, "trainer setup")
         ends = ray.get([tr.endpoint.remote() for tr in self.trainers])
@@ -135,6 +137,26 @@ class Cluster:
                         f"{secs:.1f}s of it in its actor)")
         self.push_weights(connect=True)
         startup.say("initial weights sent to the engines")
+
+    def _check_run_dir(self, run_dir: str | None, startup: StartupLog) -> None:
+        """Refuse a run_dir some trainer rank's node does not see (top_rl.driver.shared_run_dir), before any rank
+        builds its model; the ranks and the placement are removed first, so the refusal is the whole story."""
+        if not run_dir:
+            return
+        token = shared_run_dir.write_token(run_dir)
+        try:
+            answers = ray.get([tr.check_run_dir.remote(run_dir, token, ("run_dir_unseen", r + 1) in self.faults.points)
+                               for r, tr in enumerate(self.trainers)])
+        finally:
+            shared_run_dir.remove_token(run_dir)
+        why = shared_run_dir.refusal(run_dir, [(r, node, seen) for r, (node, seen) in enumerate(answers)])
+        if why:
+            for tr in self.trainers:
+                ray.kill(tr, no_restart=True)
+            remove_placement_group(self.pg)
+            raise shared_run_dir.RunDirNotShared(why)
+        nodes = sorted({node for node, _ in answers})
+        startup.say(f"run_dir {run_dir} seen by every trainer rank ({len(nodes)} node{'s' * (len(nodes) > 1)})")
 
     def _log(self, name: str, restarted: bool = False) -> str | None:
         """A file in this run's log directory; `restarted`: a replaced actor's gets the next free name
