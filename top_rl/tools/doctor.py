@@ -174,14 +174,13 @@ CLI = KeyValueCli(
 
 
 def _contract(name: str | None):
-    from top_rl import contract, sglang_release
+    from top_rl import contract
 
     if name:
         if name not in contract.CONTRACTS:
             raise UsageError(f"contract={name!r}: expected one of {', '.join(contract.CONTRACTS)}")
         return contract.CONTRACTS[name]
-    installed = sglang_release.installed_version()
-    return contract.RELEASE_DEFAULTS.get(installed, contract.DEFAULT)
+    return contract.fallback()  # the installed release's contract (DEFAULT's where none is installed)
 
 
 def main(argv: list[str]) -> int:
