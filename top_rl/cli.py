@@ -1,4 +1,5 @@
 """Entry points, all taking `key=value` arguments and `--help`: `top-rl [hydra overrides]` (`-m` sweeps),
+`top-rl doctor [contract=NAME]` (top_rl/tools/doctor.py),
 `top-rl-export run_dir=... out=DIR`, `top-rl-parity-probe url=... model=DIR` (top_rl/tools/args.py)."""
 
 from __future__ import annotations
@@ -274,6 +275,10 @@ def _ignore_stop_signals() -> None:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["doctor"]:  # `top-rl doctor`: a check of the GPU stack, not a run (no Hydra, no Ray)
+        from top_rl.tools.doctor import main as doctor
+
+        sys.exit(doctor(sys.argv[2:]))
     from top_rl.run import faults
 
     quiet.install()

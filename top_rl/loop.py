@@ -31,6 +31,7 @@ from top_rl.config import RunConfig
 from top_rl.rl import gate, grpo_advantages, versions
 from top_rl.rl.batch import RLBatch, RLSample
 from top_rl.rollout.base import SamplingParams, sample_seed
+from top_rl.observe.startup import StartupLog
 from top_rl.observe.tracking import Tracker
 
 
@@ -100,9 +101,10 @@ class _Rollout:
 
 
 def run(cfg: RunConfig) -> dict:
-    run_dir = Path(cfg.run_dir)
+    startup = StartupLog()  # the start-up lines' clock starts with the checks
     # Every refusal comes before Ray, wandb or any file write (a refused run leaves no run_dir behind).
     ready = preflight.check(cfg)
+    run_dir = Path(cfg.run_dir)  # absolute from here on (preflight.config_values)
     plan = preflight.run_plan(cfg, ready)  # what the cluster places and starts, decided once
     task, max_prompt_len = ready.task, ready.max_prompt_len
     rng.seed(cfg.seed)
@@ -112,7 +114,7 @@ def run(cfg: RunConfig) -> dict:
             run_lock.RunLock(run_dir), \
             contextlib.ExitStack() as cleanup, faults.StopOnFullDisk(run_dir):
         state = preflight.confirm_under_lock(cfg, ready)  # None: a fresh run (which never overwrites checkpoints)
-        cluster = Cluster(plan)
+        cluster = Cluster(plan, startup)
         cleanup.callback(cluster.shutdown)
         guard.catch_signals()  # after Ray started (it installs a SIGTERM handler of its own)
         cluster.stop_check = guard.abandon_if_due  # one signal ends a step that outlasts cluster.stop_grace_s
@@ -138,6 +140,8 @@ def run(cfg: RunConfig) -> dict:
         next_rollout = None  # policy_lag=1: the next step's rollout, generating while this step trains
         for step in range(start_step, cfg.steps):
             guard.step_started(step + 1)
+            if step == start_step:
+                startup.say(f"step {step + 1} starting" + (f" (resumed from {Path(state['path']).name})" if state else ""))
             t0 = time.perf_counter()
             rollout = next_rollout or _Rollout(cluster, task, cfg, step, position, max_prompt_len, params)
             position = rollout.position

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from top_rl.driver.shared_run_dir import RunDirNotShared
 from top_rl import config, contract, tasks
 from top_rl.run import checkpoint
 from top_rl.driver import placement
@@ -44,7 +45,7 @@ class Refused(ValueError):
 
 # What `top-rl` reports as a one-message refusal (exit 1, no traceback).
 REFUSALS = (Refused, ConfigError, TopConfigError, BadInput, UnsupportedModel, ResumeRefused, RunDirLocked,
-            PlacementError, LayoutError, BadFaultSpec)
+            PlacementError, LayoutError, BadFaultSpec, RunDirNotShared)
 
 
 @dataclass
@@ -83,8 +84,12 @@ def backend_choice(cfg, ready: Ready) -> None:
 
 
 def config_values(cfg, ready: Ready) -> None:
-    """Choices, ranges, non-finite numbers, optimizer values, GRPO group size (top_rl.config.validate)."""
+    """Choices, ranges, non-finite numbers, optimizer values, GRPO group size (top_rl.config.validate); then run_dir
+    made absolute on the driver, once, for everything after: a relative one would otherwise be read in each process's
+    own working directory (a Ray job's is not the submitter's). abspath, not realpath: the path as given is the one
+    the other nodes mount."""
     config.validate(cfg)
+    cfg.run_dir = os.path.abspath(cfg.run_dir)
 
 
 def task_config(cfg, ready: Ready) -> None:
@@ -289,8 +294,13 @@ def run_plan(cfg, ready: Ready) -> RunPlan:
     from top_rl.rl.batch import RLStepConfig
     from top_rl.rollout.sglang_plan import initial_policy_dir
 
+    from top_rl.observe.startup import run_logs_dir
+
     run_dir = Path(cfg.run_dir)
-    sglang = ready.sglang or (None,) * cfg.rollout.num_engines
+    logs = run_logs_dir(run_dir)
+    # each server's output goes to this run's log directory unless rollout.sglang.log_path names a file
+    sglang = tuple(dataclasses.replace(s, log_path=str(logs / f"sglang-{i}-port{s.port}.log")) if not s.log_path
+                   else s for i, s in enumerate(ready.sglang)) if ready.sglang else (None,) * cfg.rollout.num_engines
     trainer = TrainerSpec(world=cfg.trainer.world, trainer_cfg=dataclasses.replace(cfg.trainer, dtype=cfg.model.dtype),
                           step_cfg=RLStepConfig(loss=cfg.algo.loss, gate=cfg.top,
                                                 dump_dir=str((run_dir / "parity").resolve()),
@@ -305,6 +315,6 @@ def run_plan(cfg, ready: Ready) -> RunPlan:
         kernels=resolve_kernel_plan(cfg, ready.backend.why if ready.backend else None),
         engines=tuple(EngineSpec(cfg.rollout.engine, cfg.rollout.logprob_source, cfg.model.dtype, ready.model_cfg, sglang=s)
                       for s in sglang),
-        trainer=trainer, faults=ready.faults,
+        trainer=trainer, faults=ready.faults, logs_dir=str(logs), run_dir=cfg.run_dir,
         initial_policy=str(initial_policy_dir(run_dir)) if cfg.rollout.engine == "sglang" and not cfg.model.path
         else None)

@@ -4,10 +4,14 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from top_rl.observe.tracking import REQUIRED_KEYS
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from startup_lines import assert_started  # noqa: E402
 
 pytestmark = pytest.mark.slow
 SMALL = ["rollout.prompts_per_step=4", "rollout.n_samples=4", "cluster.torch_threads=1"]
@@ -61,6 +65,7 @@ def test_top_job_gates_every_step(tmp_path):
     assert runs, "wandb offline run missing"
     assert ROLLOUT_KEYS <= _wandb_history_keys(next(runs[0].glob("run-*.wandb")))
     assert list((tmp_path / "checkpoints").glob("step_000003")), "final checkpoint missing"
+    assert_started(out.stdout, tmp_path)  # issue 53 item 3: the start-up lines and run_dir/logs/<this run>/
 
 
 def test_rollout_chunking_changes_no_number(tmp_path):

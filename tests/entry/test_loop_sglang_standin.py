@@ -20,6 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sglang_cpu  # noqa: E402
+from startup_lines import assert_started  # noqa: E402
 
 _ERR = sglang_cpu.import_error()
 pytestmark = [pytest.mark.skipif(_ERR is not None, reason=_ERR or ""), pytest.mark.slow]
@@ -60,6 +61,11 @@ def test_rl_loop_on_an_sglang_engine_from_a_random_initial_policy(tmp_path, tran
         assert sorted(p.name for p in (tmp_path / "weights").glob("v*")) == ["v000002", "v000003"]  # keep_weight_versions=2
     else:  # nothing written: every bucket went over the group
         assert not list((tmp_path / "weights").glob("v*"))
+    # issue 53 item 3: the server's log is this run's, under run_dir/logs/, named in its start-up line
+    logs = assert_started(out.stdout, run_dir)
+    (server_log,) = logs.glob("sglang-0-port*.log")
+    assert f"SGLang server on http://127.0.0.1:" in out.stdout and f"log {server_log}" in out.stdout
+    assert "===== top-rl start #1" in server_log.read_text()
     # step 2's gate held: the server computed with the weights step 1 trained, so the push reached it
 
 

@@ -21,6 +21,7 @@ FALLBACK_CALLERS = {
     "top_rl/kernels/plan.py",  # build(): a process with no run config and no $TOP_RL_CONTRACT (a test, a bench)
     "top_rl/tools/parity_probe.py",  # its `contract=` argument left out
     "top_rl/tools/score.py",  # its `--contract` left out
+    "top_rl/tools/doctor.py",  # its `contract=` left out: the installed release's (no run, nothing is started)
 }
 
 

@@ -40,6 +40,9 @@ def test_wheel_ships_every_shipped_config(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     missing = [p for p in shipped if p not in names]
     assert not missing, f"the wheel lacks {missing}"
+    # Qwen3's tokenizer (task.tokenizer=qwen3) with its license: no dependency supplies it any more
+    tok = {f"top_rl/tasks/data/qwen3_tokenizer/{n}" for n in ("tokenizer.json.gz", "tokenizer_config.json", "LICENSE")}
+    assert tok <= names, f"the wheel lacks {sorted(tok - names)}"
 
 
 def test_unpacked_wheel_composes_and_plans_without_the_checkout(wheel, tmp_path):

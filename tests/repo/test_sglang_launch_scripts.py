@@ -105,3 +105,41 @@ def test_check_image(tmp_path, capsys):
         pytest.skip("sglang not installed")
     assert rc == 0
     assert mod.main(["check_image.py", str(bad)]) == 1 and "the base image had 0.0.1" in capsys.readouterr().err
+
+
+def test_check_image_refuses_a_package_the_build_installed_unpinned(tmp_path, capsys):
+    """The Docker build's lock check: a package new or changed against the base image's freeze must be pinned, at that
+    version, by the lock or the base constraints."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_image", LAUNCH / "check_image.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    before = {"torch": "2.11.0", "numpy": "2.3.1"}
+    installed = {"torch": "2.11.0", "numpy": "2.3.1", "ray": "2.60.0", "wandb": "0.31.0", "top-rl": "0.1.0"}
+    assert mod.unpinned(installed, before, {"ray": "2.60.0", "wandb": "0.31.0"}) == []
+    assert mod.unpinned(installed, before, {"ray": "2.60.0"}) == ["wandb==0.31.0"]  # floated
+    assert mod.unpinned(installed, before, {"ray": "2.59.0", "wandb": "0.31.0"}) == ["ray==2.60.0"]  # not the lock's
+    assert mod.unpinned({**installed, "numpy": "2.4.0"}, before,
+                        {"ray": "2.60.0", "wandb": "0.31.0"}) == ["numpy==2.4.0"]  # a base package changed
+    # end to end on this venv: a lock that pins nothing, a 'before' that lacks one installed package
+    lock, frozen = tmp_path / "lock", tmp_path / "before"
+    lock.write_text("")
+    frozen.write_text("".join(f"{d.metadata['Name']}=={d.version}\n" for d in __import__("importlib.metadata").metadata
+                              .distributions() if d.metadata["Name"].lower() != "pytest"))
+    rc = mod.main(["check_image.py", "--lock", str(lock), "--before", str(frozen)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "pytest==" in err and "does not pin it" in err
+
+
+def test_pyproject_requires_the_ray_that_has_token_authentication():
+    """launch/ turns on RAY_AUTH_MODE=token, which Ray has from 2.52: an older Ray would ignore it (no auth)."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    assert "RAY_AUTH_MODE:-token" in (LAUNCH / "_common.sh").read_text()
+    deps = tomllib.loads((LAUNCH.parent / "pyproject.toml").read_text())["project"]["dependencies"]
+    (ray,) = [Requirement(d) for d in deps if Requirement(d).name == "ray"]
+    assert not ray.specifier.contains(Version("2.51.9")) and ray.specifier.contains(Version("2.52.0"))

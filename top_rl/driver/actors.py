@@ -45,10 +45,14 @@ def _device() -> torch.device:
 class EngineActor:
     """Hosts one rollout engine: native (in-process over the kernel seam) or an SGLang server it launches."""
 
-    def __init__(self, spec: EngineSpec, kernel_plan: KernelPlan, threads: int):
+    def __init__(self, spec: EngineSpec, kernel_plan: KernelPlan, threads: int, log_file: str | None = None):
         """`spec`: this engine's part of the run plan (top_rl.driver.plan); an SGLang engine's server config in it
         is built and checked once, by preflight. `kernel_plan`: the run's kernels; its contract is the native
-        engine's and the SGLang server's alike."""
+        engine's and the SGLang server's alike. `log_file`: where this actor's output is copied (run_dir/logs/)."""
+        from top_rl.observe.startup import tee_to
+
+        t0 = time.monotonic()
+        tee_to(log_file)
         _setup_process(kernel_plan, threads)
         self.kind, self.version, self.group = spec.kind, -1, None
         self.generate_s = 0.0
@@ -66,6 +70,10 @@ class EngineActor:
             self.engine.start()
         else:
             raise ValueError(f"rollout.engine={spec.kind!r}; choose native or sglang")
+        self.start_s = time.monotonic() - t0  # this actor's start, its server's included (the start-up lines)
+
+    def start_seconds(self) -> float:
+        return self.start_s
 
     def endpoint(self) -> Endpoint:
         return Endpoint.here()
@@ -168,7 +176,10 @@ class TrainerActor:
     """One trainer rank (Megatron-core over the kernel seam). Calls are SPMD: the driver sends each call to
     every rank; rank 0 answers (reports, weights it sends on)."""
 
-    def __init__(self, rank: int, world: int, kernel_plan: KernelPlan, threads: int):
+    def __init__(self, rank: int, world: int, kernel_plan: KernelPlan, threads: int, log_file: str | None = None):
+        from top_rl.observe.startup import tee_to
+
+        tee_to(log_file)  # this rank's output, copied under run_dir/logs/
         _setup_process(kernel_plan, threads)
         self.rank, self.world = rank, world
         self.transports: dict[int, senders.WeightTransport] = {}  # rank 0: engine index -> its variant, made at connect
@@ -179,6 +190,20 @@ class TrainerActor:
 
     def kernel_report(self) -> dict:
         return kernels.report()
+
+    def check_run_dir(self, run_dir: str, token: str, unseen: bool = False) -> tuple[str, str | None]:
+        """This rank's node and what it sees at run_dir (None: the driver's token; top_rl.driver.shared_run_dir).
+        `unseen` (test-only, the run_dir_unseen fault): read an empty directory of this process's instead, as a node
+        that does not mount run_dir would see it."""
+        import tempfile
+
+        from top_rl.driver import shared_run_dir
+
+        node = ray.util.get_node_ip_address()
+        if unseen:
+            with tempfile.TemporaryDirectory(prefix="top-rl-unseen-") as elsewhere:
+                return node, shared_run_dir.read_token(elsewhere, token)
+        return node, shared_run_dir.read_token(run_dir, token)
 
     def free_address(self) -> tuple[str, int]:
         """An address on this node's IP for others to meet at (rank 0: the trainer's rendezvous, weight groups),

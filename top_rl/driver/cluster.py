@@ -24,11 +24,15 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from pathlib import Path
+
 from top_rl.observe.progress import RolloutProgress
+from top_rl.observe.startup import QUIET, StartupLog
 from top_rl.run import faults
 from top_rl.driver import local_ray
 from top_rl.driver import placement
 from top_rl.driver import rendezvous
+from top_rl.driver import shared_run_dir
 from top_rl.weights import transport
 from top_rl.driver.actors import EngineActor, TrainerActor
 from top_rl.driver.plan import RunPlan
@@ -56,26 +60,32 @@ def _threads(cfg: ClusterConfig) -> int:
     return cfg.torch_threads or os.cpu_count() or 1
 
 
-def start_ray(cfg: ClusterConfig) -> None:
+def start_ray(cfg: ClusterConfig) -> str:
+    """Start or join Ray; what it is, in words (the start-up line)."""
     if ray.is_initialized():
-        return
+        return "Ray already up in this process"
     address = cfg.address or os.environ.get("RAY_ADDRESS")
     if address:  # a cluster's workers do not inherit this process's warning filters: install them there too
         ray.init(address=address, log_to_driver=True,
                  runtime_env={"worker_process_setup_hook": "top_rl.observe.quiet.install"})
+        return f"Ray cluster at {address} joined"
     else:  # a local run: every server Ray starts listens on loopback only (top_rl.driver.rendezvous)
         rendezvous.ray_on_loopback()
         local_ray.start(num_cpus=cfg.num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=True,
                         configure_logging=False)  # its processes survive a group SIGTERM/SIGHUP (top_rl.driver.local_ray)
         faults.raise_if_interrupted()  # a stop signal that came while Ray started: stop before placing actors
+        return f"local Ray up ({cfg.num_cpus or os.cpu_count()} CPUs)"
 
 
 class Cluster:
-    def __init__(self, plan: RunPlan):
+    def __init__(self, plan: RunPlan, startup: StartupLog = QUIET):
         """Place and start what `plan` (top_rl.driver.plan, built by preflight) names: the trainer ranks, then the
-        engines, each connected for weights and sent the initial policy."""
+        engines, each connected for weights and sent the initial policy. `startup` says each of those as it
+        happens (top_rl.observe.startup)."""
         cfg = plan.cluster
-        start_ray(cfg)
+        self.logs = Path(plan.logs_dir) if plan.logs_dir else None
+        startup.say("checks passed; starting Ray")
+        startup.say(start_ray(cfg) + (f"; this run's logs: {self.logs}" if self.logs else ""))
         self.plan = plan.placement
         placement.check(self.plan, ray.cluster_resources(), "the Ray cluster")
         self.pg = placement_group(self.plan.bundles, strategy="PACK")
@@ -97,21 +107,68 @@ class Cluster:
         self.stop_check = lambda: None  # the loop's RunGuard.abandon_if_due, once it takes the signals
 
         t = plan.trainer
+        t0 = startup.elapsed()
         self.trainers = [
             TrainerActor.options(scheduling_strategy=self._bundle(self.plan.trainer_bundle[r]), num_cpus=0,
-                                 num_gpus=self.plan.trainer_gpus).remote(r, t.world, self.kernels, self.threads)
+                                 num_gpus=self.plan.trainer_gpus).remote(r, t.world, self.kernels, self.threads,
+                                                                         self._log(f"trainer-rank{r}.log"))
             for r in range(t.world)
         ]
+        self._check_run_dir(plan.run_dir, startup)
         host, port = ray.get(self.trainers[0].free_address.remote())
         self._on_trainers("setup", [((host, port), t)] * t.world, "trainer setup")
-        self.trainer_endpoint = ray.get(self.trainers[0].endpoint.remote())
+        ends = ray.get([tr.endpoint.remote() for tr in self.trainers])
+        self.trainer_endpoint = ends[0]
+        for r, end in enumerate(ends):
+            startup.say(f"trainer rank {r} ready on {end.node}{' GPU ' + end.gpu[:12] if end.gpu else ''} "
+                        f"({startup.elapsed() - t0:.1f}s: model built, initial policy loaded)")
         if plan.initial_policy:
             # A server starts from a checkpoint on disk: the run's random initial policy, written by trainer rank 0
             # (the servers get the trainer's weights again by the first push, like every later version).
             self.save_hf(plan.initial_policy)
+        t_engines = startup.elapsed()
+        for i, spec in enumerate(self.engine_specs):
+            startup.say(f"rollout engine {i} starting: " + (
+                f"SGLang server on {spec.sglang.url}, log {spec.sglang.log_path}" if spec.sglang else
+                f"{spec.kind} engine" + (f", log {self._log(f'engine-{i}.log')}" if self.logs else "")))
         self.engines = [self._new_engine(i) for i in range(len(self.engine_specs))]
         self.links = self._links(range(len(self.engines)))
+        for i, secs in enumerate(ray.get([e.start_seconds.remote() for e in self.engines])):
+            startup.say(f"rollout engine {i} ready ({startup.elapsed() - t_engines:.1f}s since starting, "
+                        f"{secs:.1f}s of it in its actor)")
         self.push_weights(connect=True)
+        startup.say("initial weights sent to the engines")
+
+    def _check_run_dir(self, run_dir: str | None, startup: StartupLog) -> None:
+        """Refuse a run_dir some trainer rank's node does not see (top_rl.driver.shared_run_dir), before any rank
+        builds its model; the ranks and the placement are removed first, so the refusal is the whole story."""
+        if not run_dir:
+            return
+        token = shared_run_dir.write_token(run_dir)
+        try:
+            answers = ray.get([tr.check_run_dir.remote(run_dir, token, ("run_dir_unseen", r + 1) in self.faults.points)
+                               for r, tr in enumerate(self.trainers)])
+        finally:
+            shared_run_dir.remove_token(run_dir)
+        why = shared_run_dir.refusal(run_dir, [(r, node, seen) for r, (node, seen) in enumerate(answers)])
+        if why:
+            for tr in self.trainers:
+                ray.kill(tr, no_restart=True)
+            remove_placement_group(self.pg)
+            raise shared_run_dir.RunDirNotShared(why)
+        nodes = sorted({node for node, _ in answers})
+        startup.say(f"run_dir {run_dir} seen by every trainer rank ({len(nodes)} node{'s' * (len(nodes) > 1)})")
+
+    def _log(self, name: str, restarted: bool = False) -> str | None:
+        """A file in this run's log directory; `restarted`: a replaced actor's gets the next free name
+        (engine-0.log, engine-0.restart1.log, ...), so the log of the one that died is kept."""
+        if not self.logs:
+            return None
+        path, n = self.logs / name, 0
+        while restarted and path.exists():
+            n += 1
+            path = self.logs / name.replace(".log", f".restart{n}.log")
+        return str(path)
 
     def _bundle(self, index: int):
         return PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=index)
@@ -120,7 +177,8 @@ class Cluster:
         return EngineActor.options(scheduling_strategy=self._bundle(self.plan.engine_bundle[i]), num_cpus=0,
                                    num_gpus=self.plan.engine_gpus,
                                    max_concurrency=2,  # progress() answers while generate runs
-                                   ).remote(self.engine_specs[i], self.kernels, self.threads)
+                                   ).remote(self.engine_specs[i], self.kernels, self.threads,
+                                            self._log(f"engine-{i}.log", restarted=True))
 
     def _links(self, indices) -> list[transport.Link]:
         """Each engine's link (top_rl.weights.transport), decided once here from cluster.weight_transport and where the

@@ -53,4 +53,8 @@ class RunPlan:
     # rollout=sglang without model.path: where trainer rank 0 writes the random initial policy the servers start
     # from (their configs' model_path); None otherwise.
     initial_policy: str | None = None
+    # this run's log directory, absolute (top_rl.observe.startup.run_logs_dir): actor logs and SGLang server logs
+    logs_dir: str | None = None
+    # run_dir, absolute on the driver: every node with a trainer rank must see it (top_rl.driver.shared_run_dir)
+    run_dir: str | None = None
     faults: FaultPlan = NO_FAULTS  # test-only (TOP_RL_FAULT): the faults the driver's code causes

@@ -71,7 +71,7 @@ class SglangSettings:
     # the trainer on its GPU trains. Set by cluster.gpu_handoff, not by hand.
     enable_memory_saver: bool = False
     python: str = ""  # interpreter that has the pinned sglang installed ("": the one running the engine)
-    log_path: str = ""  # server stdout+stderr; default <weights_dir or tmp>/sglang-<port>.log
+    log_path: str = ""  # server stdout+stderr; default run_dir/logs/<run start>-<pid>/sglang-<i>-port<port>.log
     extra_sampling: dict[str, Any] = field(default_factory=dict)  # more /generate sampling_params (checked)
     skip_version_check: bool = False  # only for experiments on another release; parity is then unproven
     validate_with_parser: bool = True  # parse the command with SGLang's own parser before launching

@@ -10,6 +10,8 @@ trainer ranks. A malformed spec is refused by preflight before Ray starts (`BadF
   kill_trainer:N        kill trainer rank 0 while this process's N-th train step is in flight
   enospc_in_checkpoint:N          the driver's write of the step-N checkpoint fails with ENOSPC (disk full)
   enospc_in_trainer_checkpoint:N  a trainer rank's N-th shard write fails with ENOSPC
+  run_dir_unseen:N      trainer rank N-1 reads run_dir as a node that does not mount it would: an empty directory of
+                        its own stands in for the path (the shared run_dir check, top_rl/driver/shared_run_dir.py)
 Unset (always, outside tests), the plan is empty and its `inject` returns at once.
 """
 
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 
 ENV = "TOP_RL_FAULT"
 POINTS = ("kill_after_step", "kill_in_checkpoint", "kill_engine", "kill_trainer", "enospc_in_checkpoint",
-          "enospc_in_trainer_checkpoint")
+          "enospc_in_trainer_checkpoint", "run_dir_unseen")
 
 
 class BadFaultSpec(ValueError):

@@ -32,6 +32,12 @@ class SglangRelease:
     cpu_imports_sgl_kernel: bool = False
     # tests/sglang_cpu.py: how the process-global ServerArgs is published and restored
     global_args: str = "module_global"  # "module_global" (server_args._global_server_args) | "runtime_context"
+    # The GPU stack this release's wheel pins (its METADATA's Requires-Dist, requirements/sglang-<v>-requires-dist.txt):
+    # the trainer imports the engine's kernels, so it must run these exact builds. `top-rl doctor` checks them, the
+    # pyproject extra sglang<v> installs them (tests/repo/test_gpu_install.py keeps the three equal).
+    gpu_pins: tuple[tuple[str, str], ...] = ()
+    # GPU architectures (compute capability) the contract was proven on; others >= sm80 run but are unproven
+    proven_archs: tuple[str, ...] = ("sm90",)
 
     def dest(self, name: str) -> str:
         """This release's argparse dest for TOP-RL's setting `name` (the same name where nothing moved)."""

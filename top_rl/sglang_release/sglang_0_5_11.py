@@ -13,4 +13,6 @@ RELEASE = SglangRelease(
     retractions_key="total_retractions",
     # 0.5.11: the inductor piecewise compiler takes another q/k-norm path (numerics.md §4.4)
     argv_pinned={"piecewise_cuda_graph_compiler": "eager"},
+    gpu_pins=(("torch", "2.11.0"), ("sglang-kernel", "0.4.2"), ("flashinfer-python", "0.6.8.post1"),
+              ("flashinfer-cubin", "0.6.8.post1"), ("transformers", "5.6.0")),
 )

@@ -23,4 +23,6 @@ RELEASE = SglangRelease(
     cpu_extra_requirements=("xgrammar==0.2.1", "apache-tvm-ffi==0.1.11"),  # §0.3.5
     cpu_imports_sgl_kernel=True,  # §0.3.5 (sglang/kernels/ops/kvcache/cache_move.py:7-10 when is_cpu())
     global_args="runtime_context",  # §0.3.4
+    gpu_pins=(("torch", "2.11.0"), ("sglang-kernel", "0.4.5"), ("flashinfer-python", "0.6.15.post1"),
+              ("transformers", "5.12.1")),
 )

@@ -127,7 +127,8 @@ def _read_rows(path: str, max_bytes: int = MAX_ROW_BYTES) -> list[tuple[str, Any
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise ImportError(f"{path}: reading parquet needs pyarrow (pip install pyarrow) or a .jsonl copy") from None
+            raise ImportError(f"{path}: reading parquet needs pyarrow (pip install -e '.[math]', the math extra) "
+                              "or a .jsonl copy") from None
         return [(f"{path} row {i}", r) for i, r in enumerate(pq.read_table(p).to_pylist())]
     if p.suffix == ".json":
         try:
@@ -184,7 +185,11 @@ class DapoTask(HFTokenizerTask):
 
     def _load(self) -> None:
         if self.cfg.path is None:
-            import datasets  # network: never reached in tests, which always pass a path
+            try:
+                import datasets  # network: never reached in tests, which always pass a path
+            except ImportError:
+                raise ImportError(f"task.path=null loads {self.cfg.hf_dataset} from the hub with datasets: "
+                                  "pip install -e '.[math]' (the math extra), or set task.path") from None
             ds = datasets.load_dataset(self.cfg.hf_dataset, split=self.cfg.split)
             pairs = ((f"{self.cfg.hf_dataset}[{self.cfg.split}] row {i}", r) for i, r in enumerate(ds))
         else:
