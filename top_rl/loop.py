@@ -149,8 +149,7 @@ def run(cfg: RunConfig) -> dict:
                                                f"{behaviour_version(step, lag)}", step + 1)
             engine_metrics = cluster.rollout_metrics()  # the engines' own: generation, re-score, server peaks
             group_items = rollout.group_items
-            rewards = torch.tensor([task.reward(it, task.response_text(s.response_ids))
-                                    for it, s in zip(group_items, samples)])
+            rewards = torch.tensor(prompts.rewards(task, group_items, [s.response_ids for s in samples]))
             advantages = grpo_advantages(rewards, n, cfg.algo.normalize_std)
 
             # The trainer recomputes what the engine reported inside its training forward, and refuses to
