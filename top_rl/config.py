@@ -18,6 +18,7 @@ from top_rl.kernels.plan import FastPaths, KernelPlan
 from top_rl.run.checkpoint import CheckpointConfig
 from top_rl.driver.placement import ClusterConfig
 from top_rl.model.source import ModelConfig
+from top_rl.rl import lr_schedule
 from top_rl.rl.config import AlgoConfig, GateConfig, PolicyLossConfig
 from top_rl.rollout.config import LogprobSource, RolloutConfig
 from top_rl.observe.tracking import TrackingConfig
@@ -170,6 +171,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     if contract.temperature_refusal(cfg.rollout.temperature):
         errors.append(f"rollout.temperature={cfg.rollout.temperature} {contract.temperature_refusal(cfg.rollout.temperature)}")
     errors += _optimizer_errors(cfg.trainer)
+    t = cfg.trainer
+    errors += lr_schedule.errors(t.lr_schedule, t.lr_warmup_steps, t.lr, t.lr_min, t.lr_decay_steps)
     if cfg.algo.name == "grpo" and cfg.rollout.n_samples < 2:
         errors.append(f"rollout.n_samples={cfg.rollout.n_samples} must be >= 2 for GRPO: advantages are relative "
                       "to the prompt's group, so a group of one has advantage 0 and gives no gradient")

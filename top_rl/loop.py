@@ -197,7 +197,7 @@ def run(cfg: RunConfig) -> dict:
                 "train/step": report.trainer_step,
                 "train/micro_batches": report.micro_batches,
                 "train/tokens": report.tokens,
-                "train/lr": cfg.trainer.lr,
+                "train/lr": cfg.trainer.lr if report.lr is None else report.lr,  # the schedule's (rl/lr_schedule.py)
                 **{f"perf/trainer/{k}_s": v for k, v in report.timings.items()},
                 **{f"perf/trainer/gpu_{k}_gib": v for k, v in report.gpu_memory.items()},
                 "perf/rollout_time": t_rollout,

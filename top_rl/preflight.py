@@ -255,7 +255,10 @@ def run_plan(cfg, ready: Ready) -> RunPlan:
 
     run_dir = Path(cfg.run_dir)
     sglang = ready.sglang or (None,) * cfg.rollout.num_engines
-    trainer = TrainerSpec(world=cfg.trainer.world, trainer_cfg=dataclasses.replace(cfg.trainer, dtype=cfg.model.dtype),
+    # lr_decay_steps null: the schedule decays over the run's every optimizer update
+    decay = cfg.trainer.lr_decay_steps or cfg.steps * cfg.algo.updates_per_rollout
+    trainer = TrainerSpec(world=cfg.trainer.world, trainer_cfg=dataclasses.replace(cfg.trainer, dtype=cfg.model.dtype,
+                                                                                   lr_decay_steps=decay),
                           step_cfg=RLStepConfig(loss=cfg.algo.loss, gate=cfg.top,
                                                 dump_dir=str((run_dir / "parity").resolve()),
                                                 old_logprobs=str(cfg.algo.old_logprobs),

@@ -78,6 +78,13 @@ def check_compatible(saved: dict, current: dict, allow_changes: bool) -> list[st
                 diffs.append(f"{key}: checkpoint {va!r} -> now {vb!r}")
 
     walk(saved, current, "")
+    trainer = current.get("trainer", {})
+    if (trainer.get("lr_schedule", "constant") != "constant" and trainer.get("lr_decay_steps") is None
+            and saved.get("steps") != current.get("steps")):  # `steps` is free, except where it is the lr's horizon
+        updates = saved.get("steps", 0) * saved.get("algo", {}).get("updates_per_rollout", 1)
+        diffs.append(f"steps: checkpoint {saved.get('steps')!r} -> now {current.get('steps')!r} (with "
+                     f"trainer.lr_decay_steps=null the lr decays over the run's steps; set trainer.lr_decay_steps="
+                     f"{updates} to keep the checkpoint's schedule)")
     if newer:
         print("[top-rl] the checkpoint predates these settings; resuming with their values: " + ", ".join(newer),
               flush=True)
