@@ -106,7 +106,7 @@ class ConfigError(ValueError):
 _CHOICES = {
     "top.kernels": tuple(k.value for k in KernelBackend if k not in (KernelBackend.plain, KernelBackend.stock)),
 }
-_POSITIVE = ("steps", "rollout.prompts_per_step", "rollout.n_samples", "rollout.max_new_tokens",
+_POSITIVE = ("steps", "rollout.prompts_per_step", "rollout.n_samples", "rollout.max_new_tokens", "rollout.save_samples_rows",
              "rollout.num_engines", "trainer.dp", "trainer.tp", "trainer.pp", "trainer.cp", "checkpoint.keep",
              "algo.updates_per_rollout")
 
@@ -165,7 +165,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     for key in ("trainer.micro_batch_size", "trainer.micro_batch_tokens"):  # null: no limit of that kind
         if _get(cfg, key) is not None and _get(cfg, key) < 1:
             errors.append(f"{key}={_get(cfg, key)} must be >= 1, or null (a negative size plans no micro-batch at all)")
-    for key in ("checkpoint.every", "cluster.max_engine_restarts"):
+    for key in ("checkpoint.every", "cluster.max_engine_restarts", "rollout.save_samples_every"):
         if _get(cfg, key) < 0:
             errors.append(f"{key}={_get(cfg, key)} must be >= 0")
     if contract.temperature_refusal(cfg.rollout.temperature):

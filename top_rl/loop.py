@@ -28,9 +28,10 @@ from top_rl.driver.cluster import Cluster
 from top_rl import kernels
 from top_rl.atomic import write_file
 from top_rl.config import RunConfig
-from top_rl.rl import gate, grpo_advantages, versions
+from top_rl.rl import gate, grpo_advantages, step_stats, versions
 from top_rl.rl.batch import RLBatch, RLSample
 from top_rl.rollout.base import SamplingParams, sample_seed
+from top_rl.observe import samples as saved_samples
 from top_rl.observe.tracking import Tracker
 
 
@@ -61,6 +62,18 @@ def _kernel_metrics(run_dir: Path, reports: list[dict]) -> dict:
     step metrics."""
     write_file(run_dir / "kernels.json", lambda tmp: Path(tmp).write_text(json.dumps(reports, indent=1) + "\n"))
     return kernels.step_metrics(reports)
+
+
+def _wall_time_at(saved_lines: list[str]) -> float:
+    """perf/wall_time of the checkpoint's last row (0 for a fresh run, or a checkpoint from before the metric)."""
+    for line in reversed(saved_lines):
+        try:
+            value = json.loads(line).get("perf/wall_time")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(value, (int, float)):
+            return float(value)
+    return 0.0
 
 
 def behaviour_version(step: int, policy_lag: int) -> int:
@@ -133,7 +146,9 @@ def run(cfg: RunConfig) -> dict:
             print(f"[top-rl] {run_dir} is already at step {start_step} (steps={cfg.steps}): nothing to do", flush=True)
         if state is not None:  # the driver's RNG as the run that never stopped had it after this step
             rng.restore(state["driver"]["rng"])
+            saved_samples.drop_after(run_dir, start_step)  # the steps after the checkpoint write theirs again
         next_rollout = None  # policy_lag=1: the next step's rollout, generating while this step trains
+        t_start, wall_start = time.perf_counter(), _wall_time_at(checkpoint.saved_metrics(state))
         for step in range(start_step, cfg.steps):
             t0 = time.perf_counter()
             rollout = next_rollout or _Rollout(cluster, task, cfg, step, position, max_prompt_len, params)
@@ -189,6 +204,8 @@ def run(cfg: RunConfig) -> dict:
             last = {
                 **report.parity,
                 "rollout/reward_mean": float(rewards.mean()),
+                **step_stats.reward_stats(rewards, n),
+                **step_stats.advantage_stats(advantages),
                 **rollout_metrics(samples, t_rollout),
                 **engine_metrics,
                 **rollout.prompt_counts,
@@ -206,8 +223,17 @@ def run(cfg: RunConfig) -> dict:
                 **({"perf/gpu_handoff_time": t_handoff} if cfg.cluster.gpu_handoff else {}),
                 **lagged,
                 "perf/step_time": time.perf_counter() - t0,
+                # the trainer's tokens (prompts and responses) per second of its step
+                "perf/trained_tokens_per_s": report.tokens / t_train if t_train > 0 else float("nan"),
+                # seconds since the run first started, across resumes (the checkpoint's last row carries it on)
+                "perf/wall_time": wall_start + time.perf_counter() - t_start,
                 **_kernel_metrics(run_dir, cluster.kernel_reports()),
             }
+            if saved_samples.due(cfg.rollout.save_samples_every, step + 1):  # before the row: a resume rewrites it
+                saved_samples.write(run_dir, step + 1, saved_samples.rows(
+                    step + 1, group_items, samples, [it.prompt for it in group_items],
+                    [task.response_text(s.response_ids) for s in samples], rewards, advantages, n,
+                    cfg.rollout.save_samples_rows))
             # Log before checkpointing: a crash in between replays this step on resume, never loses its row.
             tracker.log(step + 1, last)
             if checkpoint.due(cfg.checkpoint, step + 1, cfg.steps, stopping=guard.stopping):
