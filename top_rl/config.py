@@ -18,7 +18,7 @@ from top_rl.kernels.plan import FastPaths, KernelPlan
 from top_rl.run.checkpoint import CheckpointConfig
 from top_rl.driver.placement import ClusterConfig
 from top_rl.model.source import ModelConfig
-from top_rl.rl import lr_schedule
+from top_rl.rl import dynamic_sampling, lr_schedule, overlong
 from top_rl.rl.config import AlgoConfig, GateConfig, PolicyLossConfig
 from top_rl.rollout.config import LogprobSource, RolloutConfig
 from top_rl.observe.tracking import TrackingConfig
@@ -212,7 +212,13 @@ def validate(cfg: RunConfig) -> RunConfig:
         errors.append("trainer.megatron_rope=true with top.kernels=sglang: Megatron's eager RoPE is not bitwise the "
                       "engine's (SGLang's rl mode compiles its RoPE, which the sglang kernels reproduce; "
                       "top_rl/train/qwen3_megatron.py); set trainer.megatron_rope=false")
-    errors += _seed_errors(cfg, batch)
+    ds, ol = cfg.algo.dynamic_sampling, cfg.algo.overlong
+    if ds.enabled:
+        errors += dynamic_sampling.errors(ds.max_rounds, batch)
+    if ol.enabled:
+        errors += overlong.errors(ol.buffer, ol.penalty_factor, cfg.rollout.max_new_tokens)
+    # every round's seeds (dynamic sampling's extra rounds index past the step's first batch)
+    errors += _seed_errors(cfg, batch * (ds.max_rounds + 1) if ds.enabled and ds.max_rounds >= 0 else batch)
     errors += cfg.task.errors()  # the task's string choices and ranges (top_rl.tasks.base.TaskConfig)
     if errors:
         raise ConfigError("invalid config: " + "; ".join(errors))

@@ -28,7 +28,7 @@ from top_rl.driver.cluster import Cluster
 from top_rl import kernels
 from top_rl.atomic import write_file
 from top_rl.config import RunConfig
-from top_rl.rl import gate, grpo_advantages, step_stats, versions
+from top_rl.rl import dynamic_sampling, gate, grpo_advantages, overlong, step_stats, versions
 from top_rl.rl.batch import RLBatch, RLSample
 from top_rl.rollout.base import SamplingParams, sample_seed
 from top_rl.observe import samples as saved_samples
@@ -100,16 +100,47 @@ def save_checkpoint(run_dir: Path, cfg: RunConfig, step: int, position, cluster,
 
 
 class _Rollout:
-    """A step's rollout: its prompts' items (one per sample), their counts, the submitted call."""
+    """A step's rollout: its prompts' items (one per sample), their counts, the submitted call. `round_`: dynamic
+    sampling's extra round of the step (0: the step's own rollout, its ordinary seeds)."""
 
-    def __init__(self, cluster, task, cfg: RunConfig, step: int, position, max_prompt_len: int, params):
+    def __init__(self, cluster, task, cfg: RunConfig, step: int, position, max_prompt_len: int, params, round_=0):
         n = cfg.rollout.n_samples
         items, self.position, self.prompt_counts = prompts.next_prompts(
             task, cfg.rollout.prompts_per_step, cfg.seed, position, max_prompt_len, cfg.rollout.on_long_prompt)
         self.group_items = [it for it in items for _ in range(n)]  # sample i belongs to prompt i // n
-        self.pending = cluster.submit_generate([it.prompt_ids for it in self.group_items],
-                                               [sample_seed(cfg.seed, step, i) for i in range(len(self.group_items))],
-                                               params)
+        batch = len(self.group_items)
+        self.pending = cluster.submit_generate(
+            [it.prompt_ids for it in self.group_items],
+            [sample_seed(cfg.seed, step, dynamic_sampling.round_index(round_, i, batch)) for i in range(batch)], params)
+
+
+def _fill_dynamic(cluster, task, cfg: RunConfig, step: int, rollout: _Rollout, samples, scores, behaviour: int,
+                  max_prompt_len: int, params):
+    """DAPO's dynamic sampling (top_rl/rl/dynamic_sampling.py): the step's batch of groups with a signal, from its
+    rollout and as many extra rounds as it takes (each drawn from the data position the last left, under the weights
+    the step's rollout was generated with: nothing is pushed in between). Returns the batch, the data position after
+    every round, the rounds' prompt counts summed, and the filling's metrics."""
+    position, counts = rollout.position, dict(rollout.prompt_counts)
+
+    def draw(round_: int) -> dynamic_sampling.Round:
+        nonlocal position
+        extra = _Rollout(cluster, task, cfg, step, position, max_prompt_len, params, round_)
+        position = extra.position
+        for k, v in extra.prompt_counts.items():
+            counts[k] += v
+        got = cluster.collect(extra.pending)
+        version = versions.check_batch([s.weight_version for s in got], extra.pending.version, step + 1)
+        if version != behaviour:
+            raise versions.VersionMismatch(f"weight version check at step {step + 1}: dynamic sampling's round "
+                                           f"{round_} was generated under weight version {version}, the step's "
+                                           f"rollout under {behaviour}", step + 1)
+        return dynamic_sampling.Round(extra.group_items, got, prompts.rewards(task, extra.group_items,
+                                                                              [s.response_ids for s in got]))
+
+    ds = cfg.algo.dynamic_sampling
+    filled = dynamic_sampling.fill(dynamic_sampling.Round(rollout.group_items, samples, scores), draw,
+                                   cfg.rollout.prompts_per_step, cfg.rollout.n_samples, ds.max_rounds)
+    return filled, position, counts
 
 
 def run(cfg: RunConfig) -> dict:
@@ -163,8 +194,23 @@ def run(cfg: RunConfig) -> dict:
                                                f"under weight version {behaviour}, expected version "
                                                f"{behaviour_version(step, lag)}", step + 1)
             engine_metrics = cluster.rollout_metrics()  # the engines' own: generation, re-score, server peaks
-            group_items = rollout.group_items
-            rewards = torch.tensor(prompts.rewards(task, group_items, [s.response_ids for s in samples]))
+            group_items, prompt_counts, shaping = rollout.group_items, rollout.prompt_counts, {}
+            scores = prompts.rewards(task, group_items, [s.response_ids for s in samples])
+            if cfg.algo.dynamic_sampling.enabled:  # off: nothing below runs, the rows are the plain run's
+                filled, position, prompt_counts = _fill_dynamic(cluster, task, cfg, step, rollout, samples, scores,
+                                                                behaviour, max_prompt_len, params)
+                group_items, samples, scores = filled.items, filled.samples, filled.scores
+                shaping.update(filled.metrics)
+                t_rollout = time.perf_counter() - t0  # every round's generation
+            if cfg.algo.overlong.enabled:  # after the filter, which judges the task's reward (dynamic_sampling.py)
+                ol = cfg.algo.overlong
+                shaped = overlong.shape(scores, [len(s.response_ids) for s in samples], cfg.rollout.max_new_tokens,
+                                        ol.buffer, ol.penalty_factor)
+                shaping["rollout/task_reward_mean"] = sum(scores) / len(scores)
+                shaping["rollout/overlong_penalty_mean"] = (sum(shaped) - sum(scores)) / len(scores)
+                shaping["rollout/overlong_penalized_frac"] = sum(a != b for a, b in zip(shaped, scores)) / len(scores)
+                scores = shaped
+            rewards = torch.tensor(scores)
             advantages = grpo_advantages(rewards, n, cfg.algo.normalize_std)
 
             # The trainer recomputes what the engine reported inside its training forward, and refuses to
@@ -208,7 +254,8 @@ def run(cfg: RunConfig) -> dict:
                 **step_stats.advantage_stats(advantages),
                 **rollout_metrics(samples, t_rollout),
                 **engine_metrics,
-                **rollout.prompt_counts,
+                **prompt_counts,
+                **shaping,
                 "data/rows_skipped": getattr(task, "skipped", 0),
                 **{f"train/{k}": v for k, v in report.losses.items()},
                 "train/step": report.trainer_step,
