@@ -17,6 +17,7 @@ from top_rl.kernels import plan as kernel_plans
 from top_rl.kernels.plan import FastPaths, KernelPlan
 from top_rl.run.checkpoint import CheckpointConfig
 from top_rl.driver.placement import ClusterConfig
+from top_rl.eval import config as eval_config
 from top_rl.model.source import ModelConfig
 from top_rl.rl import dynamic_sampling, lr_schedule, overlong
 from top_rl.rl.config import AlgoConfig, GateConfig, PolicyLossConfig
@@ -64,6 +65,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    eval: eval_config.EvalConfig = field(default_factory=eval_config.EvalConfig)  # eval.every: an eval every K steps
 
     def as_dict(self) -> dict:
         return _plain(dataclasses.asdict(self))
@@ -219,6 +221,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         errors += overlong.errors(ol.buffer, ol.penalty_factor, cfg.rollout.max_new_tokens)
     # every round's seeds (dynamic sampling's extra rounds index past the step's first batch)
     errors += _seed_errors(cfg, batch * (ds.max_rounds + 1) if ds.enabled and ds.max_rounds >= 0 else batch)
+    errors += eval_config.errors(cfg)
     errors += cfg.task.errors()  # the task's string choices and ranges (top_rl.tasks.base.TaskConfig)
     if errors:
         raise ConfigError("invalid config: " + "; ".join(errors))

@@ -32,6 +32,7 @@ from top_rl.rl import dynamic_sampling, gate, grpo_advantages, overlong, step_st
 from top_rl.rl.batch import RLBatch, RLSample
 from top_rl.rollout.base import SamplingParams, sample_seed
 from top_rl.observe import samples as saved_samples
+from top_rl.eval import run as eval_run
 from top_rl.observe.tracking import Tracker
 
 
@@ -276,6 +277,8 @@ def run(cfg: RunConfig) -> dict:
                 "perf/wall_time": wall_start + time.perf_counter() - t_start,
                 **_kernel_metrics(run_dir, cluster.kernel_reports()),
             }
+            if ready.eval_set is not None and eval_run.due(cfg.eval.every, step + 1):  # the weights just pushed
+                last.update(eval_run.run(cluster, ready.eval_set, cfg.seed, step + 1))
             if saved_samples.due(cfg.rollout.save_samples_every, step + 1):  # before the row: a resume rewrites it
                 saved_samples.write(run_dir, step + 1, saved_samples.rows(
                     step + 1, group_items, samples, [it.prompt for it in group_items],

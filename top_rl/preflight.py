@@ -59,6 +59,7 @@ class Ready:
     sglang: tuple = ()  # rollout=sglang: each engine's checked SglangEngineConfig
     placement: placement.Placement | None = None
     faults: FaultPlan = NO_FAULTS  # test-only: what TOP_RL_FAULT names (top_rl.run.fault_injection)
+    eval_set: Any = None  # eval.every > 0: the eval's prompts and sampling (top_rl.eval.run.EvalSet)
 
 
 def fault_plan(cfg, ready: Ready) -> None:
@@ -215,6 +216,15 @@ def prompt_lengths(cfg, ready: Ready) -> None:
     prompts.check_lengths(ready.task, ready.max_prompt_len, cfg.rollout.on_long_prompt)
 
 
+def eval_data(cfg, ready: Ready) -> None:
+    """eval.every > 0: the eval set loads (eval.path / eval.split) and holds a prompt that fits, before anything
+    starts (top_rl.eval.run.build)."""
+    if cfg.eval.every > 0:
+        from top_rl.eval import run as eval_run
+
+        ready.eval_set = eval_run.build(cfg, ready.task, ready.model_cfg.max_position_embeddings)
+
+
 def resume_state(cfg, ready: Ready) -> None:
     """A fresh run never overwrites checkpoints; a resume takes the newest checkpoint that verifies and
     refuses changed determinism-relevant settings (top_rl.run.checkpoint.prepare)."""
@@ -228,7 +238,7 @@ def resume_state(cfg, ready: Ready) -> None:
 
 CONFIG_CHECKS = (fault_plan, config_values, task_config, sglang_engines, trainer_layout)
 CHECKS = CONFIG_CHECKS + (resources, run_dir_writable, task_data, model_fits_task, host_memory, shared_gpu_memory,
-                          prompt_lengths, resume_state)
+                          prompt_lengths, eval_data, resume_state)
 # What a sweep checks for every job before its first job starts (top_rl.cli): the config's refusals and those this
 # machine decides from the config alone (run_dir, memory), not the data's or the checkpoints'.
 SWEEP_CHECKS = CONFIG_CHECKS + (run_dir_writable, host_memory)

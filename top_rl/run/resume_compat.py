@@ -12,6 +12,7 @@ from top_rl.kernels.plan import CHANGES_GRADIENTS, FastPaths
 # Keys a resume may change freely: they do not enter any computed number.
 RESUME_FREE_KEYS = {"steps", "run_dir", "resume", "resume_allow_changes", "dry_run", "checkpoint", "tracking",
                     "cluster",
+                    "eval",  # the eval reads the weights, never changes them (top_rl/eval/run.py)
                     # fast paths: the same numbers, faster (not those that change the gradients)
                     *(f"top.fast_paths.{f.name}" for f in dataclasses.fields(FastPaths) if f.name not in CHANGES_GRADIENTS),
                     # where and how an SGLang engine runs and takes its weights (they arrive bitwise either way)
