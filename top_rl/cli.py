@@ -313,5 +313,11 @@ def parity_probe_main(argv: list[str] | None = None) -> int:
     return probe(sys.argv[1:] if argv is None else argv)
 
 
+def report_main(argv: list[str] | None = None) -> int:
+    from top_rl.tools.report import main as report
+
+    return report(sys.argv[1:] if argv is None else argv)
+
+
 if __name__ == "__main__":
     main()
