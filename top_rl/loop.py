@@ -253,6 +253,7 @@ def run(cfg: RunConfig) -> dict:
                 "rollout/reward_mean": float(rewards.mean()),
                 **step_stats.reward_stats(rewards, n),
                 **step_stats.advantage_stats(advantages),
+                **step_stats.entropy_estimate([s.sample_logprobs for s in samples]),
                 **rollout_metrics(samples, t_rollout),
                 **engine_metrics,
                 **prompt_counts,

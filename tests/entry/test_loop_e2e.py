@@ -59,6 +59,7 @@ def test_top_job_gates_every_step(tmp_path):
         assert r["rollout/groups_one_reward_frac"] in {k / 4 for k in range(5)}
         assert r["train/advantage_min"] <= r["train/advantage_mean"] <= r["train/advantage_max"]
         assert r["perf/trained_tokens_per_s"] > 0 and r["train/lr"] == 0.002
+        assert r["rollout/entropy_mc"] > 0  # the sampled tokens' mean -log p
     assert 0 < rows[0]["perf/wall_time"] < rows[1]["perf/wall_time"] < rows[2]["perf/wall_time"]
     reports = json.loads((tmp_path / "kernels.json").read_text())  # one per actor: trainer rank, engine
     assert len(reports) == 2 and all(rep["backend"] == "reference" and rep["fallbacks"] == {} for rep in reports)

@@ -20,3 +20,16 @@ def test_advantage_stats_see_the_zero_advantage_of_uniform_groups():
     a = advantage_stats(grpo_advantages(rewards, 2))
     assert a["train/advantage_zero_frac"] == 0.5 and a["train/advantage_max"] > 0 > a["train/advantage_min"]
     assert abs(a["train/advantage_mean"]) < 1e-7
+
+
+def test_entropy_estimate_is_the_mean_negative_sampled_logprob_and_converges_to_the_entropy():
+    from top_rl.rl.step_stats import entropy_estimate
+
+    assert entropy_estimate([[-1.0, -2.0], [-3.0]]) == {"rollout/entropy_mc": 2.0}
+    assert entropy_estimate([[], []]) == {}
+    # tokens drawn from p: the estimate approaches H(p)
+    p = torch.tensor([0.5, 0.25, 0.125, 0.125], dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    draws = torch.multinomial(p, 200_000, replacement=True, generator=g)
+    est = entropy_estimate([p.log()[draws].tolist()])["rollout/entropy_mc"]
+    assert abs(est - float(-(p * p.log()).sum())) < 0.01

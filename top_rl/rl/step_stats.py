@@ -21,3 +21,16 @@ def advantage_stats(advantages: torch.Tensor) -> dict[str, float]:
     return {"train/advantage_mean": float(a.mean()), "train/advantage_std": float(a.std(unbiased=False)),
             "train/advantage_min": float(a.min()), "train/advantage_max": float(a.max()),
             "train/advantage_zero_frac": float((a == 0).double().mean())}
+
+
+def entropy_estimate(sample_logprobs: list[list[float]]) -> dict[str, float]:
+    """rollout/entropy_mc: the sampled tokens' mean negative log-prob under the distribution they were drawn from (the
+    sampler's tempered log-probs every engine reports). Its expectation is the policy's per-token entropy (a Monte
+    Carlo estimate over the step's tokens: E_{y~p}[-log p(y)] = H(p)), and under TOP that distribution is exactly the
+    trainer's, so no logit tensor is needed: the trainer's fused log-prob kernels never materialise a [T, V] softmax,
+    and verl's exact actor/entropy would cost one (a TP all-reduce over the vocabulary). Empty when no engine
+    reported them."""
+    n = sum(len(lp) for lp in sample_logprobs)
+    if n == 0:
+        return {}
+    return {"rollout/entropy_mc": -sum(float(x) for lp in sample_logprobs for x in lp) / n}
