@@ -38,11 +38,14 @@ def _register_schema() -> None:
 
     from top_rl.config import RunConfig
 
-    from top_rl.tasks import TASKS
+    from top_rl.tasks import TASKS, load_plugin_tasks
 
+    shipped = set(TASKS)
     store = ConfigStore.instance()
-    for name, (task_config, _) in TASKS.items():  # each task group file starts from its task's own dataclass
+    for name, (task_config, _) in load_plugin_tasks().items():  # each task group file starts from its dataclass
         store.store(group="task", name=f"{name}_schema", node=task_config)
+        if name not in shipped:  # another package's task (entry point): no yaml, its dataclass is the option
+            store.store(group="task", name=name, node=task_config)
     node = OmegaConf.structured(RunConfig)
     with open_dict(node):
         node.hydra = HYDRA_SETTINGS
@@ -130,9 +133,10 @@ class SweepPrecheck(Callback):
             sys.exit(refused[1])
 
 
-def compose(overrides: list[str]):
+def compose(overrides: list[str], check: bool = True):
     """The validated RunConfig for these overrides (tests and tools; `main` goes through @hydra.main, and its run
-    validates once, in preflight)."""
+    validates once, in preflight). check=False: composed and typed, its values unchecked (the config's documentation
+    lists a task's defaults even where the task requires a key, task=custom's path)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
@@ -150,6 +154,8 @@ def compose(overrides: list[str]):
         except CompactHydraException as e:  # an enum-typed key's bad value, an unknown key: name it
             raise ConfigError(hydra_error_line(e)) from None
         cfg = from_hydra(composed)
+        if not check:
+            return cfg
         try:  # `auto` decided as a run's preflight decides it (its first check), so the config validates as it would
             backend_choice.resolve(cfg)
         except ValueError as e:
@@ -322,6 +328,12 @@ def parity_probe_main(argv: list[str] | None = None) -> int:
     from top_rl.tools.parity_probe import main as probe
 
     return probe(sys.argv[1:] if argv is None else argv)
+
+
+def report_main(argv: list[str] | None = None) -> int:
+    from top_rl.tools.report import main as report
+
+    return report(sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ from top_rl.kernels import plan as kernel_plans
 from top_rl.kernels.plan import FastPaths, KernelPlan
 from top_rl.run.checkpoint import CheckpointConfig
 from top_rl.driver.placement import ClusterConfig
+from top_rl.eval import config as eval_config
 from top_rl.model.source import ModelConfig
+from top_rl.rl import dynamic_sampling, lr_schedule, overlong
 from top_rl.rl.config import AlgoConfig, GateConfig, PolicyLossConfig
 from top_rl.rollout.config import LogprobSource, RolloutConfig
 from top_rl.observe.tracking import TrackingConfig
@@ -65,6 +67,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    eval: eval_config.EvalConfig = field(default_factory=eval_config.EvalConfig)  # eval.every: an eval every K steps
 
     def as_dict(self) -> dict:
         return _plain(dataclasses.asdict(self))
@@ -107,7 +110,7 @@ class ConfigError(ValueError):
 _CHOICES = {
     "top.kernels": tuple(k.value for k in KernelBackend if k not in (KernelBackend.plain, KernelBackend.stock)),
 }
-_POSITIVE = ("steps", "rollout.prompts_per_step", "rollout.n_samples", "rollout.max_new_tokens",
+_POSITIVE = ("steps", "rollout.prompts_per_step", "rollout.n_samples", "rollout.max_new_tokens", "rollout.save_samples_rows",
              "rollout.num_engines", "trainer.dp", "trainer.tp", "trainer.pp", "trainer.cp", "checkpoint.keep",
              "algo.updates_per_rollout")
 
@@ -167,7 +170,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     for key in ("trainer.micro_batch_size", "trainer.micro_batch_tokens"):  # null: no limit of that kind
         if _get(cfg, key) is not None and _get(cfg, key) < 1:
             errors.append(f"{key}={_get(cfg, key)} must be >= 1, or null (a negative size plans no micro-batch at all)")
-    for key in ("checkpoint.every", "cluster.max_engine_restarts"):
+    for key in ("checkpoint.every", "cluster.max_engine_restarts", "rollout.save_samples_every"):
         if _get(cfg, key) < 0:
             errors.append(f"{key}={_get(cfg, key)} must be >= 0")
     if not cfg.cluster.stop_grace_s >= 0:
@@ -184,6 +187,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     if contract.temperature_refusal(cfg.rollout.temperature):
         errors.append(f"rollout.temperature={cfg.rollout.temperature} {contract.temperature_refusal(cfg.rollout.temperature)}")
     errors += _optimizer_errors(cfg.trainer)
+    t = cfg.trainer
+    errors += lr_schedule.errors(t.lr_schedule, t.lr_warmup_steps, t.lr, t.lr_min, t.lr_decay_steps)
     if cfg.algo.name == "grpo" and cfg.rollout.n_samples < 2:
         errors.append(f"rollout.n_samples={cfg.rollout.n_samples} must be >= 2 for GRPO: advantages are relative "
                       "to the prompt's group, so a group of one has advantage 0 and gives no gradient")
@@ -223,7 +228,14 @@ def validate(cfg: RunConfig) -> RunConfig:
         errors.append("trainer.megatron_rope=true with top.kernels=sglang: Megatron's eager RoPE is not bitwise the "
                       "engine's (SGLang's rl mode compiles its RoPE, which the sglang kernels reproduce; "
                       "top_rl/train/qwen3_megatron.py); set trainer.megatron_rope=false")
-    errors += _seed_errors(cfg, batch)
+    ds, ol = cfg.algo.dynamic_sampling, cfg.algo.overlong
+    if ds.enabled:
+        errors += dynamic_sampling.errors(ds.max_rounds, batch)
+    if ol.enabled:
+        errors += overlong.errors(ol.buffer, ol.penalty_factor, cfg.rollout.max_new_tokens)
+    # every round's seeds (dynamic sampling's extra rounds index past the step's first batch)
+    errors += _seed_errors(cfg, batch * (ds.max_rounds + 1) if ds.enabled and ds.max_rounds >= 0 else batch)
+    errors += eval_config.errors(cfg)
     errors += cfg.task.errors()  # the task's string choices and ranges (top_rl.tasks.base.TaskConfig)
     if errors:
         raise ConfigError("invalid config: " + "; ".join(errors))

@@ -28,10 +28,12 @@ from top_rl.driver.cluster import Cluster
 from top_rl import kernels
 from top_rl.atomic import write_file
 from top_rl.config import RunConfig
-from top_rl.rl import gate, grpo_advantages, versions
+from top_rl.rl import dynamic_sampling, gate, grpo_advantages, overlong, step_stats, versions
 from top_rl.rl.batch import RLBatch, RLSample
 from top_rl.rollout.base import SamplingParams, sample_seed
 from top_rl.observe.startup import StartupLog
+from top_rl.observe import samples as saved_samples
+from top_rl.eval import run as eval_run
 from top_rl.observe.tracking import Tracker
 
 
@@ -64,6 +66,18 @@ def _kernel_metrics(run_dir: Path, reports: list[dict]) -> dict:
     return kernels.step_metrics(reports)
 
 
+def _wall_time_at(saved_lines: list[str]) -> float:
+    """perf/wall_time of the checkpoint's last row (0 for a fresh run, or a checkpoint from before the metric)."""
+    for line in reversed(saved_lines):
+        try:
+            value = json.loads(line).get("perf/wall_time")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(value, (int, float)):
+            return float(value)
+    return 0.0
+
+
 def behaviour_version(step: int, policy_lag: int) -> int:
     """The weight version step `step`'s batch (0-based) is generated under: the trainer's (step + 1) synchronously;
     one behind it with a lag, except the first step's, which nothing precedes (version 1, the initial policy)."""
@@ -88,16 +102,47 @@ def save_checkpoint(run_dir: Path, cfg: RunConfig, step: int, position, cluster,
 
 
 class _Rollout:
-    """A step's rollout: its prompts' items (one per sample), their counts, the submitted call."""
+    """A step's rollout: its prompts' items (one per sample), their counts, the submitted call. `round_`: dynamic
+    sampling's extra round of the step (0: the step's own rollout, its ordinary seeds)."""
 
-    def __init__(self, cluster, task, cfg: RunConfig, step: int, position, max_prompt_len: int, params):
+    def __init__(self, cluster, task, cfg: RunConfig, step: int, position, max_prompt_len: int, params, round_=0):
         n = cfg.rollout.n_samples
         items, self.position, self.prompt_counts = prompts.next_prompts(
             task, cfg.rollout.prompts_per_step, cfg.seed, position, max_prompt_len, cfg.rollout.on_long_prompt)
         self.group_items = [it for it in items for _ in range(n)]  # sample i belongs to prompt i // n
-        self.pending = cluster.submit_generate([it.prompt_ids for it in self.group_items],
-                                               [sample_seed(cfg.seed, step, i) for i in range(len(self.group_items))],
-                                               params)
+        batch = len(self.group_items)
+        self.pending = cluster.submit_generate(
+            [it.prompt_ids for it in self.group_items],
+            [sample_seed(cfg.seed, step, dynamic_sampling.round_index(round_, i, batch)) for i in range(batch)], params)
+
+
+def _fill_dynamic(cluster, task, cfg: RunConfig, step: int, rollout: _Rollout, samples, scores, behaviour: int,
+                  max_prompt_len: int, params):
+    """DAPO's dynamic sampling (top_rl/rl/dynamic_sampling.py): the step's batch of groups with a signal, from its
+    rollout and as many extra rounds as it takes (each drawn from the data position the last left, under the weights
+    the step's rollout was generated with: nothing is pushed in between). Returns the batch, the data position after
+    every round, the rounds' prompt counts summed, and the filling's metrics."""
+    position, counts = rollout.position, dict(rollout.prompt_counts)
+
+    def draw(round_: int) -> dynamic_sampling.Round:
+        nonlocal position
+        extra = _Rollout(cluster, task, cfg, step, position, max_prompt_len, params, round_)
+        position = extra.position
+        for k, v in extra.prompt_counts.items():
+            counts[k] += v
+        got = cluster.collect(extra.pending)
+        version = versions.check_batch([s.weight_version for s in got], extra.pending.version, step + 1)
+        if version != behaviour:
+            raise versions.VersionMismatch(f"weight version check at step {step + 1}: dynamic sampling's round "
+                                           f"{round_} was generated under weight version {version}, the step's "
+                                           f"rollout under {behaviour}", step + 1)
+        return dynamic_sampling.Round(extra.group_items, got, prompts.rewards(task, extra.group_items,
+                                                                              [s.response_ids for s in got]))
+
+    ds = cfg.algo.dynamic_sampling
+    filled = dynamic_sampling.fill(dynamic_sampling.Round(rollout.group_items, samples, scores), draw,
+                                   cfg.rollout.prompts_per_step, cfg.rollout.n_samples, ds.max_rounds)
+    return filled, position, counts
 
 
 def run(cfg: RunConfig) -> dict:
@@ -137,7 +182,9 @@ def run(cfg: RunConfig) -> dict:
             print(f"[top-rl] {run_dir} is already at step {start_step} (steps={cfg.steps}): nothing to do", flush=True)
         if state is not None:  # the driver's RNG as the run that never stopped had it after this step
             rng.restore(state["driver"]["rng"])
+            saved_samples.drop_after(run_dir, start_step)  # the steps after the checkpoint write theirs again
         next_rollout = None  # policy_lag=1: the next step's rollout, generating while this step trains
+        t_start, wall_start = time.perf_counter(), _wall_time_at(checkpoint.saved_metrics(state))
         for step in range(start_step, cfg.steps):
             guard.step_started(step + 1)
             if step == start_step:
@@ -155,9 +202,23 @@ def run(cfg: RunConfig) -> dict:
                                                f"under weight version {behaviour}, expected version "
                                                f"{behaviour_version(step, lag)}", step + 1)
             engine_metrics = cluster.rollout_metrics()  # the engines' own: generation, re-score, server peaks
-            group_items = rollout.group_items
-            rewards = torch.tensor([task.reward(it, task.response_text(s.response_ids))
-                                    for it, s in zip(group_items, samples)])
+            group_items, prompt_counts, shaping = rollout.group_items, rollout.prompt_counts, {}
+            scores = prompts.rewards(task, group_items, [s.response_ids for s in samples])
+            if cfg.algo.dynamic_sampling.enabled:  # off: nothing below runs, the rows are the plain run's
+                filled, position, prompt_counts = _fill_dynamic(cluster, task, cfg, step, rollout, samples, scores,
+                                                                behaviour, max_prompt_len, params)
+                group_items, samples, scores = filled.items, filled.samples, filled.scores
+                shaping.update(filled.metrics)
+                t_rollout = time.perf_counter() - t0  # every round's generation
+            if cfg.algo.overlong.enabled:  # after the filter, which judges the task's reward (dynamic_sampling.py)
+                ol = cfg.algo.overlong
+                shaped = overlong.shape(scores, [len(s.response_ids) for s in samples], cfg.rollout.max_new_tokens,
+                                        ol.buffer, ol.penalty_factor)
+                shaping["rollout/task_reward_mean"] = sum(scores) / len(scores)
+                shaping["rollout/overlong_penalty_mean"] = (sum(shaped) - sum(scores)) / len(scores)
+                shaping["rollout/overlong_penalized_frac"] = sum(a != b for a, b in zip(shaped, scores)) / len(scores)
+                scores = shaped
+            rewards = torch.tensor(scores)
             advantages = grpo_advantages(rewards, n, cfg.algo.normalize_std)
 
             # The trainer recomputes what the engine reported inside its training forward, and refuses to
@@ -197,15 +258,19 @@ def run(cfg: RunConfig) -> dict:
             last = {
                 **report.parity,
                 "rollout/reward_mean": float(rewards.mean()),
+                **step_stats.reward_stats(rewards, n),
+                **step_stats.advantage_stats(advantages),
+                **step_stats.entropy_estimate([s.sample_logprobs for s in samples]),
                 **rollout_metrics(samples, t_rollout),
                 **engine_metrics,
-                **rollout.prompt_counts,
+                **prompt_counts,
+                **shaping,
                 "data/rows_skipped": getattr(task, "skipped", 0),
                 **{f"train/{k}": v for k, v in report.losses.items()},
                 "train/step": report.trainer_step,
                 "train/micro_batches": report.micro_batches,
                 "train/tokens": report.tokens,
-                "train/lr": cfg.trainer.lr,
+                "train/lr": cfg.trainer.lr if report.lr is None else report.lr,  # the schedule's (rl/lr_schedule.py)
                 **{f"perf/trainer/{k}_s": v for k, v in report.timings.items()},
                 **{f"perf/trainer/gpu_{k}_gib": v for k, v in report.gpu_memory.items()},
                 "perf/rollout_time": t_rollout,
@@ -214,8 +279,19 @@ def run(cfg: RunConfig) -> dict:
                 **({"perf/gpu_handoff_time": t_handoff} if cfg.cluster.gpu_handoff else {}),
                 **lagged,
                 "perf/step_time": time.perf_counter() - t0,
+                # the trainer's tokens (prompts and responses) per second of its step
+                "perf/trained_tokens_per_s": report.tokens / t_train if t_train > 0 else float("nan"),
+                # seconds since the run first started, across resumes (the checkpoint's last row carries it on)
+                "perf/wall_time": wall_start + time.perf_counter() - t_start,
                 **_kernel_metrics(run_dir, cluster.kernel_reports()),
             }
+            if ready.eval_set is not None and eval_run.due(cfg.eval.every, step + 1):  # the weights just pushed
+                last.update(eval_run.run(cluster, ready.eval_set, cfg.seed, step + 1))
+            if saved_samples.due(cfg.rollout.save_samples_every, step + 1):  # before the row: a resume rewrites it
+                saved_samples.write(run_dir, step + 1, saved_samples.rows(
+                    step + 1, group_items, samples, [it.prompt for it in group_items],
+                    [task.response_text(s.response_ids) for s in samples], rewards, advantages, n,
+                    cfg.rollout.save_samples_rows))
             # Log before checkpointing: a crash in between replays this step on resume, never loses its row.
             tracker.log(step + 1, last)
             guard.step_logged(step + 1)

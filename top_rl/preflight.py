@@ -61,6 +61,7 @@ class Ready:
     placement: placement.Placement | None = None
     faults: FaultPlan = NO_FAULTS  # test-only: what TOP_RL_FAULT names (top_rl.run.fault_injection)
     backend: Any = None  # what `auto` chose (top_rl.driver.backend_choice.BackendChoice); None: nothing was auto
+    eval_set: Any = None  # eval.every > 0: the eval's prompts and sampling (top_rl.eval.run.EvalSet)
 
 
 def fault_plan(cfg, ready: Ready) -> None:
@@ -253,6 +254,15 @@ def prompt_lengths(cfg, ready: Ready) -> None:
     prompts.check_lengths(ready.task, ready.max_prompt_len, cfg.rollout.on_long_prompt)
 
 
+def eval_data(cfg, ready: Ready) -> None:
+    """eval.every > 0: the eval set loads (eval.path / eval.split) and holds a prompt that fits, before anything
+    starts (top_rl.eval.run.build)."""
+    if cfg.eval.every > 0:
+        from top_rl.eval import run as eval_run
+
+        ready.eval_set = eval_run.build(cfg, ready.task, ready.model_cfg.max_position_embeddings)
+
+
 def resume_state(cfg, ready: Ready) -> None:
     """A fresh run never overwrites checkpoints; a resume takes the newest checkpoint that verifies and
     refuses changed determinism-relevant settings (top_rl.run.checkpoint.prepare)."""
@@ -266,13 +276,12 @@ def resume_state(cfg, ready: Ready) -> None:
 
 CONFIG_CHECKS = (fault_plan, backend_choice, config_values, task_config, sglang_engines, trainer_layout)
 CHECKS = CONFIG_CHECKS + (resources, run_dir_writable, run_dir_entries, task_data, model_fits_task, host_memory,
-                          shared_gpu_memory,
-                          prompt_lengths, resume_state)
+                          shared_gpu_memory, prompt_lengths, eval_data, resume_state)
 # What a sweep checks for every job before its first job starts (top_rl.cli): the config's refusals, run_dir's, the
-# job's data and model (task.path=good.jsonl,/dev/zero trained job 0, then refused job 1, leaving both behind), and
-# memory; not the checkpoints' (a resumed sweep's jobs verify theirs when each starts).
+# job's data and model (task.path=good.jsonl,/dev/zero trained job 0, then refused job 1, leaving both behind), its
+# eval data, and memory; not the checkpoints' (a resumed sweep's jobs verify theirs when each starts).
 SWEEP_CHECKS = CONFIG_CHECKS + (run_dir_writable, run_dir_entries, task_data, model_fits_task, host_memory,
-                                prompt_lengths)
+                                prompt_lengths, eval_data)
 
 
 def check(cfg, checks=CHECKS) -> Ready:
@@ -301,7 +310,10 @@ def run_plan(cfg, ready: Ready) -> RunPlan:
     # each server's output goes to this run's log directory unless rollout.sglang.log_path names a file
     sglang = tuple(dataclasses.replace(s, log_path=str(logs / f"sglang-{i}-port{s.port}.log")) if not s.log_path
                    else s for i, s in enumerate(ready.sglang)) if ready.sglang else (None,) * cfg.rollout.num_engines
-    trainer = TrainerSpec(world=cfg.trainer.world, trainer_cfg=dataclasses.replace(cfg.trainer, dtype=cfg.model.dtype),
+    # lr_decay_steps null: the schedule decays over the run's every optimizer update
+    decay = cfg.trainer.lr_decay_steps or cfg.steps * cfg.algo.updates_per_rollout
+    trainer = TrainerSpec(world=cfg.trainer.world, trainer_cfg=dataclasses.replace(cfg.trainer, dtype=cfg.model.dtype,
+                                                                                   lr_decay_steps=decay),
                           step_cfg=RLStepConfig(loss=cfg.algo.loss, gate=cfg.top,
                                                 dump_dir=str((run_dir / "parity").resolve()),
                                                 old_logprobs=str(cfg.algo.old_logprobs),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from top_rl.cli import export_main, parity_probe_main
+from top_rl.cli import export_main, parity_probe_main, report_main
 from top_rl.tools.args import Arg, KeyValueCli, UsageError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,6 +34,7 @@ def test_top_rl_help_names_the_program():
 @pytest.mark.parametrize("entry, prog, keys", [
     (export_main, "top-rl-export", ["run_dir=RUN_DIR", "out=OUT", "step", "overwrite"]),
     (parity_probe_main, "top-rl-parity-probe", ["url=URL", "model=MODEL", "num_prompts", "server_check"]),
+    (report_main, "top-rl-report", ["run_dir=RUN_DIR", "out", "generations"]),
 ])
 def test_tool_help_names_the_program_and_keys(entry, prog, keys, capsys):
     for flag in ("--help", "-h"):

@@ -58,6 +58,13 @@ def test_top_job_gates_every_step(tmp_path):
         assert 1 <= r["rollout/response_len_min"] <= r["rollout/response_len_mean"] <= r["rollout/response_len_max"] <= 4
         assert r["rollout/truncated_frac"] in {k / 16 for k in range(17)} and r["perf/rollout_tokens_per_s"] > 0
     assert all(r["kernels/fallbacks"] == 0 for r in rows)  # every op ran the path its KernelPlan names
+    for r in rows:  # issue 52's step metrics: the rewards' spread, the groups without signal, the advantages, speed
+        assert r["rollout/reward_min"] <= r["rollout/reward_mean"] <= r["rollout/reward_max"]
+        assert r["rollout/groups_one_reward_frac"] in {k / 4 for k in range(5)}
+        assert r["train/advantage_min"] <= r["train/advantage_mean"] <= r["train/advantage_max"]
+        assert r["perf/trained_tokens_per_s"] > 0 and r["train/lr"] == 0.002
+        assert r["rollout/entropy_mc"] > 0  # the sampled tokens' mean -log p
+    assert 0 < rows[0]["perf/wall_time"] < rows[1]["perf/wall_time"] < rows[2]["perf/wall_time"]
     reports = json.loads((tmp_path / "kernels.json").read_text())  # one per actor: trainer rank, engine
     assert len(reports) == 2 and all(rep["backend"] == "reference" and rep["fallbacks"] == {} for rep in reports)
     assert "step 3 | reward" in out.stdout and " | len " in out.stdout and " tok/s" in out.stdout  # the console line

@@ -19,7 +19,7 @@ LAYERS = [
     {"weights"},  # trainer -> engine weight transport: buckets, senders, receivers (the engines' requests use them)
     {"train", "rollout"},  # the two sides: Megatron trainer, engines
     {"run"},  # checkpoint, lock, rng, faults
-    {"observe"},  # metrics, wandb
+    {"observe", "eval"},  # metrics, wandb; the eval pass (through the cluster it is handed)
     {"driver"},  # Ray: placement, actors, cluster
     {"tools"},  # export, parity probe, score
     {"config", "preflight", "loop", "cli"},  # entry points

@@ -36,6 +36,7 @@ def test_every_composed_key_is_listed():
     listed = set(re.findall(r"^\| `([^`]+)` \|", (ROOT / "docs" / "config.md").read_text(), re.M))
     for task in ("arith", "gsm8k", "dapo"):
         assert set(keys(compose([f"task={task}"]))) <= listed
+    assert set(keys(compose(["task=custom"], check=False))) <= listed  # its path and reward_fn are required
 
 
 def test_the_comment_reader_finds_each_form():

@@ -64,3 +64,11 @@ def test_unpacked_wheel_composes_and_plans_without_the_checkout(wheel, tmp_path)
                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     assert json.loads(res.stdout)["engines"][0]["kind"] == "native"
+
+
+def test_wheel_ships_the_report_command(wheel):
+    """top-rl-report (issue 52): its module in the wheel and its console script in the wheel's entry points."""
+    zf = zipfile.ZipFile(wheel)
+    assert "top_rl/tools/report.py" in zf.namelist()
+    (ep,) = [n for n in zf.namelist() if n.endswith(".dist-info/entry_points.txt")]
+    assert "top-rl-report = top_rl.cli:report_main" in zf.read(ep).decode()

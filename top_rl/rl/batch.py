@@ -66,6 +66,7 @@ class StepReport:
     tokens: int  # prompt + response tokens of the batch
     policy_version: int = 1  # the trainer's weight version when the step began (its update makes the next one)
     gpu_memory: dict[str, float] = field(default_factory=dict)  # rank 0's GiB after the step (top_rl.driver.actors)
+    lr: float | None = None  # the learning rate of the step's last update (top_rl.rl.lr_schedule); None: no update
 
     @property
     def violation(self) -> str | None:

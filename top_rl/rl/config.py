@@ -45,6 +45,27 @@ class GateConfig:
 
 
 @dataclass
+class DynamicSamplingConfig:
+    """DAPO's dynamic sampling (top_rl/rl/dynamic_sampling.py): groups whose samples all score the same carry no
+    gradient; they are dropped and more prompts are sampled until the step has rollout.prompts_per_step groups."""
+
+    enabled: bool = False  # drop groups with one task reward and refill the batch from more rollout rounds
+    # extra rounds of rollout.prompts_per_step prompts a step may add; a batch still short after them is topped up with
+    # dropped groups (advantage 0: no gradient) so every step trains one batch shape (rollout/dynamic_filled_groups)
+    max_rounds: int = 4
+
+
+@dataclass
+class OverlongConfig:
+    """DAPO's overlong reward shaping (top_rl/rl/overlong.py): a response in the last `buffer` tokens before
+    rollout.max_new_tokens loses reward linearly, down to -penalty_factor at the limit."""
+
+    enabled: bool = False  # add the soft length penalty to each sample's task reward
+    buffer: int = 4  # L_cache: the penalty's ramp, in tokens, ending at rollout.max_new_tokens (L_max)
+    penalty_factor: float = 1.0  # the penalty at (and beyond) L_max; DAPO uses 1
+
+
+@dataclass
 class AlgoConfig:
     name: AlgoName = AlgoName.grpo  # the advantage estimator (GRPO: rewards relative to the prompt's group)
     normalize_std: bool = True  # GRPO divides by the group's std; Dr.GRPO-style runs turn it off
@@ -54,3 +75,5 @@ class AlgoConfig:
     # `recompute` costs one forward of the batch; under TOP it gives the rollout's bits again (the gate proves
     # they are the trainer's), so it matters for the non-TOP baseline (bench/rl_step_compare.py)
     old_logprobs: OldLogprobs = OldLogprobs.rollout
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)

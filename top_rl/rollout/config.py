@@ -48,4 +48,7 @@ class RolloutConfig:
     # of step k+1 is generated under the weights before step k's update while step k trains; the trainer proves it
     # against those weights (a snapshot of them) and uses their log-probs as PPO's old policy (docs/architecture.md)
     policy_lag: int = 0
+    # every K steps, the step's generations to run_dir/samples/step_NNNNNN.jsonl.gz (top_rl/observe/samples.py); 0: off
+    save_samples_every: int = 0
+    save_samples_rows: int = 64  # at most this many rows per file (whole prompt groups, the step's first)
     sglang: SglangSettings = field(default_factory=SglangSettings)  # one SGLang engine's settings (rollout=sglang)

@@ -12,6 +12,7 @@ from top_rl.kernels.plan import CHANGES_GRADIENTS, FastPaths
 # Keys a resume may change freely: they do not enter any computed number.
 RESUME_FREE_KEYS = {"steps", "run_dir", "resume", "resume_allow_changes", "dry_run", "checkpoint", "tracking",
                     "cluster",
+                    "eval",  # the eval reads the weights, never changes them (top_rl/eval/run.py)
                     # fast paths: the same numbers, faster (not those that change the gradients)
                     *(f"top.fast_paths.{f.name}" for f in dataclasses.fields(FastPaths) if f.name not in CHANGES_GRADIENTS),
                     # where and how an SGLang engine runs and takes its weights (they arrive bitwise either way)
@@ -84,6 +85,13 @@ def check_compatible(saved: dict, current: dict, allow_changes: bool) -> list[st
                 diffs.append(f"{key}: checkpoint {va!r} -> now {vb!r}")
 
     walk(saved, current, "")
+    trainer = current.get("trainer", {})
+    if (trainer.get("lr_schedule", "constant") != "constant" and trainer.get("lr_decay_steps") is None
+            and saved.get("steps") != current.get("steps")):  # `steps` is free, except where it is the lr's horizon
+        updates = saved.get("steps", 0) * saved.get("algo", {}).get("updates_per_rollout", 1)
+        diffs.append(f"steps: checkpoint {saved.get('steps')!r} -> now {current.get('steps')!r} (with "
+                     f"trainer.lr_decay_steps=null the lr decays over the run's steps; set trainer.lr_decay_steps="
+                     f"{updates} to keep the checkpoint's schedule)")
     if newer:
         print("[top-rl] the checkpoint predates these settings; resuming with their values: " + ", ".join(newer),
               flush=True)

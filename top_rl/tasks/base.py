@@ -136,6 +136,11 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def reward(self, item: PromptItem, response_text: str) -> float: ...
 
+    def rewards(self, items: list[PromptItem], response_texts: list[str]) -> list[float]:
+        """A step's rewards, one per (item, response): what the loop calls. A task whose reward is cheaper in a batch
+        (a user's batched reward function: top_rl.tasks.custom) overrides it; the default asks `reward` per sample."""
+        return [self.reward(it, text) for it, text in zip(items, response_texts)]
+
 
 class HFTokenizerTask(Task):
     """A task whose tokenizer is a Hugging Face tokenizer held in `self._tok` (gsm8k, dapo)."""

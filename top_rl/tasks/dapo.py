@@ -18,12 +18,11 @@ import re
 import threading
 from dataclasses import dataclass, field
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 from top_rl.tasks import sources
-from top_rl.tasks.base import (MAX_ROW_BYTES, ON_BAD_ROW, HFTokenizerTask, PromptItem, TaskConfig, choice_errors,
-                               check_regular_file, row_too_long, text_lines)
+from top_rl.tasks.rows import read_rows
+from top_rl.tasks.base import MAX_ROW_BYTES, ON_BAD_ROW, HFTokenizerTask, PromptItem, TaskConfig, choice_errors, row_too_long
 from top_rl.tasks.gsm8k import _last_boxed
 
 HF_DATASET = "BytedTsinghua-SIA/DAPO-Math-17k"
@@ -119,37 +118,6 @@ def math_verify_equivalent(pred: str, gold: str) -> bool | None:
 
 
 # ------------------------------------------------------------------------------------ rows
-def _read_rows(path: str, max_bytes: int = MAX_ROW_BYTES) -> list[tuple[str, Any]]:
-    """(where, row) pairs from .parquet, .jsonl (line by line, a row over `max_bytes` unparsed) or .json."""
-    check_regular_file(path)  # first: the .json and .parquet readers below would read a device or a FIFO forever
-    p = Path(path)
-    if p.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise ImportError(f"{path}: reading parquet needs pyarrow (pip install -e '.[math]', the math extra) "
-                              "or a .jsonl copy") from None
-        return [(f"{path} row {i}", r) for i, r in enumerate(pq.read_table(p).to_pylist())]
-    if p.suffix == ".json":
-        try:
-            rows = json.loads(p.read_bytes().decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{path}: not UTF-8 text (byte offset {e.start})") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
-        return [(f"{path} row {i}", r) for i, r in enumerate(rows if isinstance(rows, list) else [rows])]
-    out = []
-    for where, line in text_lines(path, max_bytes):
-        if isinstance(line, ValueError):
-            out.append((where, line))
-        elif line.strip():
-            try:
-                out.append((where, json.loads(line)))
-            except json.JSONDecodeError as e:
-                out.append((where, ValueError(f"invalid JSON ({e.msg})")))
-    return out
-
-
 def _messages(row: dict) -> list[dict] | None:
     prompt = row.get("prompt", row.get("question", row.get("problem")))
     if isinstance(prompt, str) and prompt.strip():
@@ -193,7 +161,7 @@ class DapoTask(HFTokenizerTask):
             ds = datasets.load_dataset(self.cfg.hf_dataset, split=self.cfg.split)
             pairs = ((f"{self.cfg.hf_dataset}[{self.cfg.split}] row {i}", r) for i, r in enumerate(ds))
         else:
-            pairs = iter(_read_rows(self.cfg.path, self.cfg.max_row_bytes))
+            pairs = iter(read_rows(self.cfg.path, self.cfg.max_row_bytes))
         seen: set[str] = set()
         for where, row in pairs:
             if self.cfg.max_prompts and len(self.rows) >= self.cfg.max_prompts:

@@ -30,6 +30,21 @@ class TokenizerMismatch(BadInput):
     pass
 
 
+class RewardFailed(BadInput):
+    """The task's reward failed on a row (a user's reward function raised, or returned no number): the run stops in
+    one line naming the row, as a bad row at start does."""
+
+
+def rewards(task: Task, items: list[PromptItem], response_ids: list[list[int]]) -> list[float]:
+    """The step's rewards: each response's text (up to its eos) scored against its prompt's item."""
+    from top_rl.tasks.reward_fn import RewardFnError
+
+    try:
+        return task.rewards(items, [task.response_text(ids) for ids in response_ids])
+    except RewardFnError as e:
+        raise RewardFailed(str(e)) from None
+
+
 def load_task(task_cfg) -> Task:
     """The run's task; a bad config or data row (`task.on_bad_row=error`) becomes a `BadInput` naming it,
     and rows dropped under `task.on_bad_row=skip` are reported here (their count goes to metrics)."""

@@ -15,7 +15,12 @@ class TrainerConfig:
     cp: int = 1  # Ulysses context parallelism (top_rl.train.ulysses)
     micro_batch_size: int | None = 8  # samples per micro-batch, used when micro_batch_tokens is None
     micro_batch_tokens: int | None = None  # packed-token budget per micro-batch
-    lr: float = 1e-6  # Adam learning rate (> 0)
+    lr: float = 1e-6  # Adam learning rate (> 0); the peak of a schedule (top_rl/rl/lr_schedule.py)
+    lr_schedule: str = "constant"  # after the warm-up: constant | linear | cosine (decay to lr_min)
+    lr_warmup_steps: int = 0  # optimizer updates of linear warm-up from lr/warmup to lr (0: none)
+    lr_min: float = 0.0  # the floor a linear or cosine decay ends at, in [0, lr]
+    # the update where the decay reaches lr_min; null: the run's updates (steps x algo.updates_per_rollout)
+    lr_decay_steps: int | None = None
     betas: tuple[float, float] = (0.9, 0.999)  # Adam betas, each in [0, 1)
     eps: float = 1e-8  # Adam epsilon (> 0)
     weight_decay: float = 0.0  # decoupled weight decay (AdamW, >= 0)

@@ -136,7 +136,8 @@ def run(trainer, batch: RLBatch, cfg: RLStepConfig) -> StepReport | None:
     parity = verdict.metrics.to_dict(prefix="train/") if verdict.metrics is not None else {}
     return StepReport(parity=parity, losses=losses, timings=clock.times, updated=not halt, verdict=verdict,
                       trainer_step=trainer.step, micro_batches=meter.micro_batches,
-                      tokens=sum(len(s.tokens) for s in samples), policy_version=policy_version)
+                      tokens=sum(len(s.tokens) for s in samples), policy_version=policy_version,
+                      lr=trainer.last_lr if grad_norms else None)
 
 
 def _forward_backward(trainer, seqs, olds, samples, part: list[int], loss_cfg: PolicyLossConfig,

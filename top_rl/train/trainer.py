@@ -20,6 +20,7 @@ import torch.distributed as dist
 from top_rl.contract import as_dtype
 from top_rl.model import family
 from top_rl.model.family import UnsupportedModel
+from top_rl.rl import lr_schedule
 from top_rl.train import cpu_shims, parallel, recompute, weights
 from top_rl.train.batch import TrainSequence, pack_micro_batch, plan
 from top_rl.train.config import TrainerConfig
@@ -67,6 +68,7 @@ class Trainer:
         self.runner = StageRunner(self.optimizer.forward_module or self.model, self.model, self.layout,
                                   model_cfg.hidden_size, processor, self.device)
         self.step = 0
+        self.last_lr = cfg.lr  # the lr of the latest update (top_rl.rl.lr_schedule)
         # the live weights' version and copies of older ones a lagged batch needs (rollout.policy_lag; none at 0)
         self.snapshots = PolicySnapshots(keep=0)
 
@@ -204,7 +206,7 @@ class Trainer:
             dist.all_reduce(loss)
         n_tokens = sum(len(s.tokens) for s in batch)
         return {"loss": float(loss), "grad_norm": grad_norm, "step": self.step, "micro_batches": n_mbs,
-                "tokens": n_tokens, "lr": self.cfg.lr}
+                "tokens": n_tokens, "lr": self.last_lr}
 
     def rl_step(self, batch, cfg=None):
         """One RL step with the gate in the training forward (top_rl.train.rl_step): rank 0 returns the
@@ -217,6 +219,10 @@ class Trainer:
     def optimizer_step(self) -> float:
         """Apply the accumulated gradients; returns the gradient norm. The GPU optimizer queues its step without a
         host sync and skips a non-finite one on the device; reading the norm here is the step's one sync."""
+        schedule = lr_schedule.of(self.cfg)
+        self.last_lr = schedule.lr_at(self.step)  # self.step: the updates taken, checkpointed (resume sets the same)
+        if not schedule.is_constant:  # a constant lr is left as the optimizer was built with it
+            self.optimizer.set_lr(self.last_lr)
         norm = float(self.optimizer.step()["grad_norm"])
         if not math.isfinite(norm):
             raise FloatingPointError(f"non-finite gradient norm {norm}: the optimizer step was skipped")
