@@ -348,8 +348,6 @@ def _earlier_rows(metrics: Path) -> str | None:
         lines = [line for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
     except (FileNotFoundError, IsADirectoryError):
         return None
-    if not lines:
-        return None
     steps = []
     for line in lines:
         try:
@@ -357,7 +355,7 @@ def _earlier_rows(metrics: Path) -> str | None:
         except (ValueError, KeyError, TypeError):
             pass  # a torn or foreign row: counted, not named
     span = f" (steps {min(steps)}-{max(steps)})" if steps else ""
-    return f"{len(lines)} row{'s' if len(lines) != 1 else ''}{span}"
+    return f"{len(lines)} row{'s' if len(lines) != 1 else ''}{span}" if lines else None
 
 
 def saved_metrics(state: dict | None) -> list[str]:
