@@ -287,13 +287,15 @@ def run(cfg: RunConfig) -> dict:
             }
             if ready.eval_set is not None and eval_run.due(cfg.eval.every, step + 1):  # the weights just pushed
                 last.update(eval_run.run(cluster, ready.eval_set, cfg.seed, step + 1))
+            sample_rows = []
             if saved_samples.due(cfg.rollout.save_samples_every, step + 1):  # before the row: a resume rewrites it
-                saved_samples.write(run_dir, step + 1, saved_samples.rows(
+                sample_rows = saved_samples.rows(
                     step + 1, group_items, samples, [it.prompt for it in group_items],
                     [task.response_text(s.response_ids) for s in samples], rewards, advantages, n,
-                    cfg.rollout.save_samples_rows))
+                    cfg.rollout.save_samples_rows)
+                saved_samples.write(run_dir, step + 1, sample_rows)
             # Log before checkpointing: a crash in between replays this step on resume, never loses its row.
-            tracker.log(step + 1, last)
+            tracker.log(step + 1, last, samples=sample_rows)  # the first few samples also as a wandb table
             guard.step_logged(step + 1)
             if checkpoint.due(cfg.checkpoint, step + 1, cfg.steps, stopping=guard.stopping):
                 # the data position before the rollout in flight (policy_lag=1): a resume generates it again

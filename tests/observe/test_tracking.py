@@ -1,6 +1,7 @@
 import json
 import math
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -187,3 +188,39 @@ def test_rollout_metrics_and_their_console_line(capsys):
     line = Tracker.console_line({"step": 3, **_row(3), "train/train_rollout_kl": 0.0, **m})
     assert line == ("step 3 | reward 0.3 | abs_diff 0.0 | ess 1.0 | kl 0.0 | len 2.75 | truncated 0.5 | step 1.50s | "
                     "rollout 0.25s | 22 tok/s")
+
+
+def test_a_steps_first_samples_go_to_wandb_as_a_table(tmp_path):
+    """Issue 52 item 2: where a step saves its generations, the first tracking.wandb_samples of them are a wandb table
+    in that step's history (read back from the offline run's files, as wandb wrote them); metrics.jsonl never holds
+    them, and a step without samples logs no table."""
+    from wandb.proto import wandb_internal_pb2
+
+    from top_rl.observe import wandb_history
+    from top_rl.observe.tracking import sample_table_rows
+
+    run_dir = tmp_path / "run"
+    saved = [{"step": 2, "sample": i, "group": i // 2, "prompt": f"1+{i}=", "response": str(i + 1), "reward": i % 2,
+              "length": 1} for i in range(5)]
+    assert sample_table_rows(saved, 3) == [[0, "1+0=", "1", 0], [0, "1+1=", "2", 1], [1, "1+2=", "3", 0]]
+    assert sample_table_rows(saved, 0) == [] and sample_table_rows((), 3) == []
+    t = Tracker(str(run_dir), TrackingConfig(console=False, wandb_samples=3))
+    t.log(1, _row(1))
+    t.log(2, _row(2), samples=saved)
+    rid = t.run_id
+    t.close()
+    assert _steps(run_dir) == [1, 2] and "samples" not in (run_dir / "metrics.jsonl").read_text()
+    (run_file,) = wandb_history.offline_files(run_dir, rid)
+    history = {}  # step -> the history record's items, read with wandb's own protobufs
+    for raw in wandb_history.records(_finished(run_file)):
+        rec = wandb_internal_pb2.Record()
+        rec.ParseFromString(raw)
+        if rec.WhichOneof("record_type") == "history":
+            items = {it.key or "/".join(it.nested_key): json.loads(it.value_json) for it in rec.history.item}
+            history[items.get("step")] = items
+    assert sorted(history) == [1, 2] and not any(k.startswith("samples") for k in history[1])
+    ref = {k[len("samples/"):]: v for k, v in history[2].items() if k.startswith("samples/")}  # nested keys
+    assert ref["_type"] == "table-file" and ref["nrows"] == 3
+    table = json.loads((run_file.parent / "files" / ref["path"]).read_text())  # the table file wandb uploads
+    assert table["columns"] == ["group", "prompt", "response", "reward"]
+    assert table["data"] == sample_table_rows(saved, 3)

@@ -18,6 +18,7 @@ from typing import Any
 
 from top_rl.atomic import write_file
 from top_rl.observe import metrics_resume
+from top_rl.observe import samples as saved_samples
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,9 @@ class TrackingConfig:
     console: bool = True  # print one line per step
     entity: str | None = None  # the wandb entity (team); None: the account's default
     run_name: str | None = None  # the wandb run's name; None: wandb picks one
+    # the first N rows of each step's samples file (rollout.save_samples_every) also go to wandb, as the table
+    # "samples" (group, prompt, response, reward) in that step's history; 0: none
+    wandb_samples: int = 8
 
 
 def resolve_wandb_mode(mode: str) -> str:
@@ -79,6 +83,15 @@ def _fmt(v: Any, exact: bool = False) -> str:
             return repr(v)
         return f"{v:.4g}"
     return str(v)
+
+
+SAMPLE_COLUMNS = ("group", "prompt", "response", "reward")
+
+
+def sample_table_rows(sample_rows: Sequence[dict], n: int) -> list[list]:
+    """The rows of a step's wandb samples table: the first `n` rows of its samples file (top_rl.observe.samples),
+    the columns SAMPLE_COLUMNS. A few, not the file: wandb stores every step's table as a separate file."""
+    return [[r[c] for c in SAMPLE_COLUMNS] for r in list(sample_rows)[:max(n, 0)]]
 
 
 class Tracker:
@@ -129,8 +142,9 @@ class Tracker:
         else:  # the server's step counter: wandb holds every step below it
             self._wandb_has = set(range(int(self.run.starting_step or 0)))
         lost = [row for row in self._jsonl_rows() if row["step"] not in self._wandb_has]
-        for row in lost:
-            self.run.log(row, step=int(row["step"]))
+        for row in lost:  # with the step's table where its samples file is on disk (kept steps keep their files)
+            saved = saved_samples.path(self.run_dir, int(row["step"]))
+            self._log_wandb(row, saved_samples.read(saved) if saved.is_file() else ())
         if lost:
             print(f"[top-rl] wandb: restored {len(lost)} rows (steps {lost[0]['step']}..{lost[-1]['step']}) from "
                   "metrics.jsonl that the interrupted attempt logged but wandb had not recorded", flush=True)
@@ -157,7 +171,16 @@ class Tracker:
         """The lines logged after `step` (at most CHECKPOINT_ROWS, the newest), as written: what a checkpoint keeps."""
         return [line for s, line in self._recent if s > step]
 
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
+    def _log_wandb(self, row: dict[str, Any], sample_rows: Sequence[dict]) -> None:
+        table = sample_table_rows(sample_rows, self.cfg.wandb_samples)
+        if table:  # in the step's own history record, so a resume's "step already in wandb" skips it too
+            import wandb
+            row = {**row, "samples": wandb.Table(columns=list(SAMPLE_COLUMNS), data=table)}
+        self.run.log(row, step=int(row["step"]))
+
+    def log(self, step: int, metrics: dict[str, Any], samples: Sequence[dict] = ()) -> None:
+        """`samples`: the step's saved generations (top_rl.observe.samples.rows), of which the first
+        cfg.wandb_samples go to wandb as a table; never into metrics.jsonl (the samples file holds them)."""
         if self.last_step is not None and step <= self.last_step:
             raise ValueError(f"step {step} already logged (last {self.last_step})")
         row = {"step": int(step), **{k: _plain(v) for k, v in metrics.items() if k != "step"}}
@@ -168,7 +191,7 @@ class Tracker:
         self.last_step = int(step)
         self._recent.append((int(step), line))
         if self.run is not None and int(step) not in self._wandb_has:
-            self.run.log(row, step=int(step))
+            self._log_wandb(row, samples)
         if self.cfg.console:
             print(self.console_line(row), flush=True)
 
