@@ -82,3 +82,25 @@ def test_report_refuses_a_directory_without_metrics(tmp_path, capsys):
     assert err.count("\n") == 0 and err.startswith(f"top-rl-report: {tmp_path / 'metrics.jsonl'} does not exist")
     assert report_main([]) == 2 and "run_dir= is required" in capsys.readouterr().err
     assert not (tmp_path / "report.html").exists()
+
+
+def test_chart_legend_and_labels_stay_off_the_plot():
+    """A screenshot of the first report showed the legend written over the lines (inside the plot, top right) and a
+    small lr's y label ("0.0003806") cut at the page's left edge. The legend now has rows of its own above the plot,
+    wrapped inside the chart, and the left margin holds a 9-character label."""
+    import re
+
+    from top_rl.tools import report
+
+    names = {f"series_with_a_long_name_{i}": [(1, 0.0003806 * i), (10, 0.01)] for i in range(6)}
+    svg = report.chart("t", names)
+    axis = r'<line x1="%d" y1="([\d.]+)" x2="%d" y2="[\d.]+" class="ax"/>' % ((report.LEFT,) * 2)
+    (plot_top,) = re.findall(axis, svg)  # the y axis: from the plot's top down
+    legend = re.findall(r'<text x="([\d.]+)" y="([\d.]+)" class="l" fill="#[0-9a-f]+">([^<]+)</text>', svg)
+    assert [n for _, _, n in legend] == list(names)
+    for x, y, name in legend:
+        assert float(y) < float(plot_top) and float(x) + 6 * len(name) <= report.W  # above the plot, inside the chart
+    assert len({y for _, y, _ in legend}) > 1  # six long names wrap onto more rows
+    labels = re.findall(r'<text x="([\d.]+)" y="[\d.]+" text-anchor="end" class="l">([^<]+)</text>', svg)
+    assert "0" in [t for _, t in labels] and all(float(x) - 6 * len(t) >= 0 for x, t in labels)
+    assert report.LEFT - 4 - 6 * len("0.0003806") >= 0  # about 6 px a character at font-size 10

@@ -26,7 +26,9 @@ CLI = KeyValueCli("top-rl-report", "Write one self-contained HTML report of a ru
                       Arg("generations", "generations shown from the latest samples/ file", int, 8),
                   ], epilog="Online plots: `wandb sync RUN_DIR/wandb/offline-run-*` uploads the run's wandb history.")
 
-W, H, PAD = 520, 220, 40  # one chart's size and the room for its axis labels
+# One chart's size, and the room around its plot: left for the y labels (0.0003806 fits), below for the x labels and
+# "step", above for the title and the legend (its own rows, never over the lines; screenshot-checked, issue 52)
+W, H, LEFT, RIGHT, BOTTOM = 520, 240, 64, 16, 36
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")
 TIME_KEYS = ("perf/rollout_time", "perf/train_time", "perf/weight_push_time", "perf/gpu_handoff_time",
              "perf/eval_time")
@@ -73,6 +75,18 @@ def _fmt(v: float) -> str:
     return f"{v:.4g}"
 
 
+def _legend(names: list[str]) -> tuple[list[tuple[float, float, str]], int]:
+    """Where each name's legend entry goes: (x, y, name) in rows under the title, wrapped at the chart's width."""
+    out, x, y = [], LEFT, 34
+    for name in names:
+        width = 22 + 6 * len(name)  # a 16 px swatch, and about 6 px a character at font-size 10
+        if x > LEFT and x + width > W - RIGHT:
+            x, y = LEFT, y + 13
+        out.append((x, y, name))
+        x += width + 12
+    return out, y
+
+
 def chart(title: str, lines: dict[str, list[tuple[float, float]]]) -> str:
     """An SVG line chart of named (step, value) series; '' when none has a point."""
     lines = {k: v for k, v in lines.items() if v}
@@ -85,23 +99,27 @@ def chart(title: str, lines: dict[str, list[tuple[float, float]]]) -> str:
         x1 = x0 + 1
     if y1 == y0:  # a flat line (abs_diff 0 all run) drawn mid-chart, its value on the axis
         y0, y1 = y0 - 1, y1 + 1
+    legend, legend_bottom = _legend(list(lines))
+    top = legend_bottom + 14  # the plot starts below the legend
 
     def px(x, y):
-        return (PAD + (x - x0) / (x1 - x0) * (W - 2 * PAD), H - PAD + (y0 - y) / (y1 - y0) * (H - 2 * PAD) + 10)
+        return (LEFT + (x - x0) / (x1 - x0) * (W - LEFT - RIGHT), top + (y1 - y) / (y1 - y0) * (H - BOTTOM - top))
 
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" role="img">',
            f'<title>{html.escape(title)}</title>',
-           f'<text x="{W / 2}" y="16" text-anchor="middle" class="t">{html.escape(title)}</text>',
-           f'<line x1="{PAD}" y1="{H - PAD + 10}" x2="{W - PAD}" y2="{H - PAD + 10}" class="ax"/>',
-           f'<line x1="{PAD}" y1="{PAD - 10}" x2="{PAD}" y2="{H - PAD + 10}" class="ax"/>']
-    for y in (y0, (y0 + y1) / 2, y1):
+           f'<text x="{W / 2}" y="16" text-anchor="middle" class="t">{html.escape(title)}</text>']
+    for y in (y0, (y0 + y1) / 2, y1):  # the y labels, each with a faint grid line across the plot
         _, yy = px(x0, y)
-        out.append(f'<text x="{PAD - 4}" y="{yy + 4:.1f}" text-anchor="end" class="l">{_fmt(y)}</text>')
-    for x in (x0, x1):
+        out.append(f'<line x1="{LEFT}" y1="{yy:.1f}" x2="{W - RIGHT}" y2="{yy:.1f}" class="g"/>')
+        out.append(f'<text x="{LEFT - 4}" y="{yy + 3.5:.1f}" text-anchor="end" class="l">{_fmt(y)}</text>')
+    out += [f'<line x1="{LEFT}" y1="{H - BOTTOM}" x2="{W - RIGHT}" y2="{H - BOTTOM}" class="ax"/>',
+            f'<line x1="{LEFT}" y1="{top}" x2="{LEFT}" y2="{H - BOTTOM}" class="ax"/>']
+    ticks = sorted({x0, x1, *([round((x0 + x1) / 2)] if x1 - x0 >= 4 else [])})
+    for x in ticks:
         xx, _ = px(x, y0)
-        out.append(f'<text x="{xx:.1f}" y="{H - PAD + 24}" text-anchor="middle" class="l">{_fmt(x)}</text>')
-    out.append(f'<text x="{W / 2}" y="{H - 4}" text-anchor="middle" class="l">step</text>')
-    for i, (name, pts) in enumerate(lines.items()):
+        out.append(f'<text x="{xx:.1f}" y="{H - BOTTOM + 14}" text-anchor="middle" class="l">{_fmt(x)}</text>')
+    out.append(f'<text x="{LEFT + (W - LEFT - RIGHT) / 2}" y="{H - 6}" text-anchor="middle" class="l">step</text>')
+    for i, ((name, pts), (lx, ly, _)) in enumerate(zip(lines.items(), legend)):
         color = COLORS[i % len(COLORS)]
         path = " ".join(f"{a:.1f},{b:.1f}" for a, b in (px(x, y) for x, y in pts))
         if len(pts) == 1:
@@ -109,8 +127,9 @@ def chart(title: str, lines: dict[str, list[tuple[float, float]]]) -> str:
             out.append(f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{color}"/>')
         else:
             out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{path}"/>')
-        out.append(f'<text x="{W - PAD + 4 - 150}" y="{30 + 13 * i}" class="l" fill="{color}">'
-                   f'{html.escape(name)}</text>')
+        out.append(f'<line x1="{lx}" y1="{ly - 3.5}" x2="{lx + 16}" y2="{ly - 3.5}" stroke="{color}" '
+                   f'stroke-width="2"/>')
+        out.append(f'<text x="{lx + 20}" y="{ly}" class="l" fill="{color}">{html.escape(name)}</text>')
     return "\n".join(out + ["</svg>"])
 
 
@@ -188,12 +207,12 @@ def render(run_dir: Path, generations: int = 8) -> str:
         _section("dynamic", "DAPO dynamic sampling", _charts(rows, [
             ("groups per step", ["rollout/dynamic_dropped_groups", "rollout/dynamic_filled_groups",
                                  "rollout/dynamic_rounds"])])),
-        _section("train", "Training", _charts(rows, [("learning rate", ["train/lr"]),
-                                                     ("loss, grad norm", ["train/loss", "train/grad_norm"])])),
+        _section("train", "Training", _charts(rows, [("learning rate", ["train/lr"]), ("loss", ["train/loss"]),
+                                                     ("grad norm", ["train/grad_norm"])])),
         _section("generations", "Generations", _generations(step, samples)),
     ]
     style = ("body{font-family:sans-serif;margin:2em;max-width:1120px}svg{margin:4px;border:1px solid #ddd}"
-             ".t{font-size:13px;font-weight:bold}.l{font-size:10px}.ax{stroke:#888}"
+             ".t{font-size:13px;font-weight:bold}.l{font-size:10px}.ax{stroke:#888}.g{stroke:#eee}"
              "table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 6px;"
              "vertical-align:top;text-align:left}pre{margin:0;white-space:pre-wrap;max-width:420px}")
     return (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>top-rl report: {html.escape(str(run_dir))}'
