@@ -291,6 +291,48 @@ def test_cli_refuses_a_step_no_engine_call_can_hold_in_one_line_before_ray(tmp_p
     assert "Ray" not in out.stderr and list(tmp_path.iterdir()) == []
 
 
+# The issue's command as a user types it, in a process whose host has this machine's 23.5 GiB (the first run that
+# reported it) and whose Ray start is a tripwire: a refusal that came after Ray would leave its mark.
+_ON_A_23_5_GIB_HOST = r"""
+import sys
+from pathlib import Path
+import ray
+from top_rl import cli
+from top_rl.driver import host_memory
+
+host_memory.host_bytes = lambda: int(23.5 * 2**30)
+def started(*a, **k):
+    Path("ray_started").write_text("ray.init was called")
+    raise SystemExit("Ray started")
+ray.init = started
+sys.argv = ["top-rl", *sys.argv[1:]]
+cli.main()
+"""
+
+
+def test_cli_refuses_the_issues_n_samples_100000_on_a_23_5_gib_host_before_ray(tmp_path):
+    """Issue 54 item 3: `top-rl rollout.n_samples=100000 cluster.torch_threads=1 tracking.wandb_mode=offline` (the
+    default tiny job: 16 prompts x 100000 samples = 1.6 M rows in the native engine's one call) passed the KV cache
+    bound (2.3 GiB) on a 23.5 GiB host and never finished a step; the call needs ~74 KB a row on the reference kernels
+    (~110 GiB). Now one line before Ray: the rows, the bytes a row, the host, and the keys that fix it."""
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    out = subprocess.run([sys.executable, "-c", _ON_A_23_5_GIB_HOST, "rollout.n_samples=100000",
+                          "cluster.torch_threads=1", "tracking.wandb_mode=offline"],
+                         capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1, out.stderr[-3000:]
+    line = lines[0]
+    assert line.startswith("top-rl: this host's 23.5 GiB of memory cannot hold the run: it needs at least "), line
+    assert "(rollout.prompts_per_step=16 x rollout.n_samples=100000 samples x " in line, line
+    assert "GiB for 1 CPU engine(s)' generate call(s) (1,600,000 rows a call x 67,072 B: (>= 1 prompt token + " \
+           "rollout.max_new_tokens=2) positions x 512 B of KV cache + 65,536 B for the reference decode attention's " \
+           "fp32 key blocks" in line, line
+    for fix in ("Lower rollout.prompts_per_step", "rollout.n_samples or rollout.max_new_tokens", "cluster.rollout_chunk",
+                "cluster.engine_gpus"):
+        assert fix in line, line
+    assert "Ray" not in out.stderr and list(tmp_path.iterdir()) == []  # no ray_started, no runs/default
+
+
 # ------------------------------------------------------------------ issue 32: the test-only fault plan
 def test_a_malformed_fault_spec_is_refused_before_anything_starts_naming_the_part(tmp_path, nothing_starts,
                                                                                    monkeypatch):
