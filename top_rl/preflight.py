@@ -214,9 +214,13 @@ def host_memory(cfg, ready: Ready) -> None:
         if arch is not None:
             models = host.cpu_models(arch, cfg.model.dtype, engines, replicas)
             # the batch bound alone let a step start whose one native call could not hold its rows' KV cache
-            # (26.7 M samples: the engine failed to allocate 41 GB, after Ray started)
+            # (26.7 M samples: the engine failed to allocate 41 GB, after Ray started); the KV cache alone let
+            # rollout.n_samples=100000 start on a 23.5 GiB host (1.6 M rows x 1.5 KB), whose call needs ~74 KB a
+            # row on the reference kernels: the bound counts the call's largest working set too
+            top = contract.CONTRACTS.get(cfg.top.contract)
             calls = host.cpu_engine_calls(arch, cfg.model.dtype, engines, r.prompts_per_step * r.n_samples,
-                                          c.rollout_chunk, r.max_new_tokens) if engines else None
+                                          c.rollout_chunk, r.max_new_tokens, kernel_backend(cfg) == "reference",
+                                          top.tiling if top else None) if engines else None
     refusal = host.refusal(r.prompts_per_step, r.n_samples, r.max_new_tokens, models, host.host_bytes(), calls)
     if refusal:
         raise Refused(refusal)

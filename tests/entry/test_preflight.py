@@ -109,11 +109,13 @@ def _gsm(data: Path, name: str) -> list[str]:
     (["rollout.prompts_per_step=1000000000"], "for a step's batch on the driver (rollout.prompts_per_step=1000000000 "
      "x rollout.n_samples=4 samples x (>= 1 prompt token x 16 B + rollout.max_new_tokens=3 x 96 B)) + "),
     # Issue 54: the native CPU engine's one call holds every sample's KV cache too
-    (["rollout.prompts_per_step=1000000000"], "for the KV cache of 1 CPU engine(s)' generate call(s) (4,000,000,000 "
-     "rows a call x (>= 1 prompt token + rollout.max_new_tokens=3) positions x 512 B) = "),
+    (["rollout.prompts_per_step=1000000000"], "for 1 CPU engine(s)' generate call(s) (4,000,000,000 rows a call x "
+     "67,584 B: (>= 1 prompt token + rollout.max_new_tokens=3) positions x 512 B of KV cache + 65,536 B for the "
+     "reference decode attention's fp32 key blocks (4 heads x attn_kv_block=64 x head_dim=16, and the cache in fp32)) = "),
     (["rollout.prompts_per_step=1000000000"], ". Lower rollout.prompts_per_step (over "),
     (["model.hidden_size=100000", "model.intermediate_size=100000"], "parameters x (1 engine(s) x 4 B + 1 trainer "
-     "replica(s) x 16 B)). A smaller model (model.*), or actors on GPUs"),
+     "replica(s) x 16 B)) = "),
+    (["model.hidden_size=100000", "model.intermediate_size=100000"], "; or a smaller model (model.*), or actors on GPUs"),
     # Issue 54 item 8: these passed dry_run=true and the checks, then failed after Ray started
     (["cluster.torch_threads=-1"], "cluster.torch_threads=-1 must be >= 1, or 0 (the machine's cores)"),
     (["trainer.seed=-1"], "trainer.seed=-1 must be between 0 and 4294967295 (numpy's seed range"),
@@ -254,15 +256,17 @@ def test_cli_refusals_are_one_message_and_leave_no_run_dir(tmp_path):
 def test_a_step_whose_engine_call_cannot_fit_this_host_is_refused_with_its_numbers(tmp_path, nothing_starts,
                                                                                     monkeypatch):
     """rollout.n_samples=100000 (1.6 M samples in the native engine's one call) passed the batch bound alone (0.3 GiB
-    of it) and ran for ten minutes without a sample; its KV cache alone is 2.3 GiB, so a 2 GiB host refuses it."""
+    of it) and ran for ten minutes without a sample; its KV cache alone is 2.3 GiB, its reference decode attention's
+    key blocks ~100 GiB (a 2 GiB host refuses it either way)."""
     from top_rl.driver import host_memory
 
     monkeypatch.setattr(host_memory, "host_bytes", lambda: 2 << 30)
     message = _refused(tmp_path / "run", "rollout.prompts_per_step=16", "rollout.n_samples=100000",
                        "rollout.max_new_tokens=2")
     assert message.startswith("this host's 2.0 GiB of memory cannot hold the run: it needs at least "), message
-    assert "2.3 GiB for the KV cache of 1 CPU engine(s)' generate call(s) (1,600,000 rows a call x (>= 1 prompt " \
-           "token + rollout.max_new_tokens=2) positions x 512 B)" in message, message
+    assert "99.9 GiB for 1 CPU engine(s)' generate call(s) (1,600,000 rows a call x 67,072 B: (>= 1 prompt token + " \
+           "rollout.max_new_tokens=2) positions x 512 B of KV cache + 65,536 B for the reference decode attention's " \
+           "fp32 key blocks" in message, message
     assert "cluster.rollout_chunk" in message and "rollout.n_samples" in message
     assert not (tmp_path / "run").exists()
     # waves of cluster.rollout_chunk rows per engine call hold only those: the same step then fits
@@ -273,7 +277,7 @@ def test_a_step_whose_engine_call_cannot_fit_this_host_is_refused_with_its_numbe
 
 def test_cli_refuses_a_step_no_engine_call_can_hold_in_one_line_before_ray(tmp_path):
     """The same in the shell, on this host: n_samples whose batch alone fits (the old bound let it start) and whose
-    engine call's KV cache does not."""
+    engine call's KV cache does not (max_new_tokens=1: no decode step, so the KV cache and the sampler's buffers)."""
     from top_rl.driver import host_memory
 
     per_batch, per_kv = host_memory.sample_bytes(1), (1 + 1) * 2 * 2 * 2 * 16 * 4  # tiny: 2 layers, 2 KV heads x 16
@@ -283,8 +287,50 @@ def test_cli_refuses_a_step_no_engine_call_can_hold_in_one_line_before_ray(tmp_p
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 1 and len(lines) == 1, out.stderr[-3000:]
     assert lines[0].startswith("top-rl: this host's ") and f"rollout.n_samples={n}" in lines[0]
-    assert "for the KV cache of 1 CPU engine(s)' generate call(s)" in lines[0] and "Ray" not in out.stderr
-    assert list(tmp_path.iterdir()) == []
+    assert "for 1 CPU engine(s)' generate call(s)" in lines[0] and "B of KV cache" in lines[0]
+    assert "Ray" not in out.stderr and list(tmp_path.iterdir()) == []
+
+
+# The issue's command as a user types it, in a process whose host has this machine's 23.5 GiB (the first run that
+# reported it) and whose Ray start is a tripwire: a refusal that came after Ray would leave its mark.
+_ON_A_23_5_GIB_HOST = r"""
+import sys
+from pathlib import Path
+import ray
+from top_rl import cli
+from top_rl.driver import host_memory
+
+host_memory.host_bytes = lambda: int(23.5 * 2**30)
+def started(*a, **k):
+    Path("ray_started").write_text("ray.init was called")
+    raise SystemExit("Ray started")
+ray.init = started
+sys.argv = ["top-rl", *sys.argv[1:]]
+cli.main()
+"""
+
+
+def test_cli_refuses_the_issues_n_samples_100000_on_a_23_5_gib_host_before_ray(tmp_path):
+    """Issue 54 item 3: `top-rl rollout.n_samples=100000 cluster.torch_threads=1 tracking.wandb_mode=offline` (the
+    default tiny job: 16 prompts x 100000 samples = 1.6 M rows in the native engine's one call) passed the KV cache
+    bound (2.3 GiB) on a 23.5 GiB host and never finished a step; the call needs ~74 KB a row on the reference kernels
+    (~110 GiB). Now one line before Ray: the rows, the bytes a row, the host, and the keys that fix it."""
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    out = subprocess.run([sys.executable, "-c", _ON_A_23_5_GIB_HOST, "rollout.n_samples=100000",
+                          "cluster.torch_threads=1", "tracking.wandb_mode=offline"],
+                         capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1, out.stderr[-3000:]
+    line = lines[0]
+    assert line.startswith("top-rl: this host's 23.5 GiB of memory cannot hold the run: it needs at least "), line
+    assert "(rollout.prompts_per_step=16 x rollout.n_samples=100000 samples x " in line, line
+    assert "GiB for 1 CPU engine(s)' generate call(s) (1,600,000 rows a call x 67,072 B: (>= 1 prompt token + " \
+           "rollout.max_new_tokens=2) positions x 512 B of KV cache + 65,536 B for the reference decode attention's " \
+           "fp32 key blocks" in line, line
+    for fix in ("Lower rollout.prompts_per_step", "rollout.n_samples or rollout.max_new_tokens", "cluster.rollout_chunk",
+                "cluster.engine_gpus"):
+        assert fix in line, line
+    assert "Ray" not in out.stderr and list(tmp_path.iterdir()) == []  # no ray_started, no runs/default
 
 
 # ------------------------------------------------------------------ issue 32: the test-only fault plan

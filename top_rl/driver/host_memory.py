@@ -15,9 +15,26 @@ never have run (it would have grown until the machine killed it, deep in a step)
 - On a local run, every native engine that computes on the CPU generates all the rows of its call at once (its share
   of the step's samples, or cluster.rollout_chunk of them per wave) and holds, for the whole call, the KV cache of
   every row: each of its (>= 1 prompt + rollout.max_new_tokens) positions keeps a K and a V vector per layer and KV
-  head, in model.dtype (top_rl/rollout/native.py: model.new_kv_cache(rows, longest prompt + max_new_tokens)). Its
-  activations, logits and the samples it returns are not counted (measured: the tiny default model's call takes
-  ~75 KB a row on the reference kernels, its KV cache ~1.5 KB of it).
+  head, in model.dtype (top_rl/rollout/native.py: model.new_kv_cache(rows, longest prompt + max_new_tokens)). On top
+  of it, every row's share of the call's largest working set, the largest of (call_scratch):
+  - the sampler (every backend; a CPU engine hashes with the torch murmur3): a [rows, vocab] logits and log-probs in
+    model.dtype, the int64 hash and the float64 Gumbel noise plus the float64 copy of the log-probs it adds, all alive
+    at once in seeded_sampler.gumbel_argmax;
+  - on the reference kernels (TOP's CPU kernels) and only when decode steps run (rollout.max_new_tokens >= 2: the
+    prompt's prefill goes in chunks of PREFILL_TOKENS_PER_CALL tokens, so its scratch does not grow with the rows):
+    the decode step's vocab head and gate_up GEMMs, whose fixed-shape tiling keeps fp32 partials of every K-chunk
+    [ceil(hidden / k_chunk), rows, N padded to col_tile] plus their fp32 sum (tiled_gemm.k_partials, fold); and the
+    decode attention of a layer (reference_attention.decode_attention), which gathers every query head's first key
+    block of K and of V and their product, 3 x [rows x heads, attn_kv_block, head_dim] fp32, after copying the cache
+    into fp32 [rows x KV heads, positions padded to attn_kv_block, head_dim] K and V (a copy whenever the cache is not
+    fp32 or there are several KV heads and rows).
+  Hidden states, the [rows, max_new_tokens] tokens and log-probs, Python objects and the allocator's slack are not
+  counted. Measured (tests/driver/test_host_memory.py: the most bytes of tensor storage alive at once during one call
+  of one-token prompts, max_new_tokens=2; a fresh process's peak RSS agreed from 1k to 16k rows): the default tiny
+  model (vocab 18, hidden 64, 4 heads / 2 KV heads of 16) holds ~72 KB a row on the reference kernels in fp32 and bf16,
+  and the bound counts ~66 KB (1.5 KB of it KV cache, 64 KB the attention's key blocks); with vocab 4096, ~198 KB a
+  row against 133 KB counted (the sampler). The plain kernels (top.enabled=false) hold ~5 KB a row of the tiny model;
+  only the KV cache and the sampler (2.1 KB) count.
 """
 
 from __future__ import annotations
@@ -86,25 +103,68 @@ class CpuEngineCalls:
     rows: int  # samples in one engine's call
     positions: int  # >= 1 prompt token + rollout.max_new_tokens
     kv_position_bytes: int  # one row's K and V at one position, over every layer and KV head
+    scratch_row_bytes: int = 0  # one row's share of the call's largest working set (call_scratch)
+    scratch: str = ""  # which one
+
+    @property
+    def row_bytes(self) -> int:
+        return self.positions * self.kv_position_bytes + self.scratch_row_bytes
 
     @property
     def bytes(self) -> int:
-        return self.engines * self.rows * self.positions * self.kv_position_bytes
+        return self.engines * self.rows * self.row_bytes
 
     def describe(self) -> str:
-        return (f"{_size(self.bytes)} for the KV cache of {self.engines} CPU engine(s)' generate call(s) ({self.rows:,} "
-                f"rows a call x (>= {MIN_PROMPT_TOKENS} prompt token + rollout.max_new_tokens={self.positions - MIN_PROMPT_TOKENS}) "
-                f"positions x {self.kv_position_bytes:,} B)")
+        kv = (f"(>= {MIN_PROMPT_TOKENS} prompt token + rollout.max_new_tokens={self.positions - MIN_PROMPT_TOKENS}) "
+              f"positions x {self.kv_position_bytes:,} B of KV cache")
+        held = f"{kv} + {self.scratch_row_bytes:,} B for {self.scratch}" if self.scratch_row_bytes else kv
+        return (f"{_size(self.bytes)} for {self.engines} CPU engine(s)' generate call(s) ({self.rows:,} rows a call x "
+                f"{self.row_bytes:,} B: {held})")
 
 
-def cpu_engine_calls(arch, dtype: str, engines: int, samples: int, rollout_chunk: int, max_new_tokens: int) -> CpuEngineCalls:
+def _padded(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def call_scratch(arch, dtype: str, reference: bool, max_new_tokens: int, tiling=None, rows: int = 2) -> tuple[int, str]:
+    """One row's share of the largest working set a native CPU engine's generate call allocates besides its KV cache,
+    and what it is (module doc): lower bounds read off the code, every tensor counted alive at once with the others."""
+    from top_rl.contract import GemmTiling
+
+    t = tiling or GemmTiling()
+    c = 4 if dtype == "float32" else 2  # the compute dtype: logits, log-probs, KV cache
+    vocab, hidden = arch.vocab_size, arch.hidden_size
+    sets = {f"the sampler's [rows, vocab={vocab:,}] logits and log-probs ({c} B each), int64 hash and float64 "
+            "Gumbel noise and log-probs": vocab * (2 * c + 8 + 8 + 8)}
+    if reference and max_new_tokens >= 2:
+        chunks = -(-hidden // t.k_chunk)
+        gemm = lambda n: 4 * (chunks * _padded(n, t.col_tile) + n)  # noqa: E731  fp32 partials and their sum
+        sets[f"the reference GEMM's fp32 partials of the vocab head ({chunks} K-chunk(s) x vocab={vocab:,} padded to "
+             f"{t.col_tile})"] = gemm(vocab)
+        sets[f"the reference GEMM's fp32 partials of gate_up ({chunks} K-chunk(s) x 2 x intermediate_size="
+             f"{arch.intermediate_size:,} padded to {t.col_tile})"] = gemm(2 * arch.intermediate_size)
+        heads, kv_heads, d, blk = arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim, t.attn_kv_block
+        attention = 3 * heads * blk * d * 4  # the first key block of K and V and their product, every query head
+        copied = c != 4 or (kv_heads > 1 and rows > 1)  # the fp32 K and V of every KV head (a view otherwise)
+        attention += 2 * kv_heads * _padded(MIN_PROMPT_TOKENS + max_new_tokens, blk) * d * 4 if copied else 0
+        sets[f"the reference decode attention's fp32 key blocks ({heads} heads x attn_kv_block={blk} x head_dim={d}"
+             f"{', and the cache in fp32' if copied else ''})"] = attention
+    what = max(sets, key=sets.get)
+    return sets[what], what
+
+
+def cpu_engine_calls(arch, dtype: str, engines: int, samples: int, rollout_chunk: int, max_new_tokens: int,
+                     reference: bool = True, tiling=None) -> CpuEngineCalls:
     """`samples`: the step's (prompts_per_step x n_samples), split over the run's `engines` (all on the CPU: a call's
-    rows are ceil(wave / engines), a wave the whole step or rollout_chunk per engine: top_rl.driver.cluster)."""
+    rows are ceil(wave / engines), a wave the whole step or rollout_chunk per engine: top_rl.driver.cluster).
+    `reference`: the engines compute with the reference kernels (top_rl.config.kernel_backend), `tiling` their
+    contract's GemmTiling (None: the default's)."""
     rows = -(-samples // max(1, engines))
     if rollout_chunk > 0:
         rows = min(rows, rollout_chunk)
     kv = arch.num_hidden_layers * 2 * arch.num_key_value_heads * arch.head_dim * (4 if dtype == "float32" else 2)
-    return CpuEngineCalls(engines, rows, MIN_PROMPT_TOKENS + max_new_tokens, kv)
+    scratch, what = call_scratch(arch, dtype, reference, max_new_tokens, tiling, rows)
+    return CpuEngineCalls(engines, rows, MIN_PROMPT_TOKENS + max_new_tokens, kv, scratch, what)
 
 
 def cpu_models(arch, dtype: str, engines: int, trainer_replicas: int) -> CpuModels:
@@ -125,8 +185,8 @@ def refusal(prompts: int, n_samples: int, max_new_tokens: int, models: CpuModels
     fixed = model  # what does not grow with rollout.prompts_per_step
     if calls is not None and calls.engines and calls.rows == -(-prompts * n_samples // calls.engines):
         # one call per engine holds its whole share of the step (no cluster.rollout_chunk cap): a prompt more is
-        # its samples' KV cache more, too
-        per_sample += calls.positions * calls.kv_position_bytes
+        # its samples' KV cache and scratch more, too
+        per_sample += calls.row_bytes
     else:
         fixed += engine
     per_prompt = n_samples * per_sample
