@@ -48,9 +48,9 @@ def models(tmp_path_factory):
                                                     "; trainer.lr=0.0 must be > 0"]),
     (["foo=1"], 2, ["invalid config: Could not override 'foo'.", "Key 'foo' not in 'RunConfig'"]),
     (["steps=abc"], 2, ["invalid config: Error merging override steps=abc", "could not be converted to Integer"]),
-    (["task=nope"], 2, ["Could not find 'task/nope' Available options in 'task': arith, dapo, gsm8k"]),
+    (["task=nope"], 2, ["Could not find 'task/nope' Available options in 'task': arith, custom, dapo, gsm8k"]),
     (["+trainer.bogus=1"], 2, ["invalid config: trainer.bogus is not a key of the config"]),  # was dropped silently
-    (["task.name=nope"], 1, ["task: unknown task 'nope'; known: ['arith', 'dapo', 'gsm8k']"]),
+    (["task.name=nope"], 1, ["task: unknown task 'nope'; known: ['arith', 'custom', 'dapo', 'gsm8k']"]),
     (["rollout=sglang", "rollout.sglang.port=60000"], 1, ["port=60000: SGLang", "port + 10000"]),
     (["cluster.colocate=true"], 1, ["cluster.colocate=true shares each trainer rank's GPU"]),
     (["rollout=sglang", "model.path=/m", "rollout.sglang.extra_args=3"], 2,
