@@ -27,7 +27,9 @@
 #                 backend (the Hopper default, docs/sglang.md): taken out of the same sglang-kernel wheel, its sha256
 #                 checked against the wheel's RECORD, xz -9e'd once into $SGLANG_KERNEL_CACHE (5-6 min on 2 cores)
 #                 and copied here with its digest (scripts/flash_ops_xz.py); gpu_run.sh unpacks it into the site
-#                 dir's sgl_kernel/ and checks the digest again                                (~51 / ? MiB)
+#                 dir's sgl_kernel/ and checks the digest again. 0.4.5's packs to 126 MiB, more than a carry:
+#                 then it is cut into parts of one carry each, groups fa3, fa3_2, fa3_3, which gpu_run.sh joins
+#                 once the last has come                                                       (~51 / 126 MiB)
 #   sglang_live   not a folder: builds core, flashinfer, sglang_ref, sglang_server and fa3, the groups a live
 #                 server needs, and prints them split into as few carries as hold them (0.5.11: three, also with
 #                 ray: fa3 alone fills one). gpu_run.sh installs each carry into the same site dir, which outlives
@@ -237,14 +239,29 @@ slim() {  # slim GROUP: rewrite the group's wheels the release's SLIM rows name,
 }
 
 fa3() {  # sgl_kernel's FA3 build, xz-packed once per sglang-kernel wheel beside the wheel cache (digest: the RECORD's)
-  local whl cached
-  [ -f "$ROOT/fa3/flash_ops.so.xz" ] && [ -f "$ROOT/fa3/flash_ops.so.xz.sha256" ] && return 0
+  local whl cached size part n i dir
+  compgen -G "$ROOT/fa3/flash_ops.so.xz*" >/dev/null && [ -f "$ROOT/fa3/flash_ops.so.xz.sha256" ] && return 0
   whl=$(sglang_kernel_wheel)
   cached="$SGLANG_KERNEL_CACHE/$(basename "$whl" .whl).flash_ops.so.xz"
   [ -f "$cached" ] && [ -f "$cached.sha256" ] || "$PY" scripts/flash_ops_xz.py pack "$whl" "$cached"
   mkdir -p "$ROOT/fa3"
-  cp "$cached" "$ROOT/fa3/flash_ops.so.xz"
-  cp "$cached.sha256" "$ROOT/fa3/flash_ops.so.xz.sha256"
+  size=$(stat -c %s "$cached")
+  part=$((MAX_BYTES - (1 << 20)))  # a part and its group's small files fit one carry
+  if [ "$size" -le "$part" ]; then
+    cp "$cached" "$ROOT/fa3/flash_ops.so.xz"
+    cp "$cached.sha256" "$ROOT/fa3/flash_ops.so.xz.sha256"
+    return 0
+  fi
+  # More than a carry (0.5.17's sglang-kernel 0.4.5: 126 MiB): parts of one carry each, in groups fa3, fa3_2, ...,
+  # every one with the digest; gpu_run.sh gathers the parts across calls and joins them once the last has come.
+  n=$(( (size + part - 1) / part ))
+  for ((i = 0; i < n; i++)); do
+    dir=fa3; [ "$i" -gt 0 ] && dir="fa3_$((i + 1))"
+    mkdir -p "$ROOT/$dir"
+    dd if="$cached" of="$ROOT/$dir/flash_ops.so.xz.part$((i + 1))-of-$n" bs=1M iflag=skip_bytes,count_bytes \
+      skip=$((i * part)) count="$part" status=none
+    cp "$cached.sha256" "$ROOT/$dir/flash_ops.so.xz.sha256"
+  done
 }
 
 sglang_server() {  # the live server's extra wheels and the slimmed sglang-kernel
@@ -323,11 +340,20 @@ for g in "${groups[@]}"; do
     fa3) fa3 ;;
   esac
   slim "$g"
-  echo "$RELEASE" >"$ROOT/$g/RELEASE"
-  size=$(du -sb "$ROOT/$g" 2>/dev/null | cut -f1 || echo 0)
-  sizes[$g]=$size
-  total=$((total + size))
-  echo "gpu bundle $g: $(ls "$ROOT/$g" | grep -cvx -e RELEASE -e '.*\.sha256') files, $((size / 1024 / 1024)) MiB in $ROOT/$g (SGLang $RELEASE)"
+  made=("$g")  # the folders the group filled: fa3's parts fill fa3_2, fa3_3, ... too (one carry each)
+  if [ "$g" = fa3 ]; then
+    for d in "$ROOT"/fa3_*/; do
+      if [ -d "$d" ]; then made+=("$(basename "$d")"); fi
+    done
+  fi
+  for m in "${made[@]}"; do
+    seen[$m]=1
+    echo "$RELEASE" >"$ROOT/$m/RELEASE"
+    size=$(du -sb "$ROOT/$m" 2>/dev/null | cut -f1 || echo 0)
+    sizes[$m]=$size
+    total=$((total + size))
+    echo "gpu bundle $m: $(ls "$ROOT/$m" | grep -cvx -e RELEASE -e '.*\.sha256') files, $((size / 1024 / 1024)) MiB in $ROOT/$m (SGLang $RELEASE)"
+  done
 done
 names=("${!seen[@]}")
 for g in "${names[@]}"; do  # a carry is one call: a group is never split across two

@@ -69,6 +69,26 @@ if [ -f .gpu_bundle/fa3/flash_ops.so.xz ] && [[ "$CARRIED_RELEASE" != *" "* ]]; 
   "$PY" scripts/flash_ops_xz.py unpack .gpu_bundle/fa3/flash_ops.so.xz "$SITE/.fa3/flash_ops.abi3.so" \
     >>"$OUT/install.log" 2>&1 || echo "gpu_run: the FA3 build did not unpack (see install.log)" | tee -a "$OUT/install.log"
 fi
+# A pack larger than a carry (0.5.17's: 126 MiB) comes as parts in groups fa3, fa3_2, ... over several calls: gathered
+# in the site dir, joined and unpacked once the last has come.
+if compgen -G ".gpu_bundle/fa3*/flash_ops.so.xz.part*" >/dev/null && [[ "$CARRIED_RELEASE" != *" "* ]]; then
+  PARTS="$SITE/.fa3/parts"
+  mkdir -p "$PARTS"
+  [ -f "$SITE/RELEASE" ] || echo "$CARRIED_RELEASE" >"$SITE/RELEASE"
+  cp .gpu_bundle/fa3*/flash_ops.so.xz.part* "$PARTS/"
+  cp "$(compgen -G ".gpu_bundle/fa3*/flash_ops.so.xz.sha256" | head -n 1)" "$PARTS/flash_ops.so.xz.sha256"
+  first=$(compgen -G "$PARTS/flash_ops.so.xz.part*" | head -n 1)
+  n=${first##*-of-}
+  have=$(compgen -G "$PARTS/flash_ops.so.xz.part*-of-$n" | wc -l)
+  if [ "$have" -eq "$n" ]; then
+    for ((i = 1; i <= n; i++)); do cat "$PARTS/flash_ops.so.xz.part$i-of-$n"; done >"$PARTS/flash_ops.so.xz"
+    if "$PY" scripts/flash_ops_xz.py unpack "$PARTS/flash_ops.so.xz" "$SITE/.fa3/flash_ops.abi3.so" >>"$OUT/install.log" 2>&1
+    then rm -rf "$PARTS"
+    else echo "gpu_run: the FA3 build did not unpack from its $n parts (see install.log)" | tee -a "$OUT/install.log"; fi
+  else
+    echo "gpu_run: the FA3 build: $have of its $n parts carried so far (carry the other fa3_* groups)" >>"$OUT/install.log"
+  fi
+fi
 if [ -f "$SITE/.fa3/flash_ops.abi3.so" ] && [ -d "$SITE/sgl_kernel" ]; then
   ln -sfn "$SITE/.fa3/flash_ops.abi3.so" "$SITE/sgl_kernel/flash_ops.abi3.so"
 fi

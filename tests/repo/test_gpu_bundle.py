@@ -390,3 +390,35 @@ print(json.dumps(sorted(used)))
     optional = {"top-rl", "wandb", "platformdirs"}
     missing = sorted(imported - image - carried - optional)
     assert not missing, f"a live server imports {missing}, which neither the GPU image nor scripts/gpu_bundle.sh has"
+
+
+def test_an_fa3_pack_larger_than_a_carry_is_split_into_groups_of_one_carry_each(tmp_path):
+    """0.5.17's FA3 build packs to 126 MiB (xz -9e), more than a carry holds: gpu_bundle.sh cuts the cached pack into
+    parts of one carry each, in groups fa3, fa3_2, ... (each with the digest), which the plan counts as carries and
+    which join back to the cached bytes in order (gpu_run.sh joins them on the device)."""
+    import hashlib
+
+    (tmp_path / "tree").mkdir()
+    tree = _copy(tmp_path / "tree")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "sglang_kernel-0.4.5-cp310-abi3-manylinux2014_x86_64.whl").write_bytes(b"")  # found, never opened
+    packed = cache / "sglang_kernel-0.4.5-cp310-abi3-manylinux2014_x86_64.flash_ops.so.xz"
+    with open(packed, "wb") as f:  # 130 MiB, marked at the ends of the parts so that their order shows
+        f.truncate(130 << 20)
+        for at in (0, 59 << 20, 61 << 20, (130 << 20) - 7):
+            f.seek(at)
+            f.write(os.urandom(7))
+    (cache / (packed.name + ".sha256")).write_text("ab 1 sgl_kernel/flash_ops.abi3.so w.whl\n")
+    out = subprocess.run(["bash", str(tree / "scripts/gpu_bundle.sh"), "--release", "0.5.17", "fa3"], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHON": str(tree / "python"),
+                                                      "GIT_DIR": str(tree / "no-git"), "SGLANG_KERNEL_CACHE": str(cache)})
+    assert out.returncode == 0, out.stderr
+    groups = sorted(p.name for p in (tree / ".gpu_bundle").iterdir() if p.is_dir())
+    assert groups == ["fa3", "fa3_2", "fa3_3"]
+    parts = [next((tree / ".gpu_bundle" / g).glob("flash_ops.so.xz.part*")) for g in groups]
+    assert [p.name for p in parts] == [f"flash_ops.so.xz.part{i}-of-3" for i in (1, 2, 3)]
+    assert all((tree / ".gpu_bundle" / g / "flash_ops.so.xz.sha256").is_file() for g in groups)
+    joined = hashlib.sha256(b"".join(p.read_bytes() for p in parts)).hexdigest()
+    assert joined == hashlib.sha256(packed.read_bytes()).hexdigest()
+    assert "gpu bundle: carry 3 of 3" in out.stdout and "carry 4" not in out.stdout

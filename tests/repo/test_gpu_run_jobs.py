@@ -246,3 +246,44 @@ def test_the_carried_fa3_build_is_unpacked_checked_and_linked_into_sgl_kernel(tm
     call("out3")
     assert "the FA3 build did not unpack" in (tmp_path / "out3" / "install.log").read_text()
     assert not (site / ".fa3" / "flash_ops.abi3.so").exists()
+
+
+def test_an_fa3_build_in_parts_is_joined_once_its_last_part_has_come(tmp_path):
+    """A pack larger than a carry (scripts/gpu_bundle.sh: groups fa3, fa3_2, ...) arrives over several calls: the parts
+    wait in the site dir; the call that brings the last joins them in order, unpacks with the digest checked and links
+    the build into sgl_kernel/."""
+    import hashlib
+    import lzma
+    import sys
+
+    tree, site = tmp_path / "tree", tmp_path / "site"
+    (tree / "scripts").mkdir(parents=True)
+    shutil.copy(SCRIPT, tree / "scripts" / "gpu_run.sh")
+    shutil.copy(SCRIPT.parent / "flash_ops_xz.py", tree / "scripts" / "flash_ops_xz.py")
+    (tree / "bin").mkdir()
+    (tree / "bin" / "python3").write_text(
+        f'#!/bin/sh\nif [ "$1" = scripts/flash_ops_xz.py ]; then exec {sys.executable} "$@"; fi\nexit 0\n')
+    (tree / "bin" / "python3").chmod(0o755)
+    payload = os.urandom(1 << 16) * 3
+    packed = lzma.compress(payload)
+    half = len(packed) // 2
+    digest = f"{hashlib.sha256(payload).hexdigest()} {len(payload)} sgl_kernel/flash_ops.abi3.so sglang_kernel-0.4.5.whl\n"
+    (site / "sgl_kernel").mkdir(parents=True)
+    env = {**os.environ, "PATH": f"{tree / 'bin'}:{os.environ['PATH']}", "TOP_RL_SITE": str(site)}
+
+    def carry(group: str, part: int, data: bytes, out: str) -> str:
+        shutil.rmtree(tree / ".gpu_bundle", ignore_errors=True)
+        g = tree / ".gpu_bundle" / group
+        g.mkdir(parents=True)
+        (g / "RELEASE").write_text("0.5.17\n")
+        (g / f"flash_ops.so.xz.part{part}-of-2").write_bytes(data)
+        (g / "flash_ops.so.xz.sha256").write_text(digest)
+        subprocess.run(["bash", str(tree / "scripts" / "gpu_run.sh"), "none"], check=True, capture_output=True,
+                       text=True, env={**env, "OUT": str(tmp_path / out)}, stdin=subprocess.DEVNULL, timeout=60)
+        return (tmp_path / out / "install.log").read_text()
+
+    assert "1 of its 2 parts carried so far" in carry("fa3_2", 2, packed[half:], "out1")  # order of calls is free
+    assert not (site / "sgl_kernel" / "flash_ops.abi3.so").exists()
+    assert "as the wheel's RECORD" in carry("fa3", 1, packed[:half], "out2")
+    assert (site / "sgl_kernel" / "flash_ops.abi3.so").read_bytes() == payload
+    assert not (site / ".fa3" / "parts").exists()  # joined and removed
