@@ -141,9 +141,7 @@ def read_state(directory: str | Path) -> dict:
 def load(trainer, directory: str | Path) -> dict:
     """Load the trainer's state from `directory` into this rank's layout (collective; module doc). Returns the
     trainer_state.json it was written with. ValueError naming what does not fit this trainer."""
-    from torch.distributed import checkpoint as dcp
-
-    from top_rl.run import dcp_safe, rng
+    from top_rl.run import rng
 
     directory = Path(directory)
     meta = read_state(directory)
@@ -178,13 +176,7 @@ def load(trainer, directory: str | Path) -> dict:
             out[f"snapshot.{v}"] = snap_buf[v][n]
         return out
 
-    entries = _entries(trainer, tensors_of, with_tied=True)
-    try:
-        dcp.load(entries, storage_reader=dcp_safe.reader(directory))
-    except Exception as e:  # noqa: BLE001 - DCP wraps each rank's failure; name the directory, one line
-        first = str(e).strip().splitlines()
-        raise ValueError(f"{directory}: the trainer state does not load into this trainer ({type(e).__name__}: "
-                         f"{first[-1] if first else e})") from None
+    _dcp_load(_entries(trainer, tensors_of, with_tied=True), directory)
     for n, p in trainer.model.named_parameters():
         p.copy_(model_buf[n])
     trainer.optimizer.load_named_state(opt_buf)
@@ -200,7 +192,6 @@ def load(trainer, directory: str | Path) -> dict:
 def read_full(directory: str | Path) -> dict[str, torch.Tensor]:
     """Every entry of the trainer state in `directory` as one whole tensor, in this process alone (no process group):
     for tests and tools; the index read without running code (top_rl.run.dcp_safe)."""
-    from torch.distributed import checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     from top_rl.run import dcp_safe
@@ -208,5 +199,21 @@ def read_full(directory: str | Path) -> dict[str, torch.Tensor]:
     metadata = dcp_safe.read_metadata(Path(directory) / dcp_safe.METADATA)
     out = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in metadata.state_dict_metadata.items()
            if isinstance(m, TensorStorageMetadata)}
-    dcp.load(out, storage_reader=dcp_safe.reader(directory), no_dist=True)
+    _dcp_load(out, directory, no_dist=True)
     return out
+
+
+def _dcp_load(entries: dict, directory: Path, **kwargs) -> None:
+    """dcp.load through the safe reader; a failure (DCP's CheckpointException is a BaseException carrying every
+    rank's traceback) as one ValueError line naming the directory."""
+    from torch.distributed import checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from top_rl.run import dcp_safe
+
+    try:
+        dcp.load(entries, storage_reader=dcp_safe.reader(directory), **kwargs)
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - name the directory, one line
+        lines = [line for line in str(e).strip().splitlines() if "Error" in line or "error" in line] or [str(e)]
+        raise ValueError(f"{directory}: the trainer state does not load into this trainer ({type(e).__name__}: "
+                         f"{lines[-1].strip()[:300]})") from None

@@ -31,7 +31,8 @@ def legacy_shard(rank: int) -> str:
 
 
 def is_legacy(state: dict) -> bool:
-    return state.get("format", 1) < 3
+    fmt = state.get("format", 1)  # a hand-edited non-number is state_refusal's to name: read as this format here
+    return type(fmt) is int and fmt < 3
 
 
 def _pickles(ckpt: Path, names: list[str]) -> None:
@@ -82,8 +83,9 @@ def check(ckpt: Path, state: dict, world: int, load: bool) -> None:
 
 
 def _state_refusal(meta, world: int) -> str | None:
-    if not isinstance(meta, dict) or meta.get("format") != STATE_FORMAT or meta.get("world") != world:
-        return f"not a format-{STATE_FORMAT} trainer state of {world} rank(s)"
+    if not isinstance(meta, dict) or meta.get("format") != STATE_FORMAT or type(meta.get("world")) is not int \
+            or meta["world"] < 1:
+        return f"not a format-{STATE_FORMAT} trainer state"
     return None
 
 
