@@ -95,10 +95,17 @@ def _feed(h, obj) -> None:
 
 
 def state_hash(ckpt: Path) -> str:
-    """Hash of a checkpoint's trainer shards (weights, optimizer, RNG), driver RNG and HF weights."""
+    """Hash of a checkpoint's trainer state (every DCP entry read whole: weights, optimizer, snapshots; the step and
+    versions; each rank's RNG), driver RNG and HF weights."""
+    from top_rl.run import dist_state
+
     h = hashlib.sha256()
-    for f in sorted(ckpt.glob("trainer_rank*.pt")) + [ckpt / "driver.pt"]:
-        _feed(h, torch.load(f, weights_only=False))
+    for key, t in sorted(dist_state.read_full(ckpt / "trainer").items()):
+        h.update(key.encode())
+        _feed(h, t)
+    for f in sorted((ckpt / "trainer").glob("*.json")):
+        h.update(f.name.encode() + f.read_bytes())
+    _feed(h, torch.load(ckpt / "driver.pt", weights_only=False))
     h.update((ckpt / "hf" / "model.safetensors").read_bytes())
     return h.hexdigest()
 

@@ -86,12 +86,12 @@ def behaviour_version(step: int, policy_lag: int) -> int:
 
 def save_checkpoint(run_dir: Path, cfg: RunConfig, step: int, position, cluster, task, run_id: str | None,
                     metrics_rows, behaviour: int | None, fault_plan) -> Path:
-    """The step-`step` checkpoint (top_rl.run.checkpoint), filled here: every trainer rank writes its shard into it,
+    """The step-`step` checkpoint (top_rl.run.checkpoint), filled here: every trainer rank writes its part of the trainer state into it,
     the driver its RNG, trainer rank 0 the policy as an HF checkpoint with the task's tokenizer beside it, the driver
     the run's state; committed atomically, then pruned to checkpoint.keep. `behaviour`: the version the rollout in
     flight is generated under (rollout.policy_lag, else None); `fault_plan`: the run plan's faults (test-only)."""
     with checkpoint.begin(run_dir, step, fault_plan) as writer:  # a full disk in any of these stops the run cleanly
-        cluster.save_trainer_states([writer.trainer_shard(r) for r in range(len(cluster.trainers))])
+        cluster.save_trainer_states([writer.trainer_dir] * len(cluster.trainers))
         writer.write_driver_state(rng.state())
         cluster.save_hf(writer.hf_dir)
         task.save_tokenizer(writer.hf_dir)

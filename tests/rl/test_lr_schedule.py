@@ -70,9 +70,8 @@ def test_a_run_follows_the_schedule_and_resumes_bitwise(tmp_path):
     assert [r["train/lr"] for r in rows] == [want.lr_at(k) for k in range(5)]  # one update per step
     assert len({r["train/lr"] for r in rows}) == 5
     ckpt = straight / "checkpoints" / "step_000004"
-    import torch
-    groups = torch.load(ckpt / "trainer_rank000.pt", weights_only=False)["trainer"]["optimizer"]["adamw"]["param_groups"]
-    assert [g["lr"] for g in groups] == [want.lr_at(3)] * 2  # in the optimizer state the checkpoint holds
+    # the schedule's position is the trainer's update count, which the checkpoint holds (the lr itself is recomputed)
+    assert json.loads((ckpt / "trainer" / "trainer_state.json").read_text())["step"] == 4
 
     resumed = tmp_path / "resumed"
     shutil.copytree(straight, resumed)

@@ -70,6 +70,19 @@ def _flip_a_tensor_byte(path: Path) -> None:
     torch.load(path, weights_only=False)  # the damage is silent to torch: only the manifest sees it
 
 
+def _flip_a_middle_byte(path: Path) -> None:
+    """One bit in the middle of the file (a trainer/ record: the size stays, only the manifest sees it)."""
+    with open(path, "r+b") as f:
+        at = path.stat().st_size // 2
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ 0x40]))
+
+
+SHARD = "trainer/__0_0.distcp"  # rank 0's records in the trainer state (torch DCP)
+
+
 def _scribble(path: Path) -> None:
     """Same size, other bytes (a corrupt JSON / pickle)."""
     data = bytearray(path.read_bytes())
@@ -78,9 +91,9 @@ def _scribble(path: Path) -> None:
 
 
 CORRUPTIONS = {
-    "truncated shard": ("trainer_rank000.pt", _truncate, "trainer_rank000.pt: truncated: "),
-    "flipped bytes inside a tensor": ("trainer_rank000.pt", _flip_a_tensor_byte,
-                                      "trainer_rank000.pt: its bytes changed after it was written"),
+    "truncated shard": (SHARD, _truncate, f"{SHARD}: truncated: "),
+    "flipped bytes inside a tensor": (SHARD, _flip_a_middle_byte, f"{SHARD}: its bytes changed after it was written"),
+    "corrupt DCP index": ("trainer/.metadata", _scribble, "trainer/.metadata: its bytes changed after it was written"),
     "corrupt state.json": ("state.json", _scribble, "state.json: its bytes changed after it was written"),
     "corrupt driver.pt": ("driver.pt", _scribble, "driver.pt: its bytes changed after it was written"),
     "truncated model.safetensors": ("hf/model.safetensors", _truncate, "hf/model.safetensors: truncated: "),
@@ -92,7 +105,8 @@ def test_every_file_of_a_checkpoint_is_in_its_manifest(run_dir):
     manifest = json.loads((ckpt / "manifest.json").read_text())["files"]
     on_disk = {str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file()} - {"manifest.json"}
     assert set(manifest) == on_disk
-    assert {"trainer_rank000.pt", "driver.pt", "state.json", "hf/model.safetensors"} <= on_disk
+    assert {SHARD, "trainer/.metadata", "trainer/trainer_state.json", "trainer/rng_rank000.json", "driver.pt",
+            "state.json", "hf/model.safetensors"} <= on_disk
     assert all(manifest[n]["size"] == (ckpt / n).stat().st_size for n in manifest)
 
 
@@ -109,17 +123,19 @@ def test_resume_skips_a_corrupt_checkpoint_naming_the_file_and_falls_back(run_di
 
 def test_resume_refuses_when_no_checkpoint_verifies_and_accepts_an_older_format(run_dir, capsys):
     _truncate(_ckpt(run_dir, 4) / "driver.pt")
-    _flip_a_tensor_byte(_ckpt(run_dir, 5) / "trainer_rank000.pt")
+    _flip_a_middle_byte(_ckpt(run_dir, 5) / SHARD)
     (_ckpt(run_dir, 6) / "manifest.json").unlink()
     with pytest.raises(ResumeRefused) as refused:
         checkpoint.prepare(run_dir, _resume_cfg(run_dir))
     msg = str(refused.value)
     assert f"no checkpoint in {run_dir} verifies" in msg and "step_000006 fails verification, skipped: " \
-        "manifest.json: missing" in msg and "step_000005 fails verification, skipped: trainer_rank000.pt" in msg
+        "manifest.json: missing" in msg and f"step_000005 fails verification, skipped: {SHARD}" in msg
     assert "step_000004 fails verification, skipped: driver.pt: truncated" in msg
     # a checkpoint from before manifests (state.json format 1) resumes, unverified, with a note
     state_file = _ckpt(run_dir, 6) / "state.json"
     state_file.write_text(json.dumps({**json.loads(state_file.read_text()), "format": 1}))
+    shutil.rmtree(_ckpt(run_dir, 6) / "trainer")  # format 1 kept one torch.save shard per rank
+    torch.save({"trainer": {"model": {}}, "rng": {}}, _ckpt(run_dir, 6) / "trainer_rank000.pt")
     assert checkpoint.prepare(run_dir, _resume_cfg(run_dir))["step"] == 6
     assert "has no manifest.json (written by an older top-rl): resuming without verifying it" in capsys.readouterr().out
 
@@ -206,7 +222,7 @@ def _plant_payload(ckpt: Path, name: str, marker: Path) -> None:
     checkpoint_manifest.verify(ckpt)
 
 
-@pytest.mark.parametrize("name", ["driver.pt", "trainer_rank000.pt"])
+@pytest.mark.parametrize("name", ["driver.pt"])
 def test_a_checkpoint_that_would_run_code_is_refused_and_never_loaded(run_dir, tmp_path, name):
     """Issue 24: driver.pt and the shards loaded with torch.load(weights_only=False): a payload in driver.pt ran
     during the resume's checks. Now the resume is refused naming the file and the object, and nothing runs,
@@ -228,6 +244,58 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_never_loaded(run_dir, t
     # the genuine files load under the same loader (what a resume and the trainer ranks read)
     genuine = _ckpt(run_dir, STEPS - 1) / name
     assert torch.equal(safe_load.load(genuine)["rng"]["torch"], torch.load(genuine, weights_only=False)["rng"]["torch"])
+
+
+def _payload_in_the_dcp_index(ckpt: Path, marker: Path) -> str:
+    import pickle
+
+    path = ckpt / "trainer" / ".metadata"
+    metadata = pickle.loads(path.read_bytes())  # test code: the genuine index, ours
+    metadata.storage_meta.payload = _WritesAMarker(marker)
+    path.write_bytes(pickle.dumps(metadata))
+    return "trainer/.metadata: names Python objects other than DCP's index (builtins.exec)"
+
+
+def _payload_in_a_record(ckpt: Path, marker: Path) -> str:
+    """A tensor record replaced by a torch.save file with a payload, appended to the shard, the index pointed at it."""
+    import io
+    import pickle
+
+    index = ckpt / "trainer" / ".metadata"
+    metadata = pickle.loads(index.read_bytes())
+    key, info = next((k, i) for k, i in metadata.storage_data.items() if k.fqn.startswith("model."))
+    shard = ckpt / "trainer" / info.relative_path
+    data = shard.read_bytes()
+    tensor = torch.load(io.BytesIO(data[info.offset: info.offset + info.length]), weights_only=True)
+    record = io.BytesIO()
+    torch.save([tensor, _WritesAMarker(marker)], record)
+    info.offset, info.length = len(data), len(record.getvalue())
+    shard.write_bytes(data + record.getvalue())
+    index.write_bytes(pickle.dumps(metadata))
+    return (f"{SHARD}: holds Python objects other than tensors and plain data (builtins.exec): top-rl loads no code "
+            "from a checkpoint")
+
+
+@pytest.mark.parametrize("plant", [_payload_in_the_dcp_index, _payload_in_a_record])
+def test_a_trainer_state_that_would_run_code_is_refused_by_name_and_never_loaded(run_dir, tmp_path, plant):
+    """The trainer state is torch DCP: its index is a pickle (DCP reads it with pickle.load) and its records are
+    torch.save files. A payload in either is refused by name before anything loads, and the loader the trainer ranks
+    use (top_rl.run.dcp_safe's reader) builds none of it either."""
+    from top_rl.run import dist_state
+    from top_rl.run import manifest as checkpoint_manifest
+
+    marker = tmp_path / "payload_ran"
+    ckpt = _ckpt(run_dir, STEPS)
+    message = plant(ckpt, marker)
+    checkpoint_manifest.write(ckpt)  # recomputed: the manifest is a checksum, not a signature
+    before = rl_runs.tree_hash(run_dir)
+    with pytest.raises(ResumeRefused) as refused:
+        checkpoint.prepare(run_dir, _resume_cfg(run_dir))
+    assert str(refused.value).startswith(f"resume refused: {ckpt / message.split(':')[0]}:{message.split(':', 1)[1]}")
+    assert "Nothing was loaded." in str(refused.value) and len(str(refused.value).splitlines()) == 1
+    with pytest.raises(ValueError, match="does not load|names Python objects other than DCP's index"):  # the trainer ranks' loader builds none of it either
+        dist_state.read_full(ckpt / "trainer")
+    assert not marker.exists() and rl_runs.tree_hash(run_dir) == before
 
 
 def _short_str(text: str) -> bytes:  # SHORT_BINUNICODE
@@ -271,7 +339,7 @@ DISGUISES = {
 }
 
 
-@pytest.mark.parametrize("name", ["driver.pt", "trainer_rank000.pt"])
+@pytest.mark.parametrize("name", ["driver.pt"])  # the trainer state's records: test_a_trainer_state_that_would_run_code
 @pytest.mark.parametrize("disguise", list(DISGUISES))
 def test_a_disguised_payload_is_refused_by_name_not_skipped_as_unreadable(run_dir, tmp_path, disguise, name):
     """Issue 30: a payload torch's GLOBAL-only scan cannot read (STACK_GLOBAL on memoized strings, INST, a legacy
@@ -340,10 +408,10 @@ def test_export_verifies_skipping_or_refusing_a_corrupt_checkpoint(run_dir, tmp_
 @pytest.mark.slow
 def test_resume_from_a_run_whose_newest_checkpoint_is_truncated_is_bitwise_the_straight_run(run_dir):
     straight = rl_runs.baseline()
-    _truncate(_ckpt(run_dir, STEPS) / "trainer_rank000.pt")
+    _truncate(_ckpt(run_dir, STEPS) / SHARD)
     out = rl_runs.run(run_dir, *BASE, f"steps={STEPS}", "resume=true")
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
-    assert f"step_{STEPS:06d} fails verification, skipped: trainer_rank000.pt: truncated" in out.stdout
+    assert f"step_{STEPS:06d} fails verification, skipped: {SHARD}: truncated" in out.stdout
     assert f"resuming from step_{STEPS - 1:06d}, the newest checkpoint that verifies" in out.stdout
     assert rl_runs.without_timing(rl_runs.rows(run_dir)) == rl_runs.without_timing(rl_runs.rows(straight))
     assert rl_runs.state_hash(rl_runs.final_checkpoint(run_dir)) == \

@@ -19,11 +19,22 @@ from top_rl.tasks import DataPosition
 CONFIG = {"steps": 3, "trainer": {"dp": 1, "tp": 1, "pp": 1, "cp": 1}}
 
 
+def trainer_stand_in(directory: str | Path, world: int = 1) -> None:
+    """A small trainer/ as the ranks write it (top_rl.run.dist_state): a DCP entry, the state file, each rank's RNG."""
+    from torch.distributed import checkpoint as dcp
+
+    from top_rl.run import trainer_files
+
+    directory = Path(directory)
+    dcp.save({"model.w": torch.arange(3.0)}, storage_writer=dcp.FileSystemWriter(str(directory)), no_dist=True)
+    (directory / trainer_files.STATE).write_text(json.dumps({"format": trainer_files.STATE_FORMAT, "world": world}))
+    for r in range(world):
+        (directory / trainer_files.rng_file(r)).write_text(json.dumps(rng.to_json(rng.state())))
+
+
 def _fill(writer: checkpoint.Writer, world: int = 1) -> None:
     """What the loop writes into a checkpoint, with small stand-ins for the trainer ranks and the HF policy."""
-    for r in range(world):
-        with open(writer.trainer_shard(r), "wb") as f:
-            torch.save({"trainer": {"w": torch.arange(3) + r}, "rng": rng.state()}, f)
+    trainer_stand_in(writer.trainer_dir, world)
     writer.write_driver_state(rng.state())
     Path(writer.hf_dir).mkdir()
     (Path(writer.hf_dir) / "model.safetensors").write_bytes(b"weights")
@@ -39,8 +50,8 @@ def _save(run_dir: Path, step: int, fault_plan: FaultPlan = NO_FAULTS) -> Path:
 def test_begin_fill_commit_makes_a_checkpoint_that_verifies(tmp_path):
     writer = checkpoint.begin(tmp_path, 4)
     assert writer.tmp == tmp_path / "checkpoints" / "step_000004.tmp" and writer.tmp.is_dir()
-    assert Path(writer.trainer_shard(0)).is_absolute() and Path(writer.hf_dir).is_absolute()
-    assert Path(writer.trainer_shard(1)).name == "trainer_rank001.pt"
+    assert Path(writer.trainer_dir).is_absolute() and Path(writer.hf_dir).is_absolute()
+    assert Path(writer.trainer_dir).name == "trainer"
     _fill(writer)
     assert checkpoint.latest(tmp_path) is None  # nothing complete before the commit
     final = writer.commit()
@@ -149,7 +160,7 @@ def test_a_full_disk_in_a_write_the_loop_hands_out_stops_the_run(tmp_path):
     last = _save(tmp_path, 2)
     with pytest.raises(disk_full.DiskFull) as stop, checkpoint.begin(tmp_path, 3) as writer:
         try:
-            raise OSError(errno.ENOSPC, "No space left on device", writer.trainer_shard(0))
+            raise OSError(errno.ENOSPC, "No space left on device", writer.trainer_dir)
         except OSError as e:
             raise faults.ActorFailed("trainer rank 0 failed during checkpoint save", "trainer rank 0", False, 0) from e
     _assert_disk_full_stop(stop, tmp_path, last, 3)

@@ -63,7 +63,7 @@ def test_dead_trainer_rank_stops_naming_the_actor_and_a_resumable_checkpoint(tmp
     assert [r["step"] for r in rl_runs.rows(tmp_path)] == [1, 2]
     # what resume loads is there and whole
     state = json.loads((ckpt / "state.json").read_text())
-    assert state["step"] == 2 and (ckpt / "trainer_rank000.pt").stat().st_size > 0
+    assert state["step"] == 2 and (ckpt / "trainer" / "__0_0.distcp").stat().st_size > 0
 
 
 @pytest.mark.slow

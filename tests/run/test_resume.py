@@ -118,7 +118,7 @@ def test_resume_without_a_complete_checkpoint_is_refused_and_changes_nothing(tmp
     run_dir = tmp_path / "run"
     ckpt = run_dir / "checkpoints" / "step_000003"  # its state.json removed: not a complete checkpoint
     ckpt.mkdir(parents=True)
-    (ckpt / "trainer_rank000.pt").write_bytes(b"weights")
+    (ckpt / "driver.pt").write_bytes(b"rng")
     (run_dir / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n')
     (run_dir / "wandb" / "offline-run-x").mkdir(parents=True)
     (run_dir / "wandb" / "offline-run-x" / "run-x.wandb").write_bytes(b"history")
@@ -205,9 +205,8 @@ def test_allowed_changes_are_applied_or_refused_never_ignored():
 @pytest.mark.slow
 def test_resume_with_a_new_lr_trains_at_that_lr(tmp_path):
     """Issue 24: `resume_allow_changes=true trainer.lr=0.05` logged train/lr=0.05 and trained at the checkpoint's
-    lr. The resumed step's optimizer (in its checkpoint) holds the new lr, and its weights differ from the run's."""
-    import torch
-
+    lr. The resumed steps train at the new lr (the lr is this run's config's, put into the loaded optimizer: a
+    checkpoint keeps the moments, not the hyperparameters), and its weights differ from the run's."""
     run_dir = tmp_path / "run"
     shutil.copytree(rl_runs.baseline(), run_dir)
     for late in ("step_000005", "step_000006"):
@@ -217,8 +216,6 @@ def test_resume_with_a_new_lr_trains_at_that_lr(tmp_path):
     assert "trainer.lr: checkpoint 0.01 -> now 0.05" in out.stdout
     assert rl_runs.rows(run_dir)[-1]["train/lr"] == 0.05
     ckpt = run_dir / "checkpoints" / "step_000005"
-    groups = torch.load(ckpt / "trainer_rank000.pt", weights_only=False)["trainer"]["optimizer"]["adamw"]["param_groups"]
-    assert [g["lr"] for g in groups] == [0.05, 0.05]
     straight = rl_runs.baseline() / "checkpoints" / "step_000005"
     assert (ckpt / "hf" / "model.safetensors").read_bytes() != (straight / "hf" / "model.safetensors").read_bytes()
 
@@ -259,3 +256,56 @@ def test_keep_must_be_positive_in_the_config():  # the one check of checkpoint.k
         compose(["checkpoint.keep=0"])
     with pytest.raises(ConfigError, match="checkpoint.every=-1 must be >= 0"):
         compose(["checkpoint.every=-1"])
+
+
+def test_a_layout_change_is_refused_without_allow_changes_and_noted_with_it(tmp_path, capsys):
+    """Issue 53: trainer.dp/tp are config changes like any other that move the numbers: refused by name, allowed with
+    resume_allow_changes=true, and then the resume says the steps that follow are not bitwise the uninterrupted run's."""
+    from top_rl.cli import compose
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(rl_runs.baseline(), run_dir)
+    args = [f"run_dir={run_dir}", *BASE, f"steps={STEPS}", "resume=true", "trainer.dp=2"]
+    with pytest.raises(ResumeRefused, match=r"trainer\.dp: checkpoint 1 -> now 2"):
+        checkpoint.prepare(run_dir, compose(args))
+    state = checkpoint.prepare(run_dir, compose([*args, "resume_allow_changes=true"]))
+    out = capsys.readouterr().out
+    assert "the trainer layout changes from {'dp': 1, 'tp': 1, 'pp': 1, 'cp': 1} to {'dp': 2, 'tp': 1, 'pp': 1, " \
+           "'cp': 1}" in out and "not bitwise the uninterrupted run's" in out
+    assert state["trainer"] == [str((checkpoint.latest(run_dir) / "trainer").resolve())] * 2
+
+
+def test_a_checkpoint_before_format_3_resumes_on_its_layout_only(tmp_path):
+    """Per-rank trainer_rankNNN.pt shards (top-rl before DCP): verified and handed to their ranks on the layout they
+    were written with; another layout is refused in one line saying what to do."""
+    from top_rl.run import trainer_files
+
+    ckpt = rl_runs.fake_run(tmp_path)  # format 2: trainer_rank000.pt
+    state = checkpoint.load_verified(ckpt, driver=False)
+    one = {"dp": 1, "tp": 1, "pp": 1, "cp": 1}
+    assert trainer_files.paths(ckpt, state, one, one) == [str((ckpt / "trainer_rank000.pt").resolve())]
+    with pytest.raises(ResumeRefused) as refused:
+        trainer_files.paths(ckpt, state, one, {**one, "dp": 2})
+    assert len(str(refused.value).splitlines()) == 1
+    assert "trainer_rankNNN.pt, written by top-rl before checkpoint format 3" in str(refused.value)
+    assert "resume with that layout once, and the checkpoints it writes load into any layout" in str(refused.value)
+
+
+@pytest.mark.slow
+def test_a_resume_with_two_dp_ranks_continues_a_one_rank_run(tmp_path):
+    """Issue 53 acceptance (CPU, gloo): the one-rank run's step-5 checkpoint resumes with trainer.dp=2; the step
+    trains, and the state it loaded was the checkpoint's (its own step-6 checkpoint holds what it trained from)."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(rl_runs.baseline(), run_dir)
+    shutil.rmtree(run_dir / "checkpoints" / f"step_{STEPS:06d}")
+    out = rl_runs.run(run_dir, *BASE, f"steps={STEPS}", "resume=true", "resume_allow_changes=true", "trainer.dp=2",
+                      "cluster.num_cpus=3")  # a bundle per rank and engine, on a 2-core CI box
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "the trainer layout changes from" in out.stdout and f"step {STEPS} |" in out.stdout
+    rows = rl_runs.rows(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    ref = rl_runs.rows(rl_runs.baseline())[-1]
+    # the same global batch from the same weights: the loss agrees to rounding (not bitwise: another reduction order)
+    assert abs(rows[-1]["train/loss"] - ref["train/loss"]) <= 1e-3 * max(1.0, abs(ref["train/loss"]))
+    saved = json.loads((run_dir / "checkpoints" / f"step_{STEPS:06d}" / "trainer" / "trainer_state.json").read_text())
+    assert saved["layout"]["dp"] == 2 and saved["world"] == 2

@@ -28,7 +28,9 @@ def _trainer_log_softmax(ckpt: Path, model_dir: Path) -> torch.Tensor:
 
     state = json.loads((ckpt / "state.json").read_text())
     trainer = Trainer(Qwen3Config.from_dir(model_dir), TrainerConfig(**state["config"]["trainer"]))
-    trainer.load_state_dict(torch.load(ckpt / "trainer_rank000.pt", weights_only=False)["trainer"])
+    from top_rl.run import dist_state
+
+    dist_state.load(trainer, ckpt / "trainer")
     vocab = trainer.model_cfg.vocab_size
     batch = [TrainSequence(p + [v], len(p)) for p in PREFIXES for v in range(vocab)]
     return torch.cat(trainer.logprobs(batch)).view(len(PREFIXES), vocab)

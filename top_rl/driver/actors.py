@@ -287,21 +287,30 @@ class TrainerActor:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str) -> None:
-        """This rank's shard, written by the rank itself (run_dir must be on storage every node sees)."""
-        from top_rl.run import rng
-        from top_rl.run import safe_load
+        """The trainer's state (weights, optimizer, weight versions, this rank's RNG) into the checkpoint's trainer/
+        directory `path`, every rank writing its part (top_rl.run.dist_state: torch DCP; run_dir must be on storage
+        every node sees)."""
+        from top_rl.run import dist_state
 
-        state = {"trainer": self.trainer.state_dict(), "rng": rng.state()}
-        with open(path, "wb") as f:  # a Python file: a full disk raises OSError(ENOSPC), torch's own writer loses it
-            self.faults.inject("enospc_in_trainer_checkpoint", path=path)
-            torch.save(state, f)
-        safe_load.check_saved(path)
+        self.faults.inject("enospc_in_trainer_checkpoint", path=path)
+        dist_state.save(self.trainer, path)
 
     def load_checkpoint(self, path: str, version: int) -> None:
-        """This rank's shard; `version`: the weight version the driver resumes at (the checkpoint's step + 1)."""
+        """The trainer's state from the checkpoint's trainer/ directory `path`, resharded to this run's layout, or (a
+        checkpoint before format 3) this rank's own shard `trainer_rankNNN.pt`, on the layout it was written with;
+        `version`: the weight version the driver resumes at (the checkpoint's step + 1)."""
         from top_rl.run import rng
         from top_rl.run import safe_load
 
+        if not path.endswith(".pt"):
+            from top_rl.run import dist_state
+
+            dist_state.load(self.trainer, path)
+            if self.trainer.snapshots.current != version:
+                raise ValueError(f"{path} holds weight version {self.trainer.snapshots.current}, the resume expects "
+                                 f"version {version} (its step + 1)")
+            self._offload_between_steps()
+            return
         state = safe_load.load(path)  # tensors and plain data only: a checkpoint runs no code
         self.trainer.load_state_dict(state["trainer"])
         saved = state["trainer"].get("policy_versions")

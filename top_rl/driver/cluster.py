@@ -363,11 +363,13 @@ class Cluster:
                 + self._on_engines(lambda i, e: e.kernel_report.remote(), "kernel report"))
 
     def save_trainer_states(self, paths: list[str]) -> None:
-        """Each rank writes its shard (Trainer.state_dict() and its RNG) to its path: no state via the driver."""
+        """Every rank writes its part of the trainer's state (top_rl.run.dist_state) into its path, the
+        checkpoint's trainer/ directory: no state via the driver."""
         self._on_trainers("save_checkpoint", [(p,) for p in paths], "checkpoint save")
 
     def load_trainer_states(self, paths: list[str], version: int) -> None:
-        """Each rank loads its shard; `version`: the weight version of its weights (the step's + 1), which a shard
+        """Each rank loads its part of the state from its path (trainer/, or its own trainer_rankNNN.pt of a
+        checkpoint before format 3); `version`: the weight version of its weights (the step's + 1), which a shard
         that records its own must agree with."""
         if len(paths) != len(self.trainers):
             raise ValueError(f"checkpoint has {len(paths)} trainer shards, this run has {len(self.trainers)} ranks")

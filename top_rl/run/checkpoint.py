@@ -1,9 +1,10 @@
 """Checkpoints: everything a resumed run needs to be bitwise the run that never stopped.
 
 `run_dir/checkpoints/step_NNNNNN/` holds
-  trainer_rankRRR.pt   one per trainer rank, written and read by that rank (so on a multi-node cluster
-                       run_dir must be on storage every node sees): weights + optimizer
-                       (Trainer.state_dict) and that rank's RNG
+  trainer/             weights, optimizer, weight versions and each rank's RNG, torch DCP under global names, written
+                       by every trainer rank together (so on a multi-node cluster run_dir must be on storage every
+                       node sees) and loadable into another DP/TP/CP/PP layout (top_rl.run.dist_state,
+                       top_rl.run.trainer_files; before format 3: one trainer_rankRRR.pt per rank, same layout only)
   driver.pt            the driver's RNG
   hf/                  the policy as a Hugging Face checkpoint (config.json, safetensors,
                        tokenizer), written by trainer rank 0: the exact weights the engines sample
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from top_rl.run import manifest as checkpoint_manifest
-from top_rl.run import disk_full
+from top_rl.run import disk_full, trainer_files
 from top_rl.run.fault_injection import NO_FAULTS, FaultPlan
 from top_rl.run.manifest import CheckpointInvalid, CheckpointUnsafe
 from top_rl.run.resume_compat import ResumeRefused, check_compatible, state_refusal  # noqa: F401 - also checkpoint.*
@@ -50,7 +51,7 @@ from top_rl.tasks.base import DataPosition
 STEP_PREFIX = "step_"
 METRICS_TAIL = "metrics_tail.jsonl"
 _STEP_DIR = re.compile(r"step_(\d+)")
-FORMAT = 2  # 2: manifest.json (format-1 checkpoints have none and load unverified, with a note)
+FORMAT = 3  # 2: manifest.json (format 1 has none: loads unverified, with a note); 3: trainer/ (DCP, reshards)
 
 
 @dataclass
@@ -70,10 +71,6 @@ def _dir(run_dir: Path) -> Path:
 
 def step_of(path: Path) -> int:
     return int(_STEP_DIR.fullmatch(Path(path).name).group(1))
-
-
-def _shard(rank: int) -> str:
-    return f"trainer_rank{rank:03d}.pt"
 
 
 def due(cfg: CheckpointConfig, done_steps: int, total_steps: int, stopping: bool = False) -> bool:
@@ -154,9 +151,11 @@ class Writer:
         self.run_dir, self.step, self.final, self.faults = run_dir, step, final, faults
         self.tmp = final.with_name(final.name + ".tmp")
 
-    def trainer_shard(self, rank: int) -> str:
-        """Where trainer rank `rank` writes its shard (absolute: an actor's cwd is not the driver's)."""
-        return str((self.tmp / _shard(rank)).resolve())
+    @property
+    def trainer_dir(self) -> str:
+        """Where every trainer rank writes its part of the trainer state (absolute: an actor's cwd is not the
+        driver's)."""
+        return str((self.tmp / trainer_files.TRAINER_DIR).resolve())
 
     @property
     def hf_dir(self) -> str:
@@ -248,21 +247,10 @@ def load_verified(ckpt: Path, driver: bool = True) -> dict:
         raise CheckpointInvalid(ckpt, checkpoint_manifest.NAME, "missing: the checkpoint cannot be verified")
     if step != step_of(ckpt):
         raise CheckpointInvalid(ckpt, "state.json", f"says step {step}, the directory name says {step_of(ckpt)}")
-    pickles = [_shard(r) for r in range(world)] + ["driver.pt"]
-    for name in pickles:
-        if not (ckpt / name).is_file():
-            raise CheckpointInvalid(ckpt, name, "missing")
-    if driver:  # a resume: it loads them (exports and resume hints read only state.json and hf/)
+    trainer_files.check(ckpt, state, world, load=driver)  # a resume loads them: read without running code
+    if driver:  # (exports and resume hints read only state.json and hf/)
         from top_rl.run import safe_load
 
-        for name in pickles:  # read without running: a checkpoint that would run code is never loaded (safe_load)
-            try:
-                names = safe_load.unsafe_globals(ckpt / name)
-            except Exception as e:  # noqa: BLE001 - not a readable torch file: name it, never a traceback
-                raise CheckpointInvalid(ckpt, name, f"unreadable ({type(e).__name__}: {e})") from None
-            if names:
-                raise CheckpointUnsafe(ckpt, name, f"holds Python objects other than tensors and plain data "
-                                       f"({', '.join(sorted(names))}): top-rl loads no code from a checkpoint")
         try:
             state["driver"] = safe_load.load(ckpt / "driver.pt")
             state["driver"]["rng"]
@@ -331,12 +319,10 @@ def prepare(run_dir: Path, cfg) -> dict | None:
                             "after it was written?); restore it from a copy, or move it aside to resume from an "
                             "earlier one.")
     check_compatible(state["config"], cfg.as_dict(), cfg.resume_allow_changes)
-    saved_layout = {k: state["config"]["trainer"].get(k, 1) for k in ("dp", "tp", "pp", "cp")}
-    if saved_layout != {k: getattr(cfg.trainer, k) for k in ("dp", "tp", "pp", "cp")}:  # even with allow_changes
-        raise ResumeRefused(f"{found} holds trainer shards for {saved_layout}; they load only on that layout "
-                            "(resharding a checkpoint is not supported)")
-    # Paths, not tensors: each rank loads its own shard (absolute: an actor's cwd is not the driver's).
-    state["trainer"] = [str((found / _shard(r)).resolve()) for r in range(state["world"])]
+    saved_layout = {k: state["config"]["trainer"].get(k, 1) for k in trainer_files.LAYOUT}
+    # Paths, not tensors: what each rank of this run loads (a layout change only reaches here under allow_changes)
+    state["trainer"] = trainer_files.paths(found, state, saved_layout,
+                                           {k: getattr(cfg.trainer, k) for k in trainer_files.LAYOUT})
     state["path"] = str(found)
     print(f"[top-rl] resuming from {found} (step {state['step']})", flush=True)
     return state

@@ -25,6 +25,34 @@ def restore(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def to_json(state: dict) -> dict:
+    """`state()` as JSON values (a trainer rank's RNG in a checkpoint: top_rl.run.dist_state; json.loads runs no
+    code). Exact: integers stay integers, floats round-trip through repr, tensors go as the hex of their bytes."""
+    version, internal, gauss = state["python"]
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    out = {"python": [version, list(internal), gauss],
+           "numpy": [kind, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
+           "torch": state["torch"].numpy().tobytes().hex()}
+    if "cuda" in state:
+        out["cuda"] = [t.cpu().numpy().tobytes().hex() for t in state["cuda"]]
+    return out
+
+
+def from_json(obj: dict) -> dict:
+    """The inverse of `to_json` (ValueError/TypeError/KeyError for what it could not have written)."""
+    def tensor(text: str) -> torch.Tensor:
+        return torch.frombuffer(bytearray(bytes.fromhex(text)), dtype=torch.uint8).clone()
+
+    version, internal, gauss = obj["python"]
+    kind, keys, pos, has_gauss, cached = obj["numpy"]
+    state = {"python": (version, tuple(internal), gauss),
+             "numpy": (kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached),
+             "torch": tensor(obj["torch"])}
+    if "cuda" in obj:
+        state["cuda"] = [tensor(t) for t in obj["cuda"]]
+    return state
+
+
 def refusal(state) -> str | None:
     """Why `restore(state)` would fail (a state of the wrong shape or size: a checkpoint edited with its manifest
     recomputed), or None. Tried on fresh generators: this process's RNGs are left as they are."""

@@ -45,13 +45,17 @@ class UnsafeCheckpointFile(ValueError):
 _LEGACY_PICKLES = 5
 
 
-def _named_objects(path: Path) -> tuple[list[str], str | None]:
-    """Every object the pickles `torch.load` would read from `path` name, and why they could not be read whole."""
+def _named_objects(path) -> tuple[list[str], str | None]:
+    """Every object the pickles `torch.load` would read from `path` (or an open binary file) name, and why they could
+    not be read whole."""
+    import contextlib
+
     from torch import serialization as ts
 
     from top_rl.run import pickle_scan
 
-    with open(path, "rb") as f:
+    opened = open(path, "rb") if isinstance(path, (str, Path)) else contextlib.nullcontext(path)
+    with opened as f:
         if not ts._is_zipfile(f):  # torch.load's own test: what it does not take for a zip it unpickles as legacy
             return pickle_scan.named_objects(f, _LEGACY_PICKLES)
         with ts._open_zipfile_reader(f) as archive:  # torch's reader: the data.pkl torch.load would read
@@ -69,11 +73,11 @@ def _allowed_names() -> set[str]:
         return set(allowlist._get_allowed_globals()) | set(allowlist._get_user_allowed_globals())
 
 
-def unsafe_globals(path: str | Path) -> list[str]:
-    """The functions and classes `path` would make the unpickler import that the allowlist does not name (reads the
+def unsafe_globals(path) -> list[str]:
+    """The functions and classes `path` (or an open binary file) would make the unpickler import that the allowlist does not name (reads the
     file's pickles without running them). Raises ValueError for a file that names nothing and cannot be read whole
     (truncated, not a torch file): it cannot run anything either, so it is merely unreadable."""
-    names, unreadable = _named_objects(Path(path))
+    names, unreadable = _named_objects(path)
     allowed = _allowed_names()
     unsafe = sorted({n for n in names if n not in allowed})
     if unreadable is not None and not unsafe:

@@ -29,6 +29,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from top_rl.train.optim_state import load_named_state, named_state
 from top_rl.train.offload import HostCopies, refuse_offloaded, release_grad_buffers, restore_grad_buffers
 from top_rl.train.parallel import Layout, groups
 
@@ -177,6 +178,13 @@ class CpuAdamW(_ConfigHyperparameters):
                 self.master[n].copy_(t)
         self.opt.load_state_dict(copy.deepcopy(sd["adamw"]))
 
+    def named_state(self) -> dict:
+        return named_state(self.named, self.master, self.opt)
+
+    def load_named_state(self, sd: dict) -> None:
+        """After the model's weights are loaded (top_rl.run.dist_state)."""
+        load_named_state(self.named, self.master, self.opt, sd)
+
 
 
 class FusedMasterAdamW:
@@ -270,6 +278,21 @@ class FusedMasterAdamW:
                 "master": {n: (value(m) if id(value(m)) in parked else m.detach().clone())
                            for n, m in self.master.items() if id(m) in separate}}
 
+    def named_state(self) -> dict:
+        """Offloaded, the host copies themselves (see state_dict)."""
+        def value(t):
+            host = self.host.host_of(t)
+            return t if host is None else host
+
+        return named_state(self.named, self.master, self.opt, value)
+
+    def load_named_state(self, sd: dict) -> None:
+        self.onload()  # the loaded values go into the device tensors
+        load_named_state(self.named, self.master, self.opt, sd)
+        with torch.no_grad():
+            for p, m in self.rounded:
+                p.copy_(m)
+
     def load_state(self, sd: dict) -> None:
         self.onload()  # the loaded values go into the device tensors
         with torch.no_grad():
@@ -353,6 +376,13 @@ class GpuAdamW(_ConfigHyperparameters):
 
     def state_dict(self) -> dict:
         return {"fused_adamw": self.fused.state_dict()}
+
+    def named_state(self) -> dict:
+        return self.fused.named_state()
+
+    def load_named_state(self, sd: dict) -> None:
+        self.onload()
+        self.fused.load_named_state(sd)
 
     def _load_state(self, sd: dict) -> None:
         if "fused_adamw" not in sd:  # a shard written by Megatron's optimizer (before GpuAdamW)
