@@ -119,16 +119,24 @@ def test_other_config_mistakes():
 
 @pytest.mark.parametrize("backend", ["fa3", "flashinfer", "triton"])
 def test_decode_logprobs_need_a_backend_proven_decode_equals_extend(backend):
-    assert V1.decode_equals_extend == ()  # nothing proven on the installed release yet
+    # What the installed release's contract lists is what a live server proved (tests/gpu/test_fa3_decode.py: fa3 on
+    # 0.5.11, bench/RESULTS.md session 18); 0.5.17's FA3 build is not yet proven.
+    assert V1.decode_equals_extend == {"0.5.11": ("fa3",), "0.5.17": ()}[V1.sglang_version]
+    unproven = dataclasses.replace(V1, decode_equals_extend=())
     with pytest.raises(TopConfigError, match=f"logprob_source='decode' with attention_backend='{backend}'.*not proven"
                                              f".*logprob_source='prefill'.*decode_equals_extend \\(none yet\\)"):
-        check_config(_cfg(attention_backend=backend, logprob_source="decode"), backend, base_env=ENV, top=V1)
+        check_config(_cfg(attention_backend=backend, logprob_source="decode"), backend, base_env=ENV, top=unproven)
     with pytest.raises(TopConfigError, match="logprob_source='decode'"):  # before any server exists
-        SglangEngine(_cfg(attention_backend=backend, logprob_source="decode"), backend, top=V1)
-    check_config(_cfg(attention_backend=backend, logprob_source="prefill"), backend, base_env=ENV, top=V1)
-    check_config(_cfg(attention_backend=backend, logprob_source="decode", top=False), backend, base_env=ENV, top=V1)
+        SglangEngine(_cfg(attention_backend=backend, logprob_source="decode"), backend, top=unproven)
+    check_config(_cfg(attention_backend=backend, logprob_source="prefill"), backend, base_env=ENV, top=unproven)
+    check_config(_cfg(attention_backend=backend, logprob_source="decode", top=False), backend, base_env=ENV, top=unproven)
     proven = dataclasses.replace(V1, decode_equals_extend=(backend,))
     check_config(_cfg(attention_backend=backend, logprob_source="decode"), backend, proven, base_env=ENV)
+    if backend not in V1.decode_equals_extend:  # the installed contract refuses what it does not list
+        with pytest.raises(TopConfigError, match=f"decode_equals_extend \\({', '.join(V1.decode_equals_extend) or 'none yet'}\\)"):
+            check_config(_cfg(attention_backend=backend, logprob_source="decode"), backend, base_env=ENV, top=V1)
+    else:
+        check_config(_cfg(attention_backend=backend, logprob_source="decode"), backend, base_env=ENV, top=V1)
 
 
 def test_port_above_what_sglang_accepts_is_refused():
