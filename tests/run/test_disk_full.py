@@ -35,8 +35,10 @@ class _StandInCluster:
     trainers = [None]
 
     def save_trainer_states(self, paths):
-        for p in paths:
-            Path(p).write_bytes(b"shard")
+        from tests.run.test_checkpoint_writer import trainer_stand_in
+
+        for p in set(paths):  # every rank writes into the checkpoint's trainer/ (format 3: top_rl.run.dist_state)
+            trainer_stand_in(p, world=len(paths))
 
     def save_hf(self, path):
         Path(path).mkdir(parents=True, exist_ok=True)
