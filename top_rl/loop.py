@@ -211,13 +211,10 @@ def run(cfg: RunConfig) -> dict:
                 shaping.update(filled.metrics)
                 t_rollout = time.perf_counter() - t0  # every round's generation
             if cfg.algo.overlong.enabled:  # after the filter, which judges the task's reward (dynamic_sampling.py)
-                ol = cfg.algo.overlong
-                shaped = overlong.shape(scores, [len(s.response_ids) for s in samples], cfg.rollout.max_new_tokens,
-                                        ol.buffer, ol.penalty_factor)
-                shaping["rollout/task_reward_mean"] = sum(scores) / len(scores)
-                shaping["rollout/overlong_penalty_mean"] = (sum(shaped) - sum(scores)) / len(scores)
-                shaping["rollout/overlong_penalized_frac"] = sum(a != b for a, b in zip(shaped, scores)) / len(scores)
-                scores = shaped
+                scores, penalties = overlong.shape_with_metrics(scores, [len(s.response_ids) for s in samples],
+                                                                cfg.rollout.max_new_tokens, cfg.algo.overlong.buffer,
+                                                                cfg.algo.overlong.penalty_factor)
+                shaping.update(penalties)
             rewards = torch.tensor(scores)
             advantages = grpo_advantages(rewards, n, cfg.algo.normalize_std)
 

@@ -29,6 +29,17 @@ def shape(rewards: list[float], lengths: list[int], max_len: int, buffer: int, f
     return [r + penalty(n, max_len, buffer, factor) for r, n in zip(rewards, lengths)]
 
 
+def shape_with_metrics(scores: list[float], lengths: list[int], max_len: int, buffer: int,
+                       factor: float) -> tuple[list[float], dict]:
+    """The shaped rewards and the step's metrics of the shaping (the task's own reward mean, the mean penalty, the
+    share of samples penalized)."""
+    shaped = shape(scores, lengths, max_len, buffer, factor)
+    n = len(scores)
+    return shaped, {"rollout/task_reward_mean": sum(scores) / n,
+                    "rollout/overlong_penalty_mean": (sum(shaped) - sum(scores)) / n,
+                    "rollout/overlong_penalized_frac": sum(a != b for a, b in zip(shaped, scores)) / n}
+
+
 def errors(buffer: int, factor: float, max_new_tokens: int) -> list[str]:
     """algo.overlong.* refusals (top_rl.config.validate), one line each, naming the key and the fix."""
     out = []
