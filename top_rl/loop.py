@@ -73,7 +73,8 @@ def _say_start(startup: StartupLog, run_dir: Path, cfg: RunConfig, start_step: i
     if start_step >= cfg.steps:
         print(f"[top-rl] {run_dir} is already at step {start_step} (steps={cfg.steps}): nothing to do", flush=True)
     else:
-        startup.say(f"step {start_step + 1} starting" + (f" (resumed from {Path(state['path']).name})" if state else ""))
+        resumed = f" (resumed from {Path(state['path']).name})" if state else ""
+        startup.say(f"step {start_step + 1} starting{resumed}")
 
 
 def run(cfg: RunConfig) -> dict:

@@ -11,8 +11,9 @@ Order (top_rl/rl/batch.py says what goes in and out):
   4. the optimizer step, then mini-batches 2.. (forward, backward, step each).
 Where the gate's numbers come from is decided once (GateSource). A lagged batch (rollout.policy_lag > 0:
 `batch.behaviour_version` older than the trainer's version) replaces 1 and the gate's half of 2 with one forward
-without gradients under the behaviour version's weights (top_rl.train.snapshots): it gives every sample's gate numbers and its sampler log-probs, and those proven numbers are PPO's old policy, so the
-ratio is pi_theta / pi_v exactly. The training forwards then run under the live weights and feed only the loss.
+without gradients under the behaviour version's weights (top_rl.train.snapshots): it gives every sample's gate
+numbers and its sampler log-probs, and those proven numbers are PPO's old policy, so the ratio is pi_theta / pi_v
+exactly. The training forwards then run under the live weights and feed only the loss.
 Loss metrics are reduced over ranks: summed / token-weighted over DP, taken where the logits are (last PP
 stage, TP and CP rank 0), so every layout reports them.
 """
