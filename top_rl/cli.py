@@ -140,8 +140,9 @@ def compose(overrides: list[str], check: bool = True):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from top_rl.config import from_hydra, validate
-    from top_rl.driver import backend_choice
+    from top_rl.config import from_hydra
+    from top_rl.config_checks import validate
+    from top_rl.driver import resolution
 
     from hydra.errors import CompactHydraException
 
@@ -156,9 +157,10 @@ def compose(overrides: list[str], check: bool = True):
         cfg = from_hydra(composed)
         if not check:
             return cfg
-        try:  # `auto` decided as a run's preflight decides it (its first check), so the config validates as it would
-            backend_choice.resolve(cfg)
-        except ValueError as e:
+        # resolved as a run's preflight resolves it (its first check: the contract, `auto`), so it validates as it would
+        try:
+            resolution.resolve(cfg)
+        except resolution.Unresolvable as e:
             raise ConfigError(f"invalid config: {e}") from None
         return validate(cfg)
 
@@ -183,9 +185,10 @@ def hydra_error_line(e: BaseException) -> str:
     return "invalid config: " + " ".join(parts)
 
 
-def launch_plan(cfg, backend=None) -> dict:
-    """What `dry_run=true` prints: engines (with full commands for SGLang), trainer layout, contract, Ray; `backend`:
-    what `auto` chose (top_rl.driver.backend_choice.BackendChoice, None: the config named them)."""
+def launch_plan(cfg, resolution=None) -> dict:
+    """What `dry_run=true` prints: engines (with full commands for SGLang), trainer layout, contract, Ray; `resolution`:
+    the run's resolution step's record (top_rl.driver.resolution.Resolution: the contract, Ray's address, what `auto`
+    chose, TOP_RL_* overrides), which the run's plan carries too (RunPlan.resolution); None: a config resolved earlier."""
     from top_rl import contract
     from top_rl.config import kernel_backend
 
@@ -210,7 +213,7 @@ def launch_plan(cfg, backend=None) -> dict:
                 "on_violation": cfg.top.on_violation},
         # the attention kernel both sides run and the log-probs the gate compares, and why where `auto` chose them
         "attention": {"backend": str(cfg.top.attention_backend), "logprob_source": str(cfg.rollout.logprob_source),
-                      "chosen_by": backend.why if backend else "the config"},
+                      "chosen_by": resolution.backend.why if resolution and resolution.backend else "the config"},
         # the contract and SGLang release the run will run (the contract's; `installed`: what the engines' python holds)
         "runs": {"contract": top.name if cfg.top.enabled else None, "sglang_release": top.sglang_version,
                  "sglang_installed": _installed_sglang(cfg)},
@@ -218,7 +221,8 @@ def launch_plan(cfg, backend=None) -> dict:
         "trainer": {"framework": "megatron-core", "dp": t.dp, "tp": t.tp, "pp": t.pp, "cp": t.cp, "world_size": world,
                     "dtype": cfg.model.dtype, "recompute": "full, non-reentrant" if t.recompute else "off",
                     "kernels": kernel_backend(cfg)},
-        "ray": {"address": cfg.cluster.address or "local", "placement": plan.describe(), "bundles": plan.bundles,
+        "resolution": resolution.as_dict() if resolution else None,
+        "ray": {"address": (resolution.ray_address if resolution else cfg.cluster.address) or "local", "placement": plan.describe(), "bundles": plan.bundles,
                 "engine_bundle": plan.engine_bundle, "trainer_bundle": plan.trainer_bundle,
                 "weight_transport": cfg.cluster.weight_transport},
         "model": cfg.model.path or f"random {cfg.model.family} (model.* fields)",
@@ -251,7 +255,7 @@ def _hydra_entry():
         if cfg.dry_run:  # the refusals the config alone decides, then the plan
             try:
                 ready = check(cfg, CONFIG_CHECKS)
-                plan = launch_plan(cfg, ready.backend)
+                plan = launch_plan(cfg, ready.resolution)
             except REFUSALS as e:
                 print(f"top-rl: {e}", file=sys.stderr)
                 sys.exit(getattr(e, "exit_code", 1))

@@ -58,3 +58,11 @@ class RunPlan:
     # run_dir, absolute on the driver: every node with a trainer rank must see it (top_rl.driver.shared_run_dir)
     run_dir: str | None = None
     faults: FaultPlan = NO_FAULTS  # test-only (TOP_RL_FAULT): the faults the driver's code causes
+    # what the machine and the environment decided (top_rl.driver.resolution.Resolution: contract, Ray's address, `auto`,
+    # TOP_RL_* overrides); None: a plan built without it (a test)
+    resolution: Any = None
+
+    @property
+    def ray_address(self) -> str | None:
+        """The Ray cluster to join; None: a local Ray on this machine."""
+        return self.resolution.ray_address if self.resolution else self.cluster.address
