@@ -42,8 +42,10 @@ def _register_schema() -> None:
 
     shipped = set(TASKS)
     store = ConfigStore.instance()
-    for name, (task_config, _) in load_plugin_tasks().items():  # each task group file starts from its dataclass
-        store.store(group="task", name=f"{name}_schema", node=task_config)
+    # Each task group file starts from its dataclass (`- /NAME_task_schema@_here_`): kept out of the task group, so
+    # `--help` lists only the tasks as its choices (a schema is not one).
+    for name, (task_config, _) in load_plugin_tasks().items():
+        store.store(name=f"{name}_task_schema", node=task_config)
         if name not in shipped:  # another package's task (entry point): no yaml, its dataclass is the option
             store.store(group="task", name=name, node=task_config)
     node = OmegaConf.structured(RunConfig)
@@ -148,6 +150,10 @@ def compose(overrides: list[str], check: bool = True):
 
     from top_rl.config import ConfigError
 
+    from top_rl.config import removed
+
+    if removed.refusal(overrides):
+        raise ConfigError(removed.refusal(overrides))
     _register_schema()
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         try:
@@ -299,6 +305,11 @@ def main() -> None:
     # would log into that parent's service, which keeps the run "in use" after this driver is killed, so the resume
     # fails ("run ID ... is in use"). The driver owns its wandb service; it exits with the driver (wandb-core --pid).
     os.environ.pop("WANDB_SERVICE", None)
+    from top_rl.config import removed
+
+    if removed.refusal(sys.argv[1:]):  # a key the run could not honour: named, with what to set instead
+        print(f"top-rl: {removed.refusal(sys.argv[1:])}", file=sys.stderr, flush=True)
+        sys.exit(2)
     try:
         _register_schema()
         _hydra_entry()()

@@ -37,6 +37,7 @@ from top_rl.tasks.prompts import BadInput
 from top_rl.rollout.sglang_config import TopConfigError
 from top_rl.run.lock import RunDirLocked
 from top_rl.train import layout_rules
+from top_rl.train.config import TrainerSettings
 from top_rl.train.layout_rules import LayoutError
 
 
@@ -328,8 +329,8 @@ def run_plan(cfg, ready: Ready) -> RunPlan:
                    else s for i, s in enumerate(ready.sglang)) if ready.sglang else (None,) * cfg.rollout.num_engines
     # lr_decay_steps null: the schedule decays over the run's every optimizer update
     decay = cfg.trainer.lr_decay_steps or cfg.steps * cfg.algo.updates_per_rollout
-    trainer = TrainerSpec(world=cfg.trainer.world, trainer_cfg=dataclasses.replace(cfg.trainer, dtype=cfg.model.dtype,
-                                                                                   lr_decay_steps=decay),
+    trainer = TrainerSpec(world=cfg.trainer.world, trainer_cfg=TrainerSettings.of(cfg.trainer, dtype=cfg.model.dtype,
+                                                                                  lr_decay_steps=decay),
                           step_cfg=RLStepConfig(loss=cfg.algo.loss, gate=cfg.top,
                                                 dump_dir=str((run_dir / "parity").resolve()),
                                                 old_logprobs=str(cfg.algo.old_logprobs),

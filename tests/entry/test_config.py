@@ -79,9 +79,30 @@ def test_cli_dry_run_prints_plan_and_exits(tmp_path):
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+@pytest.mark.parametrize("override, fix", [
+    ("algo.loss.kl_coef=0.1", "the loop keeps no reference policy"), ("trainer.dtype=float32", "set model.dtype"),
+    ("+algo.name=grpo", "GRPO is the one advantage estimator"),
+    ("rollout.sglang.enable_memory_saver=true", "set that instead")])
+def test_keys_the_run_could_not_honour_are_gone_and_named_when_passed(override, fix):
+    """A key whose every value but one was refused or overwritten is not in the config; passing it is refused in one
+    line naming it and what to set instead."""
+    key = override.split("=")[0].lstrip("+")
+    section, _, name = key.rpartition(".")
+    from top_rl.config import RunConfig
+
+    assert name not in vars(eval("RunConfig()." + section))  # gone from the schema, not merely refused
+    with pytest.raises(ConfigError, match=rf"^invalid config: {key} was removed: .*{fix}"):
+        compose([override])
+
+
+def test_a_removed_key_on_the_command_line_is_one_line():
+    out = _top_rl("trainer.dtype=float32")
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        "top-rl: invalid config: trainer.dtype was removed: the trainer computes in model.dtype (one compute dtype for "
+        "engine and trainer under the TOP contract); set model.dtype instead"]
+
+
 def test_settings_the_loop_cannot_run_are_refused_naming_the_key():
-    with pytest.raises(ConfigError, match=r"algo\.loss\.kl_coef=0\.1: the loop keeps no reference policy"):
-        compose(["algo.loss.kl_coef=0.1"])
     with pytest.raises(ConfigError, match=r"algo\.updates_per_rollout=1000 exceeds the 256 samples"):
         compose(["algo.updates_per_rollout=1000"])
     with pytest.raises(ConfigError, match=r"trainer\.dp=0 must be >= 1"):

@@ -31,7 +31,7 @@ class TrainerSpec:
     """The trainer group: every rank builds the same model from these."""
 
     world: int  # dp * tp * pp * cp ranks
-    trainer_cfg: Any  # top_rl.train.TrainerConfig, its dtype the model's (one compute dtype both sides)
+    trainer_cfg: Any  # top_rl.train.TrainerSettings: trainer.*, its dtype the model's (one compute dtype both sides)
     step_cfg: Any  # top_rl.rl.batch.RLStepConfig: loss, gate, dump dir
     model_cfg: Any  # top_rl.model.source.ModelConfig: model.path, or the random init's seed and sizes
     arch: Any  # the model family's architecture config (top_rl.model.family)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from top_rl.contract import ComputeDtype
@@ -27,9 +28,6 @@ class TrainerConfig:
     grad_clip: float = 1.0  # 0 disables clipping
     recompute: bool = False  # full recompute of every layer, non-reentrant (top_rl.train.recompute)
     seed: int = 0  # the trainer ranks' torch RNG seed (a resume takes it from the checkpoint)
-    # The compute dtype (embedding, norms and residual stream stay fp32: the contract). None: the model config's
-    # torch_dtype. A run sets it from model.dtype (one dtype for engine and trainer) and refuses trainer.dtype.
-    dtype: ComputeDtype | None = None
     # With cluster.gpu_handoff=true only: between steps the fp32 master weights, Adam moments and fp32 gradient buffers
     # wait in pinned host memory (top_rl.train.optim), so the server's KV pool takes most of the GPU while it generates
     offload_during_rollout: bool = False
@@ -39,3 +37,17 @@ class TrainerConfig:
     def world(self) -> int:
         """Trainer ranks: dp * tp * pp * cp (the one place the product is taken)."""
         return self.dp * self.tp * self.pp * self.cp
+
+
+@dataclass
+class TrainerSettings(TrainerConfig):
+    """What a Trainer is built from: the run config's trainer section and the compute dtype, which a run takes from
+    model.dtype (one compute dtype for engine and trainer under the TOP contract: the config has no trainer.dtype)."""
+
+    # embedding, norms and residual stream stay fp32 (the contract); None: the model config's torch_dtype
+    dtype: ComputeDtype | None = None
+
+    @classmethod
+    def of(cls, cfg: TrainerConfig, **changes) -> "TrainerSettings":
+        """`cfg`'s fields (a TrainerConfig or TrainerSettings) with `changes`, as TrainerSettings."""
+        return cls(**{**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}, **changes})
