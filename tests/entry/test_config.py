@@ -1,5 +1,6 @@
 """The Hydra tree: every shipped config composes into a valid RunConfig; bad input fails early and clearly."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -183,7 +184,8 @@ def test_task_sections_are_typed_by_their_task():
 
 
 def test_the_run_config_defaults_are_the_yaml_defaults():
-    """RunConfig() is the run `top-rl` makes without overrides (one source: conf/config.yaml, composed)."""
+    """RunConfig() is the run `top-rl` makes without overrides: conf/config.yaml composed with no override (its
+    defaults list and group files) equals the dataclasses' defaults."""
     from top_rl.config import RunConfig
     from top_rl.tasks import ArithConfig
 
@@ -192,6 +194,29 @@ def test_the_run_config_defaults_are_the_yaml_defaults():
         {k: v for k, v in composed.as_dict().items() if k != "task"}
     # the task section: a TaskConfig naming the default group, which composes to that task's own dataclass
     assert default.task.name == composed.task.name == "arith" and isinstance(composed.task, ArithConfig)
+
+
+@pytest.mark.parametrize("group", ["model", "rollout", "trainer", "algo"])
+def test_a_group_option_states_only_what_it_changes(group):
+    """Each default is stated once, in the schema's dataclasses: a group's option file (conf/<group>/*.yaml) sets no
+    key to the value the dataclass already gives it, and config.yaml itself sets no key (its defaults list only)."""
+    from omegaconf import OmegaConf
+
+    from top_rl.config import RunConfig, plain
+
+    default = plain(dataclasses.asdict(getattr(RunConfig(), group)))
+    for option in _shipped(group):
+        body = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{option}.yaml")) or {}
+        same = [f"{group}.{key}={v}" for key, v in _leaves(body) if _at(default, key) == v]
+        assert same == [], f"conf/{group}/{option}.yaml restates the dataclass default: {same}"
+    top = OmegaConf.to_container(OmegaConf.load(CONF / "config.yaml"))
+    assert set(top) == {"defaults", "hydra"}
+
+
+def _at(tree: dict, dotted: str):
+    for part in dotted.split("."):
+        tree = tree.get(part, {}) if isinstance(tree, dict) else None
+    return tree
 
 
 def test_importing_the_config_loads_no_runtime():

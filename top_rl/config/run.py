@@ -14,11 +14,11 @@ from top_rl.config.checkpoint import CheckpointConfig
 from top_rl.config.cluster import ClusterConfig
 from top_rl.config.eval import EvalConfig
 from top_rl.config.tracking import TrackingConfig
-from top_rl.contract import AttentionBackend, ComputeDtype
+from top_rl.contract import AttentionBackend
 from top_rl.kernels.config import FastPaths, KernelBackend
 from top_rl.model.source import ModelConfig
-from top_rl.rl.config import AlgoConfig, GateConfig, PolicyLossConfig
-from top_rl.rollout.config import LogprobSource, RolloutConfig
+from top_rl.rl.config import AlgoConfig, GateConfig
+from top_rl.rollout.config import RolloutConfig
 from top_rl.tasks.config import TaskConfig
 from top_rl.train.config import TrainerConfig
 
@@ -44,8 +44,9 @@ class TopConfig(GateConfig):
     fast_paths: FastPaths = field(default_factory=FastPaths)  # speed switches, same numbers (plan.py)
 
 
-# RunConfig() is the run `top-rl` makes without overrides: its defaults are top_rl/conf/config.yaml's, composed
-# (tests/entry/test_config.py checks they agree). A component's own dataclass keeps its library defaults.
+# RunConfig() is the run `top-rl` makes without overrides: every default is stated once, here and in the sections'
+# dataclasses (the embedded CPU job's); top_rl/conf/config.yaml names the groups, whose files hold only what an
+# alternative changes (tests/entry/test_config.py composes it and checks both).
 @dataclass
 class RunConfig:
     # everything the run writes: metrics.jsonl, kernels.json, checkpoints/, wandb/, parity/
@@ -55,14 +56,13 @@ class RunConfig:
     resume: bool = False  # continue run_dir from its newest checkpoint that verifies (refused when there is none)
     resume_allow_changes: bool = False  # resume even if determinism-relevant settings changed
     dry_run: bool = False  # print the run's resolved plan as JSON (engines, trainer layout, contract) and exit
-    model: ModelConfig = field(default_factory=lambda: ModelConfig(  # conf/model/tiny.yaml
-        dtype=ComputeDtype.float32, max_position_embeddings=64, rope_theta=10000.0))
-    # The task group's config (a TaskConfig subclass: top_rl.tasks.TASKS); Hydra's task group picks which.
+    model: ModelConfig = field(default_factory=ModelConfig)
+    # The task group's config (a TaskConfig subclass: top_rl.tasks.TASKS); Hydra's task group picks which (arith:
+    # the defaults list's, whose dataclass holds its defaults).
     task: TaskConfig = field(default_factory=lambda: TaskConfig(name="arith"))
-    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(  # conf/rollout/native.yaml
-        n_samples=16, max_new_tokens=2, logprob_source=LogprobSource.decode))
-    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(micro_batch_size=64, lr=0.002))  # cpu.yaml
-    algo: AlgoConfig = field(default_factory=lambda: AlgoConfig(loss=PolicyLossConfig(clip_eps_high=0.28)))  # grpo
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
     top: TopConfig = field(default_factory=TopConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)

@@ -27,7 +27,7 @@ class OldLogprobs(StrEnum):
 @dataclass
 class PolicyLossConfig:
     clip_eps_low: float = 0.2  # ratio floor is 1 - clip_eps_low
-    clip_eps_high: float = 0.2  # ratio ceiling is 1 + clip_eps_high; DAPO "clip-higher" uses 0.28
+    clip_eps_high: float = 0.28  # ratio ceiling is 1 + clip_eps_high: DAPO's "clip-higher" (symmetric PPO: 0.2)
     # token_mean: mean over every response token of the batch; seq_mean: per sample, then over samples
     loss_agg: LossAgg = LossAgg.token_mean
 
