@@ -7,7 +7,7 @@ from top_rl.config.eval import EvalConfig  # noqa: F401 - also eval.config.EvalC
 
 
 def errors(cfg) -> list[str]:
-    """eval.* refusals (top_rl.config.validate), one line each, naming the key and the fix."""
+    """eval.* refusals (top_rl.config_checks.validate), one line each, naming the key and the fix."""
     e, out = cfg.eval, []
     if e.every < 0:
         out.append(f"eval.every={e.every} must be >= 0 (0: no eval)")

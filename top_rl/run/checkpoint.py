@@ -212,7 +212,7 @@ class Writer:
 
 
 def prune(run_dir: Path, keep: int) -> None:
-    """Remove all but the newest `keep` (>= 1: config.validate) complete checkpoints."""
+    """Remove all but the newest `keep` (>= 1: config_checks.validate) complete checkpoints."""
     for stale in complete_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(stale, ignore_errors=True)
 

@@ -10,7 +10,7 @@ from typing import Any
 class TaskConfig:
     """The run config's task section. Each task's config dataclass extends it (top_rl.tasks.TASKS) and Hydra's task
     group picks which. `errors()` states the value rules its types cannot (string choices, ranges), each message
-    naming its task.* key: config.validate asks it for a run, tasks.task_config for a task built directly; the task
+    naming its task.* key: config_checks.validate asks it for a run, tasks.task_config for a task built directly; the task
     constructors check none of them."""
 
     name: str = ""  # a key of top_rl.tasks.TASKS
@@ -20,5 +20,5 @@ class TaskConfig:
 
 
 def choice_errors(key: str, value: Any, allowed: tuple[str, ...]) -> list[str]:
-    """`task.<key>`'s string choice, as config.validate words it."""
+    """`task.<key>`'s string choice, as config_checks.validate words it."""
     return [] if value in allowed else [f"task.{key}={value!r}; choose one of: {', '.join(allowed)}"]
