@@ -39,10 +39,10 @@ class TopRunner:
     """The TOP trainer (top_rl.train.Trainer) through its public API: train_step, and logprobs (the gate)."""
 
     def __init__(self, cfg, mbt: int, recompute: bool, device):
-        from top_rl.train import Trainer, TrainerConfig
+        from top_rl.train import Trainer, TrainerSettings
 
-        self.trainer = Trainer(cfg, TrainerConfig(tp=1, micro_batch_size=None, micro_batch_tokens=mbt, lr=1e-6,
-                                                  recompute=recompute, dtype="bfloat16"))
+        self.trainer = Trainer(cfg, TrainerSettings(tp=1, micro_batch_size=None, micro_batch_tokens=mbt, lr=1e-6,
+                                                    recompute=recompute, dtype="bfloat16"))
         init_params(self.trainer.model.named_parameters())
         self.trainer.optimizer.reset()  # fp32 master weights from the values just written
 

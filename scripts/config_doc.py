@@ -6,8 +6,7 @@ meaning, generated from the config dataclasses (top_rl.config.RunConfig and the 
 Types come from the dataclasses' annotations, defaults from the composed default config (`top-rl` with no
 overrides; each task from its own task group), meanings from the comment on the field's line in its dataclass, else
 the comment lines right above it. tests/repo/test_config_doc.py fails when docs/config.md is not this output, or
-when a key has no meaning. A script, not a package module: it reads top_rl.config (the entry layer), which no module
-below may import (tests/repo/test_architecture.py).
+when a key has no meaning. A script, not a package module: it composes through top_rl.cli (the entry layer).
 """
 
 from __future__ import annotations
@@ -118,7 +117,7 @@ def release_dependent_defaults() -> dict[str, str]:
     from top_rl import contract
 
     per_release = "; ".join(f"{v}: {c.name}" for v, c in contract.RELEASE_DEFAULTS.items())
-    return {"top.contract": f"the installed SGLang release's ({per_release})"}
+    return {"top.contract": f"installed: the installed SGLang release's ({per_release})"}
 
 
 def rows(obj, prefix: str, out: list[tuple[str, str, str, str]], missing: list[str]) -> None:

@@ -42,8 +42,10 @@ def _register_schema() -> None:
 
     shipped = set(TASKS)
     store = ConfigStore.instance()
-    for name, (task_config, _) in load_plugin_tasks().items():  # each task group file starts from its dataclass
-        store.store(group="task", name=f"{name}_schema", node=task_config)
+    # Each task group file starts from its dataclass (`- /NAME_task_schema@_here_`): kept out of the task group, so
+    # `--help` lists only the tasks as its choices (a schema is not one).
+    for name, (task_config, _) in load_plugin_tasks().items():
+        store.store(name=f"{name}_task_schema", node=task_config)
         if name not in shipped:  # another package's task (entry point): no yaml, its dataclass is the option
             store.store(group="task", name=name, node=task_config)
     node = OmegaConf.structured(RunConfig)
@@ -140,13 +142,18 @@ def compose(overrides: list[str], check: bool = True):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from top_rl.config import from_hydra, validate
-    from top_rl.driver import backend_choice
+    from top_rl.config import from_hydra
+    from top_rl.config_checks import validate
+    from top_rl.driver import resolution
 
     from hydra.errors import CompactHydraException
 
     from top_rl.config import ConfigError
 
+    from top_rl.config import removed
+
+    if removed.refusal(overrides):
+        raise ConfigError(removed.refusal(overrides))
     _register_schema()
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         try:
@@ -156,9 +163,10 @@ def compose(overrides: list[str], check: bool = True):
         cfg = from_hydra(composed)
         if not check:
             return cfg
-        try:  # `auto` decided as a run's preflight decides it (its first check), so the config validates as it would
-            backend_choice.resolve(cfg)
-        except ValueError as e:
+        # resolved as a run's preflight resolves it (its first check: the contract, `auto`), so it validates as it would
+        try:
+            resolution.resolve(cfg)
+        except resolution.Unresolvable as e:
             raise ConfigError(f"invalid config: {e}") from None
         return validate(cfg)
 
@@ -183,9 +191,10 @@ def hydra_error_line(e: BaseException) -> str:
     return "invalid config: " + " ".join(parts)
 
 
-def launch_plan(cfg, backend=None) -> dict:
-    """What `dry_run=true` prints: engines (with full commands for SGLang), trainer layout, contract, Ray; `backend`:
-    what `auto` chose (top_rl.driver.backend_choice.BackendChoice, None: the config named them)."""
+def launch_plan(cfg, resolution=None) -> dict:
+    """What `dry_run=true` prints: engines (with full commands for SGLang), trainer layout, contract, Ray; `resolution`:
+    the run's resolution step's record (top_rl.driver.resolution.Resolution: the contract, Ray's address, what `auto`
+    chose, TOP_RL_* overrides), which the run's plan carries too (RunPlan.resolution); None: a config resolved earlier."""
     from top_rl import contract
     from top_rl.config import kernel_backend
 
@@ -210,7 +219,7 @@ def launch_plan(cfg, backend=None) -> dict:
                 "on_violation": cfg.top.on_violation},
         # the attention kernel both sides run and the log-probs the gate compares, and why where `auto` chose them
         "attention": {"backend": str(cfg.top.attention_backend), "logprob_source": str(cfg.rollout.logprob_source),
-                      "chosen_by": backend.why if backend else "the config"},
+                      "chosen_by": resolution.backend.why if resolution and resolution.backend else "the config"},
         # the contract and SGLang release the run will run (the contract's; `installed`: what the engines' python holds)
         "runs": {"contract": top.name if cfg.top.enabled else None, "sglang_release": top.sglang_version,
                  "sglang_installed": _installed_sglang(cfg)},
@@ -218,7 +227,8 @@ def launch_plan(cfg, backend=None) -> dict:
         "trainer": {"framework": "megatron-core", "dp": t.dp, "tp": t.tp, "pp": t.pp, "cp": t.cp, "world_size": world,
                     "dtype": cfg.model.dtype, "recompute": "full, non-reentrant" if t.recompute else "off",
                     "kernels": kernel_backend(cfg)},
-        "ray": {"address": cfg.cluster.address or "local", "placement": plan.describe(), "bundles": plan.bundles,
+        "resolution": resolution.as_dict() if resolution else None,
+        "ray": {"address": (resolution.ray_address if resolution else cfg.cluster.address) or "local", "placement": plan.describe(), "bundles": plan.bundles,
                 "engine_bundle": plan.engine_bundle, "trainer_bundle": plan.trainer_bundle,
                 "weight_transport": cfg.cluster.weight_transport},
         "model": cfg.model.path or f"random {cfg.model.family} (model.* fields)",
@@ -251,7 +261,7 @@ def _hydra_entry():
         if cfg.dry_run:  # the refusals the config alone decides, then the plan
             try:
                 ready = check(cfg, CONFIG_CHECKS)
-                plan = launch_plan(cfg, ready.backend)
+                plan = launch_plan(cfg, ready.resolution)
             except REFUSALS as e:
                 print(f"top-rl: {e}", file=sys.stderr)
                 sys.exit(getattr(e, "exit_code", 1))
@@ -295,6 +305,11 @@ def main() -> None:
     # would log into that parent's service, which keeps the run "in use" after this driver is killed, so the resume
     # fails ("run ID ... is in use"). The driver owns its wandb service; it exits with the driver (wandb-core --pid).
     os.environ.pop("WANDB_SERVICE", None)
+    from top_rl.config import removed
+
+    if removed.refusal(sys.argv[1:]):  # a key the run could not honour: named, with what to set instead
+        print(f"top-rl: {removed.refusal(sys.argv[1:])}", file=sys.stderr, flush=True)
+        sys.exit(2)
     try:
         _register_schema()
         _hydra_entry()()

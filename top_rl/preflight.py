@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from top_rl.driver.shared_run_dir import RunDirNotShared
-from top_rl import config, contract, tasks
+from top_rl import config_checks, contract, tasks
 from top_rl.run import checkpoint
 from top_rl.driver import placement
 from top_rl.driver.plan import EngineSpec, RunPlan, TrainerSpec
@@ -28,7 +28,8 @@ from top_rl.tasks import prompts
 from top_rl.run import lock as run_lock
 from top_rl.run.checkpoint import ResumeRefused
 from top_rl.run.fault_injection import NO_FAULTS, BadFaultSpec, FaultPlan
-from top_rl.config import ConfigError, kernel_backend, resolve_kernel_plan
+from top_rl.config import ConfigError, kernel_backend
+from top_rl.driver import resolution as run_resolution
 from top_rl.model import family
 from top_rl.driver.placement import PlacementError
 from top_rl.model.family import UnsupportedModel
@@ -36,6 +37,7 @@ from top_rl.tasks.prompts import BadInput
 from top_rl.rollout.sglang_config import TopConfigError
 from top_rl.run.lock import RunDirLocked
 from top_rl.train import layout_rules
+from top_rl.train.config import TrainerSettings
 from top_rl.train.layout_rules import LayoutError
 
 
@@ -61,6 +63,8 @@ class Ready:
     placement: placement.Placement | None = None
     faults: FaultPlan = NO_FAULTS  # test-only: what TOP_RL_FAULT names (top_rl.run.fault_injection)
     backend: Any = None  # what `auto` chose (top_rl.driver.backend_choice.BackendChoice); None: nothing was auto
+    # what the machine and the environment decided (top_rl.driver.resolution.Resolution): the first check's
+    resolution: run_resolution.Resolution | None = None
     longest_prompt: int = 0  # the longest prompt a rollout can see (prompt_lengths)
     memory: Any = None  # what mem_fraction_static=auto chose (top_rl.driver.memory_choice.MemoryChoice)
     eval_set: Any = None  # eval.every > 0: the eval's prompts and sampling (top_rl.eval.run.EvalSet)
@@ -72,26 +76,34 @@ def fault_plan(cfg, ready: Ready) -> None:
     ready.faults = FaultPlan.from_env()
 
 
-def backend_choice(cfg, ready: Ready) -> None:
-    """`auto` for top.attention_backend / rollout.logprob_source, decided here once from the GPU the driver sees and
-    the contract (top_rl/driver/backend_choice.py: fa3 with the decode source on Hopper where the contract proves it),
-    written into cfg before any other check reads it."""
-    from top_rl.driver import backend_choice as choice
-
+def resolution(cfg, ready: Ready) -> None:
+    """The run's one resolution step (top_rl/driver/resolution.py): the installed release's contract, where Ray runs
+    (cluster.address or $RAY_ADDRESS), `auto` for top.attention_backend / rollout.logprob_source (fa3 with the decode
+    source on Hopper where the contract proves it), a bench's $TOP_RL_<SWITCH> overrides; written into cfg before any
+    other check reads it, recorded in the run plan."""
     try:
-        ready.backend = choice.resolve(cfg)
-    except ValueError as e:
+        ready.resolution = run_resolution.resolve(cfg)
+    except run_resolution.Unresolvable as e:
         raise Refused(str(e)) from None
-    if ready.backend is not None and not cfg.dry_run:  # a dry run prints it in its plan (stdout is the JSON)
-        print(f"[top-rl] attention backend: {ready.backend.why}", flush=True)
+    ready.backend = ready.resolution.backend
+    if not cfg.dry_run:  # a dry run prints them in its plan (stdout is the JSON)
+        if ready.backend is not None:
+            print(f"[top-rl] attention backend: {ready.backend.why}", flush=True)
+        for o in ready.resolution.overrides:
+            print(f"[top-rl] {o.variable} overrides {o.key}={o.config}: {o.value}", flush=True)
+
+
+def _on_cluster(cfg, ready: Ready) -> bool:
+    """A running Ray cluster (the resolution's; a check run without it: cluster.address)."""
+    return ready.resolution.on_cluster if ready.resolution else bool(cfg.cluster.address)
 
 
 def config_values(cfg, ready: Ready) -> None:
-    """Choices, ranges, non-finite numbers, optimizer values, GRPO group size (top_rl.config.validate); then run_dir
+    """Choices, ranges, non-finite numbers, optimizer values, GRPO group size (top_rl.config_checks.validate); then run_dir
     made absolute on the driver, once, for everything after: a relative one would otherwise be read in each process's
     own working directory (a Ray job's is not the submitter's). abspath, not realpath: the path as given is the one
     the other nodes mount."""
-    config.validate(cfg)
+    config_checks.validate(cfg)
     cfg.run_dir = os.path.abspath(cfg.run_dir)
 
 
@@ -134,7 +146,8 @@ def resources(cfg, ready: Ready) -> None:
     """The placement (engines, trainer ranks, their GPUs and CPUs) fits this machine (local runs; a running
     cluster is checked once connected, top_rl.driver.cluster)."""
     hint = layout_rules.hint(ready.shape, _k_chunk(cfg)) if ready.shape else ""
-    ready.placement = placement.check_before_start(cfg.rollout.num_engines, cfg.trainer, cfg.cluster, hint)
+    ready.placement = placement.check_before_start(cfg.rollout.num_engines, cfg.trainer, cfg.cluster, hint,
+                                                   on_cluster=_on_cluster(cfg, ready))
 
 
 def run_dir_writable(cfg, ready: Ready) -> None:
@@ -209,7 +222,7 @@ def host_memory(cfg, ready: Ready) -> None:
 
     r, c = cfg.rollout, cfg.cluster
     models = calls = None
-    if not (c.address or os.environ.get("RAY_ADDRESS")):  # a local run: every actor is on this host
+    if not _on_cluster(cfg, ready):  # a local run: every actor is on this host
         arch = ready.model_cfg or _arch_before_the_task(cfg)
         engines = r.num_engines if r.engine != "sglang" and not c.engine_gpus else 0
         replicas = cfg.trainer.dp * cfg.trainer.cp if not c.trainer_gpus else 0
@@ -240,14 +253,15 @@ def shared_gpu_memory(cfg, ready: Ready) -> None:
     from top_rl.rollout import sglang_memory
 
     try:
-        ready.memory = memory_choice.resolve(cfg, ready.model_cfg, ready.longest_prompt or ready.max_prompt_len)
+        ready.memory = memory_choice.resolve(cfg, ready.model_cfg, ready.longest_prompt or ready.max_prompt_len,
+                                             on_cluster=_on_cluster(cfg, ready))
     except ValueError as e:
         raise Refused(str(e)) from None
     if ready.memory is not None:  # the engines' configs take the number (and the plan records it)
         ready.sglang = tuple(dataclasses.replace(s, mem_fraction_static=ready.memory.mem_fraction_static)
                              for s in ready.sglang)
         print(f"[top-rl] rollout.sglang.mem_fraction_static=auto: {ready.memory.why}", flush=True)
-    if not cfg.cluster.colocate or cfg.cluster.address or os.environ.get("RAY_ADDRESS"):
+    if not cfg.cluster.colocate or _on_cluster(cfg, ready):
         return
     seen = memory_choice.local_gpu()  # GPU 0 as the driver sees it (NVML), the GPU auto was sized for
     if seen is None:
@@ -295,7 +309,7 @@ def resume_state(cfg, ready: Ready) -> None:
         raise
 
 
-CONFIG_CHECKS = (fault_plan, backend_choice, config_values, task_config, sglang_engines, trainer_layout)
+CONFIG_CHECKS = (fault_plan, resolution, config_values, task_config, sglang_engines, trainer_layout)
 CHECKS = CONFIG_CHECKS + (resources, run_dir_writable, run_dir_entries, task_data, model_fits_task, host_memory,
                           prompt_lengths, shared_gpu_memory, eval_data, resume_state)
 # What a sweep checks for every job before its first job starts (top_rl.cli): the config's refusals, run_dir's, the
@@ -333,8 +347,8 @@ def run_plan(cfg, ready: Ready) -> RunPlan:
                    else s for i, s in enumerate(ready.sglang)) if ready.sglang else (None,) * cfg.rollout.num_engines
     # lr_decay_steps null: the schedule decays over the run's every optimizer update
     decay = cfg.trainer.lr_decay_steps or cfg.steps * cfg.algo.updates_per_rollout
-    trainer = TrainerSpec(world=cfg.trainer.world, trainer_cfg=dataclasses.replace(cfg.trainer, dtype=cfg.model.dtype,
-                                                                                   lr_decay_steps=decay),
+    trainer = TrainerSpec(world=cfg.trainer.world, trainer_cfg=TrainerSettings.of(cfg.trainer, dtype=cfg.model.dtype,
+                                                                                  lr_decay_steps=decay),
                           step_cfg=RLStepConfig(loss=cfg.algo.loss, gate=cfg.top,
                                                 dump_dir=str((run_dir / "parity").resolve()),
                                                 old_logprobs=str(cfg.algo.old_logprobs),
@@ -344,8 +358,8 @@ def run_plan(cfg, ready: Ready) -> RunPlan:
                           faults=ready.faults)
     return RunPlan(
         cluster=cfg.cluster, placement=ready.placement,
-        # decided once, here; written back into cfg.top.fast_paths; why its attention kernel is the one it is
-        kernels=resolve_kernel_plan(cfg, ready.backend.why if ready.backend else None),
+        # from the resolved config (its TOP_RL_* overrides applied and recorded); why its attention kernel is the one it is
+        kernels=run_resolution.kernel_plan(cfg, ready.resolution), resolution=ready.resolution,
         engines=tuple(EngineSpec(cfg.rollout.engine, cfg.rollout.logprob_source, cfg.model.dtype, ready.model_cfg, sglang=s)
                       for s in sglang),
         trainer=trainer, faults=ready.faults, logs_dir=str(logs), run_dir=cfg.run_dir,

@@ -10,7 +10,7 @@ import pytest
 
 from top_rl import contract, preflight
 from top_rl.cli import compose, launch_plan
-from top_rl.config import resolve_kernel_plan
+from top_rl.driver.resolution import kernel_plan
 from top_rl.driver import backend_choice
 from top_rl.driver.local_gpu import LocalGpu
 from top_rl.run.resume_compat import ResumeRefused, check_compatible
@@ -80,9 +80,9 @@ def test_preflight_decides_auto_first_and_records_it(monkeypatch, capsys):
     assert "NVIDIA H100 80GB HBM3 (sm90)" in ready.backend.why
     assert all(s.attention_backend == "fa3" and s.logprob_source == "decode" for s in ready.sglang)  # the servers'
     assert "[top-rl] attention backend: NVIDIA H100" in capsys.readouterr().out
-    plan = resolve_kernel_plan(cfg, ready.backend.why)  # what every actor installs and reports in kernels.json
+    plan = kernel_plan(cfg, ready.resolution)  # what every actor installs and reports in kernels.json
     assert plan.attention == "fa3" and plan.as_dict()["attention_chosen_by"] == ready.backend.why
-    dry = launch_plan(cfg, ready.backend)
+    dry = launch_plan(cfg, ready.resolution)
     assert dry["attention"] == {"backend": "fa3", "logprob_source": "decode", "chosen_by": ready.backend.why}
     assert dry["engines"][0]["attention_backend"] == "fa3" and "--attention-backend fa3" in " ".join(dry["engines"][0]["argv"])
 
@@ -93,7 +93,7 @@ def test_named_values_are_left_alone(monkeypatch):
                    "rollout.logprob_source=prefill"])
     ready = preflight.check(cfg, preflight.CONFIG_CHECKS)
     assert ready.backend is None and (cfg.top.attention_backend, cfg.rollout.logprob_source) == ("triton", "prefill")
-    assert "attention_chosen_by" not in resolve_kernel_plan(cfg).as_dict()
+    assert "attention_chosen_by" not in kernel_plan(cfg).as_dict()
 
 
 def test_a_cluster_driver_without_a_gpu_is_refused_naming_the_keys(monkeypatch):
@@ -102,9 +102,9 @@ def test_a_cluster_driver_without_a_gpu_is_refused_naming_the_keys(monkeypatch):
     monkeypatch.setattr(backend_choice, "local_gpu", lambda: None)
     with pytest.raises(preflight.Refused, match=r"^top\.attention_backend and rollout\.logprob_source=auto: the "
                                                 r"driver sees no GPU .*top\.attention_backend=fa3 rollout\.logprob_source=decode"):
-        preflight.check(cfg, (preflight.backend_choice,))
+        preflight.check(cfg, (preflight.resolution,))
     local = _gsm8k()  # a local run (or a dry run) without a GPU takes the fallback
-    preflight.check(local, (preflight.backend_choice,))
+    preflight.check(local, (preflight.resolution,))
     assert (local.top.attention_backend, local.rollout.logprob_source) == ("triton", "prefill")
 
 
@@ -114,7 +114,7 @@ def test_a_resume_where_auto_chooses_otherwise_is_refused(monkeypatch):
     def resolved(gpu):
         monkeypatch.setattr(backend_choice, "local_gpu", lambda: gpu)
         cfg = _gsm8k("top.contract=qwen3_dense_top_v1")
-        preflight.check(cfg, (preflight.backend_choice,))
+        preflight.check(cfg, (preflight.resolution,))
         return cfg.as_dict()
 
     saved, same, other = resolved(H100), resolved(H100), resolved(A100)

@@ -28,7 +28,10 @@ def test_top_rl_help_names_the_program():
     out = _top_rl("--help")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("top-rl: ") and "usage: top-rl [key=value ...]" in out.stdout
-    assert "cli" not in out.stdout.split("== Config ==")[0]  # Hydra names the app after the file unless told
+    groups = out.stdout.split("== Config ==")[0]
+    assert "cli" not in groups  # Hydra names the app after the file unless told
+    # the task group's choices are the tasks, not the typed schemas their files start from
+    assert "task: arith, custom, dapo, gsm8k\n" in groups and "schema" not in groups
 
 
 @pytest.mark.parametrize("entry, prog, keys", [

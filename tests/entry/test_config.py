@@ -1,5 +1,6 @@
 """The Hydra tree: every shipped config composes into a valid RunConfig; bad input fails early and clearly."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -79,9 +80,30 @@ def test_cli_dry_run_prints_plan_and_exits(tmp_path):
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+@pytest.mark.parametrize("override, fix", [
+    ("algo.loss.kl_coef=0.1", "the loop keeps no reference policy"), ("trainer.dtype=float32", "set model.dtype"),
+    ("+algo.name=grpo", "GRPO is the one advantage estimator"),
+    ("rollout.sglang.enable_memory_saver=true", "set that instead")])
+def test_keys_the_run_could_not_honour_are_gone_and_named_when_passed(override, fix):
+    """A key whose every value but one was refused or overwritten is not in the config; passing it is refused in one
+    line naming it and what to set instead."""
+    key = override.split("=")[0].lstrip("+")
+    section, _, name = key.rpartition(".")
+    from top_rl.config import RunConfig
+
+    assert name not in vars(eval("RunConfig()." + section))  # gone from the schema, not merely refused
+    with pytest.raises(ConfigError, match=rf"^invalid config: {key} was removed: .*{fix}"):
+        compose([override])
+
+
+def test_a_removed_key_on_the_command_line_is_one_line():
+    out = _top_rl("trainer.dtype=float32")
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        "top-rl: invalid config: trainer.dtype was removed: the trainer computes in model.dtype (one compute dtype for "
+        "engine and trainer under the TOP contract); set model.dtype instead"]
+
+
 def test_settings_the_loop_cannot_run_are_refused_naming_the_key():
-    with pytest.raises(ConfigError, match=r"algo\.loss\.kl_coef=0\.1: the loop keeps no reference policy"):
-        compose(["algo.loss.kl_coef=0.1"])
     with pytest.raises(ConfigError, match=r"algo\.updates_per_rollout=1000 exceeds the 256 samples"):
         compose(["algo.updates_per_rollout=1000"])
     with pytest.raises(ConfigError, match=r"trainer\.dp=0 must be >= 1"):
@@ -162,15 +184,39 @@ def test_task_sections_are_typed_by_their_task():
 
 
 def test_the_run_config_defaults_are_the_yaml_defaults():
-    """RunConfig() is the run `top-rl` makes without overrides (one source: conf/config.yaml, composed)."""
+    """RunConfig() is the run `top-rl` makes without overrides: conf/config.yaml composed with no override (its
+    defaults list and group files) equals the dataclasses' defaults."""
     from top_rl.config import RunConfig
     from top_rl.tasks import ArithConfig
 
-    composed, default = compose([]), RunConfig()
+    composed, default = compose([], check=False), RunConfig()
     assert {k: v for k, v in default.as_dict().items() if k != "task"} == \
         {k: v for k, v in composed.as_dict().items() if k != "task"}
     # the task section: a TaskConfig naming the default group, which composes to that task's own dataclass
     assert default.task.name == composed.task.name == "arith" and isinstance(composed.task, ArithConfig)
+
+
+@pytest.mark.parametrize("group", ["model", "rollout", "trainer", "algo"])
+def test_a_group_option_states_only_what_it_changes(group):
+    """Each default is stated once, in the schema's dataclasses: a group's option file (conf/<group>/*.yaml) sets no
+    key to the value the dataclass already gives it, and config.yaml itself sets no key (its defaults list only)."""
+    from omegaconf import OmegaConf
+
+    from top_rl.config import RunConfig, plain
+
+    default = plain(dataclasses.asdict(getattr(RunConfig(), group)))
+    for option in _shipped(group):
+        body = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{option}.yaml")) or {}
+        same = [f"{group}.{key}={v}" for key, v in _leaves(body) if _at(default, key) == v]
+        assert same == [], f"conf/{group}/{option}.yaml restates the dataclass default: {same}"
+    top = OmegaConf.to_container(OmegaConf.load(CONF / "config.yaml"))
+    assert set(top) == {"defaults", "hydra"}
+
+
+def _at(tree: dict, dotted: str):
+    for part in dotted.split("."):
+        tree = tree.get(part, {}) if isinstance(tree, dict) else None
+    return tree
 
 
 def test_importing_the_config_loads_no_runtime():

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from top_rl import config, contract
+from top_rl import config, config_checks, contract
 from top_rl.kernels import plan as kplan
 from top_rl.kernels import tiled_gemm
 from top_rl.rollout.sglang_config import TopConfigError, check_tp
@@ -32,10 +32,10 @@ def _cfg(name: str, backend: str) -> config.RunConfig:
 
 
 def test_the_config_checks_the_backend_against_the_run_contract(other):
-    config.validate(_cfg(contract.DEFAULT.name, "flashinfer"))  # the default contract allows it
+    config_checks.validate(_cfg(contract.DEFAULT.name, "flashinfer"))  # the default contract allows it
     with pytest.raises(config.ConfigError, match="top.attention_backend='flashinfer' is not allowed; choose one of: triton"):
-        config.validate(_cfg(other.name, "flashinfer"))
-    config.validate(_cfg(other.name, "triton"))
+        config_checks.validate(_cfg(other.name, "flashinfer"))
+    config_checks.validate(_cfg(other.name, "triton"))
 
 
 def test_the_plan_and_the_reference_tiling_are_the_run_contract(other, monkeypatch):

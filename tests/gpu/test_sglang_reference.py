@@ -95,7 +95,7 @@ def setup(request, tmp_path_factory):
     try:
         with kernels.use_backend("sglang"):
             # built before SGLang's groups: SGLang reuses Megatron's default process group
-            trainers = {mbs: train.Trainer(model.cfg, train.TrainerConfig(tp=1, dtype="bfloat16", micro_batch_size=mbs))
+            trainers = {mbs: train.Trainer(model.cfg, train.TrainerSettings(tp=1, dtype="bfloat16", micro_batch_size=mbs))
                         for mbs in (1, 3)}
             for t in trainers.values():
                 t.load_hf(str(path))

@@ -34,7 +34,7 @@ def _run(steps):
     train = pytest.importorskip("top_rl.train", reason="Megatron-core trainer not importable here")
     engine_model = device_model(seed=5)
     engine = NativeEngine(engine_model, logprob_source="prefill")
-    trainer = train.Trainer(engine_model.cfg, train.TrainerConfig(tp=1, dtype="bfloat16", lr=1e-5, micro_batch_size=2))
+    trainer = train.Trainer(engine_model.cfg, train.TrainerSettings(tp=1, dtype="bfloat16", lr=1e-5, micro_batch_size=2))
     trainer.load_hf(hf_state_dict(engine_model))
     rng = random.Random(0)
     temperature = 0.9

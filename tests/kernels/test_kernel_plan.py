@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from top_rl import config, contract, kernels
+from top_rl.driver import resolution
 from top_rl.kernels import fallback
 from top_rl.kernels import plan as kplan
 
@@ -27,20 +28,23 @@ def test_the_run_config_decides_and_records_the_plan(monkeypatch):
     cfg = config.RunConfig()
     cfg.top.fast_paths.fused_backward = False  # top.fast_paths.fused_backward=false
     monkeypatch.setenv("TOP_RL_FUSED_FORWARD", "0")  # a bench's A/B switch: read by the builder, nowhere else
-    plan = config.resolve_kernel_plan(cfg)
+    resolved = resolution.resolve(cfg)  # the run's one resolution step applies it and records it as an override
+    assert [(o.key, o.config, o.value, o.variable) for o in resolved.overrides] == \
+        [("top.fast_paths.fused_forward", True, False, "TOP_RL_FUSED_FORWARD")]
+    plan = resolution.kernel_plan(cfg, resolved)
     assert (plan.backend, plan.contract, plan.attention) == ("reference", cfg.top.contract, "triton")
     assert not plan.fast_paths.fused_forward and not plan.fast_paths.fused_backward and plan.fast_paths.fused_sampler
     recorded = cfg.as_dict()["top"]["fast_paths"]  # what state.json and the wandb config carry
     assert recorded["fused_forward"] is False and recorded["fused_backward"] is False
     assert recorded["attention_backward"] == "flash"
     cfg.top.enabled = False
-    assert config.resolve_kernel_plan(cfg).backend == "stock"  # the non-TOP baseline
+    assert resolution.kernel_plan(cfg).backend == "stock"  # the non-TOP baseline
 
 
 def test_a_bad_switch_in_the_environment_is_refused_naming_it(monkeypatch):
     monkeypatch.setenv("TOP_RL_FUSED_SAMPLER", "off")
     with pytest.raises(config.ConfigError, match="TOP_RL_FUSED_SAMPLER='off'.*top.fast_paths.fused_sampler"):
-        config.resolve_kernel_plan(config.RunConfig())
+        resolution.resolve(config.RunConfig())
 
 
 def test_the_plan_travels_as_an_object():

@@ -11,7 +11,7 @@ import importlib
 import pytest
 import torch
 
-from top_rl import config, kernels
+from top_rl import config, config_checks, kernels
 from top_rl.kernels import fallback, plain, stock
 
 T, V = 37, 301  # a chunk of 8 leaves a last chunk of 5 rows
@@ -155,7 +155,7 @@ def test_the_backend_table():
     assert config.kernel_backend(cfg) == "reference"
     cfg.top.enabled = False
     assert config.kernel_backend(cfg) == "stock"
-    assert config._CHOICES["top.kernels"] == ("reference", "sglang")
+    assert config_checks._CHOICES["top.kernels"] == ("reference", "sglang")
     ops = ("linear", "row_linear", "rms_norm", "rope", "silu_and_mul", "attention", "decode_attention",
            "prefill_logprobs", "sample_logprobs", "sampler_log_softmax")
     for name in ("reference", "plain", "stock"):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,12 +20,18 @@ LAYERS = [
     {"rl", "tasks"},  # RL math, tasks and their prompt streams
     {"weights"},  # trainer -> engine weight transport: buckets, senders, receivers (the engines' requests use them)
     {"train", "rollout"},  # the two sides: Megatron trainer, engines
+    {"config"},  # the run config's schema: pure dataclasses (below everything that reads it)
     {"run"},  # checkpoint, lock, rng, faults
     {"observe", "eval"},  # metrics, wandb; the eval pass (through the cluster it is handed)
-    {"driver"},  # Ray: placement, actors, cluster
+    {"driver"},  # Ray: placement, actors, cluster, the run's resolution step
     {"tools"},  # export, parity probe, score
-    {"config", "preflight", "loop", "cli"},  # entry points
+    {"config_checks", "preflight", "loop", "cli"},  # entry points
 ]
+# What the config's schema may import: plain data, and each component's schema module (its section's dataclasses
+# and enums, kept apart from the component's runtime so that the config imports none of it).
+SCHEMA_MODULES = {"top_rl.contract", "top_rl.kernels.config", "top_rl.model.source", "top_rl.rl.config",
+                  "top_rl.rollout.config", "top_rl.rollout.sglang_config", "top_rl.tasks.config", "top_rl.train.config",
+                  "top_rl.weights.transport_config"}
 LAYER_OF = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 MAX_TOP_LEVEL = 8
 MAX_LINES = 400
@@ -150,3 +158,17 @@ def top_rl_env_readers(package: Path) -> list[str]:
 def test_top_rl_variables_are_read_only_by_the_kernel_plan_builder():
     assert sorted(set(top_rl_env_readers(PACKAGE)) - TOP_RL_ENV_READERS) == []
 
+
+
+def test_the_config_imports_no_runtime_module():
+    """top_rl/config/ is the schema: it imports its own modules, plain data and the components' schema modules, never
+    a runtime module (driver, run, observe, weights' transports, kernels, tasks): config stands below the driver."""
+    mods = _modules()
+    reached = {d for m, p in mods.items() if m == "top_rl.config" or m.startswith("top_rl.config.")
+               for d in _imports(p, mods)}
+    assert sorted(d for d in reached if not d.startswith("top_rl.config") and d not in SCHEMA_MODULES) == []
+    assert _layer("top_rl.config") < _layer("top_rl.driver") < _layer("top_rl.preflight")
+    # and at run time: importing it loads none of the floors above it
+    code = "import sys, top_rl.config; print(sorted({m.split('.')[1] for m in sys.modules if m.startswith('top_rl.')}))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert not {"driver", "run", "observe", "eval", "loop", "preflight", "cli", "config_checks"} & set(eval(loaded))

@@ -17,7 +17,7 @@ PACKAGE = ROOT / "top_rl"
 MAY_READ_DEFAULT = {"top_rl/cli.py", "top_rl/preflight.py", "top_rl/contract.py"}
 # Where a contract name is filled in when nothing names one, each for a reason a run's call never meets:
 FALLBACK_CALLERS = {
-    "top_rl/config.py",  # TopConfig.contract's default: the run's contract when its config names none
+    "top_rl/driver/resolution.py",  # top.contract=installed (the default): the installed release's, resolved once
     "top_rl/kernels/plan.py",  # build(): a process with no run config and no $TOP_RL_CONTRACT (a test, a bench)
     "top_rl/tools/parity_probe.py",  # its `contract=` argument left out
     "top_rl/tools/score.py",  # its `--contract` left out

@@ -64,13 +64,13 @@ def test_k3_kl_and_entropy_metric():
     ref = torch.zeros(3, dtype=torch.float64)
     ent = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
     base, _ = policy_loss(new, old, adv, lengths)
-    loss, m = policy_loss(new, old, adv, lengths, PolicyLossConfig(kl_coef=0.5), ref, entropy=ent)
+    loss, m = policy_loss(new, old, adv, lengths, PolicyLossConfig(), ref, entropy=ent, kl_coef=0.5)
     k3 = [1 / x + math.log(x) - 1 for x in (1.5, 0.5, 1.1)]  # exp(ref-new) - (ref-new) - 1
     assert m["kl_ref"] == pytest.approx(sum(k3) / 3)
     assert loss.item() == pytest.approx(base.item() + 0.5 * sum(k3) / 3)
     assert m["entropy"] == pytest.approx(2.0)
     with pytest.raises(ValueError, match="ref_logprobs"):
-        policy_loss(new, old, adv, lengths, PolicyLossConfig(kl_coef=0.1))
+        policy_loss(new, old, adv, lengths, kl_coef=0.1)
 
 
 def test_nan_in_masked_position_does_not_poison():

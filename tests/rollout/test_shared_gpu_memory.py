@@ -90,7 +90,7 @@ def test_offload_during_rollout_counts_only_the_weights_between_steps(tmp_path, 
     assert est.needed <= H200 and "offloaded: trainer.offload_during_rollout" in est.describe()
     kept = sglang_memory.estimate(QWEN3_4B, 16384, True, 0.7, 1, H200, handoff=True)
     assert kept.trainer_resident_bytes == 64 * 4_022_468_096 and kept.needed > H200
-    # without the handoff nothing is offloaded (config.validate refuses the switch there)
+    # without the handoff nothing is offloaded (config_checks.validate refuses the switch there)
     assert not sglang_memory.estimate(QWEN3_4B, 16384, True, 0.7, 1, H200, offload=True).offload
 
     monkeypatch.setattr(memory_choice, "local_gpu", lambda: H200_GPU)

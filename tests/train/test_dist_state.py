@@ -16,7 +16,7 @@ import torch.distributed as dist
 from test_train_common import both_kinds, pg_loss, reference_model, rollouts, tiny_config
 from top_rl.model import hf_state_dict
 from top_rl.run import dist_state
-from top_rl.train import Trainer, TrainerConfig
+from top_rl.train import Trainer, TrainerSettings
 from top_rl.train.parallel import spawn
 from top_rl.train.snapshots import PolicySnapshots
 
@@ -24,7 +24,7 @@ DTYPE, LR = "bfloat16", 1e-2
 
 
 def _trainer(cfg, **layout) -> Trainer:
-    t = Trainer(cfg, TrainerConfig(dtype=DTYPE, micro_batch_size=3, lr=LR, **layout))
+    t = Trainer(cfg, TrainerSettings(dtype=DTYPE, micro_batch_size=3, lr=LR, **layout))
     t.snapshots = PolicySnapshots(keep=1)
     return t
 

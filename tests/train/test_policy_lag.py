@@ -22,7 +22,7 @@ from top_rl.rl.batch import RLBatch, RLSample, RLStepConfig
 from top_rl.rl.config import GateConfig
 from top_rl.rollout.base import SamplingParams
 from top_rl.rollout.native import NativeEngine
-from top_rl.train import Trainer, TrainerConfig
+from top_rl.train import Trainer, TrainerSettings
 from top_rl.train.snapshots import PolicySnapshots, PolicyVersionMissing
 
 N = 6
@@ -34,7 +34,7 @@ def _world(source: str, dtype: str = "bfloat16", seed: int = 21):
     cfg = tiny_config(seed, tied=False)
     model = reference_model(cfg, dtype, seed)
     engine = NativeEngine(model, source)
-    trainer = Trainer(cfg, TrainerConfig(dtype=dtype, lr=5e-2, micro_batch_size=2))
+    trainer = Trainer(cfg, TrainerSettings(dtype=dtype, lr=5e-2, micro_batch_size=2))
     trainer.load_hf(hf_state_dict(model))
     trainer.snapshots = PolicySnapshots(keep=1)
     prompts = [[(7 * i + j) % cfg.vocab_size for j in range(1 + i % 4)] for i in range(N)]

@@ -15,7 +15,7 @@ from test_train_common import assert_parity, both_kinds, expected, pg_loss, refe
 from top_rl.contract import as_dtype
 from top_rl.model import hf_state_dict
 from top_rl.rollout.native import NativeEngine
-from top_rl.train import Trainer, TrainerConfig
+from top_rl.train import Trainer, TrainerSettings
 from top_rl.train.parallel import spawn
 
 SCENARIOS = [  # (name, tp, pp, cp, dtype, tied, seed); world size 2, so dp = 2 / (tp * pp * cp)
@@ -36,7 +36,7 @@ def _prepare(scenario):
     model = reference_model(cfg, dtype, seed)
     samples = rollouts(model, n=4, seed=seed)
     batch = both_kinds(samples)
-    ref = Trainer(cfg, TrainerConfig(dtype=dtype, micro_batch_size=3, lr=LR))
+    ref = Trainer(cfg, TrainerSettings(dtype=dtype, micro_batch_size=3, lr=LR))
     ref.load_hf(hf_state_dict(model))
     metrics = ref.train_step(batch, pg_loss(batch))
     return dict(scenario=scenario, cfg=cfg, hf=hf_state_dict(model), samples=samples, ref_metrics=metrics)
@@ -51,7 +51,7 @@ def _check_layout(rank, p):
     name, tp, pp, cp, dtype, tied, seed = p["scenario"]
     cfg, hf, samples = p["cfg"], p["hf"], p["samples"]
     c = as_dtype(dtype)
-    trainer = Trainer(cfg, TrainerConfig(tp=tp, pp=pp, cp=cp, dtype=dtype, micro_batch_size=3, lr=LR))
+    trainer = Trainer(cfg, TrainerSettings(tp=tp, pp=pp, cp=cp, dtype=dtype, micro_batch_size=3, lr=LR))
     assert trainer.layout.dp == 2 // (tp * pp * cp), name
     trainer.load_hf(hf)
     batch = both_kinds(samples)

@@ -16,7 +16,7 @@ from test_train_common import assert_parity, both_kinds, expected, pg_loss, refe
 from top_rl.contract import as_dtype
 from top_rl.model import hf_state_dict
 from top_rl.rollout.native import NativeEngine
-from top_rl.train import Trainer, TrainerConfig, TrainSequence
+from top_rl.train import Trainer, TrainerSettings, TrainSequence
 
 CASES = [("float32", True, 11), ("float32", False, 12), ("bfloat16", True, 13), ("bfloat16", False, 14)]
 
@@ -27,7 +27,7 @@ def setup(request):
     cfg = tiny_config(seed, tied=tied)
     model = reference_model(cfg, dtype, seed)
     samples = rollouts(model, n=5, seed=seed)
-    trainer = Trainer(cfg, TrainerConfig(dtype=dtype, lr=1e-2, grad_clip=1.0))
+    trainer = Trainer(cfg, TrainerSettings(dtype=dtype, lr=1e-2, grad_clip=1.0))
     trainer.load_hf(hf_state_dict(model))
     return cfg, model, samples, trainer, as_dtype(dtype)
 
@@ -87,7 +87,7 @@ def test_recompute_on_off_identical_loss_and_grads(dtype):
     loss_fn = pg_loss(batch)
     out = {}
     for recompute in (False, True):
-        trainer = Trainer(cfg, TrainerConfig(dtype=dtype, recompute=recompute, micro_batch_size=2))
+        trainer = Trainer(cfg, TrainerSettings(dtype=dtype, recompute=recompute, micro_batch_size=2))
         trainer.load_hf(hf_state_dict(model))
         assert (trainer.tc.recompute_granularity == "full") == recompute
         grads = trainer.gradients(batch, loss_fn)
@@ -108,7 +108,7 @@ def test_megatron_rope_option_gives_the_same_bits():
     cfg = tiny_config(24, tied=False)
     model = reference_model(cfg, "bfloat16")
     samples = rollouts(model, n=3, seed=8)
-    trainer = Trainer(cfg, TrainerConfig(dtype="bfloat16", megatron_rope=True, micro_batch_size=2))
+    trainer = Trainer(cfg, TrainerSettings(dtype="bfloat16", megatron_rope=True, micro_batch_size=2))
     trainer.load_hf(hf_state_dict(model))
     assert trainer.model.position_embedding_type == "rope"
     assert_parity(trainer.logprobs(both_kinds(samples)), expected(samples), torch.bfloat16)
@@ -121,7 +121,7 @@ def test_recompute_is_non_reentrant():
     from top_rl.train.recompute import non_reentrant_checkpoint
 
     cfg = tiny_config(22, tied=False)
-    trainer = Trainer(cfg, TrainerConfig(dtype="float32", recompute=True))
+    trainer = Trainer(cfg, TrainerSettings(dtype="float32", recompute=True))
     trainer.load_hf(hf_state_dict(reference_model(cfg, "float32")))
     assert tensor_parallel.checkpoint is non_reentrant_checkpoint
     x = torch.randn(3, requires_grad=True)
@@ -136,11 +136,11 @@ def test_checkpoint_round_trip():
     model = reference_model(cfg, "bfloat16")
     batch = both_kinds(rollouts(model, n=2, seed=3))
     loss_fn = pg_loss(batch)
-    a = Trainer(cfg, TrainerConfig(dtype="bfloat16", lr=1e-2))
+    a = Trainer(cfg, TrainerSettings(dtype="bfloat16", lr=1e-2))
     a.load_hf(hf_state_dict(model))
     a.train_step(batch, loss_fn)
     sd = a.state_dict()
-    b = Trainer(cfg, TrainerConfig(dtype="bfloat16", lr=1e-2))
+    b = Trainer(cfg, TrainerSettings(dtype="bfloat16", lr=1e-2))
     b.load_state_dict(sd)
     assert b.step == 1
     ma, mb = a.train_step(batch, loss_fn), b.train_step(batch, loss_fn)
@@ -157,8 +157,8 @@ def test_a_resumed_trainer_steps_with_its_configs_lr_not_the_checkpoints():
     model = reference_model(cfg, "bfloat16")
     batch = both_kinds(rollouts(model, n=2, seed=3))
     loss_fn = pg_loss(batch)
-    old = TrainerConfig(dtype="bfloat16", lr=1e-2)
-    new = TrainerConfig(dtype="bfloat16", lr=5e-2, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
+    old = TrainerSettings(dtype="bfloat16", lr=1e-2)
+    new = TrainerSettings(dtype="bfloat16", lr=5e-2, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
     straight = Trainer(cfg, old)
     straight.load_hf(hf_state_dict(model))
     straight.train_step(batch, loss_fn)

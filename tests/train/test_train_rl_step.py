@@ -21,7 +21,7 @@ from top_rl.rl.batch import RLBatch, RLSample, RLStepConfig
 from top_rl.rl.config import PolicyLossConfig
 from top_rl.rollout.native import NativeEngine
 from top_rl.rollout.base import SamplingParams
-from top_rl.train import Trainer, TrainerConfig, TrainSequence
+from top_rl.train import Trainer, TrainerSettings, TrainSequence
 from top_rl.train.rl_step import minibatches
 
 
@@ -31,7 +31,7 @@ def _setup(source: str, dtype="bfloat16", seed=21, n=6, mbs=2):
     engine = NativeEngine(model, source)
     prompts = [[(7 * i + j) % cfg.vocab_size for j in range(1 + i % 4)] for i in range(n)]
     samples = engine.generate(prompts, [seed * 10 + i for i in range(n)], SamplingParams(5, TEMPERATURE))
-    trainer = Trainer(cfg, TrainerConfig(dtype=dtype, lr=1e-2, micro_batch_size=mbs))
+    trainer = Trainer(cfg, TrainerSettings(dtype=dtype, lr=1e-2, micro_batch_size=mbs))
     trainer.load_hf(hf_state_dict(model))
     advantages = [(-1.0) ** i * (0.5 + 0.1 * i) for i in range(n)]
     return trainer, samples, advantages

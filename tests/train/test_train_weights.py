@@ -7,7 +7,7 @@ import torch
 
 from test_train_common import reference_model, tiny_config
 from top_rl.model import hf_state_dict, load_model, save_model
-from top_rl.train import Trainer, TrainerConfig
+from top_rl.train import Trainer, TrainerSettings
 from top_rl.model.qwen3 import hf_names as F  # the family's HF <-> Megatron maps
 from top_rl.train import weights as W  # TP shards
 
@@ -64,7 +64,7 @@ def test_trainer_load_and_export_exact(tmp_path, tied, dtype):
     cfg = tiny_config(5, tied=tied)
     model = reference_model(cfg, dtype)
     save_model(model, tmp_path)
-    trainer = Trainer(cfg, TrainerConfig(dtype=dtype))
+    trainer = Trainer(cfg, TrainerSettings(dtype=dtype))
     trainer.load_hf(tmp_path)
     out = trainer.export_hf_weights()
     want = hf_state_dict(load_model(tmp_path, dtype))

@@ -17,7 +17,6 @@ fa3 is proven, prefill elsewhere.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from top_rl import contract
@@ -50,15 +49,14 @@ def choose(top: contract.TopContract, gpu: LocalGpu | None, attention: str = AUT
     return BackendChoice(attention, source, f"{seen}: {rule} -> attention {attention}, {source} log-probs gated")
 
 
-def resolve(cfg) -> BackendChoice | None:
-    """Decide cfg's `auto` keys in place (None: neither is auto). Refuses (ValueError naming the keys) a cluster run
-    whose driver sees no GPU."""
+def resolve(cfg, on_cluster: bool) -> BackendChoice | None:
+    """Decide cfg's `auto` keys in place (None: neither is auto). Refuses (ValueError naming the keys) a run on a Ray
+    cluster (`on_cluster`: top_rl.driver.resolution decides where Ray runs) whose driver sees no GPU."""
     attention, source = str(cfg.top.attention_backend), str(cfg.rollout.logprob_source)
     top = contract.CONTRACTS.get(cfg.top.contract)
     if AUTO not in (attention, source) or top is None:  # an unknown contract: config_values refuses it by name
         return None
     gpu = local_gpu()
-    on_cluster = bool(cfg.cluster.address or os.environ.get("RAY_ADDRESS"))
     if gpu is None and on_cluster and not cfg.dry_run:
         keys = " and ".join(k for k, v in (("top.attention_backend", attention), ("rollout.logprob_source", source))
                             if v == AUTO)

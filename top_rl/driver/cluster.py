@@ -60,11 +60,11 @@ def _threads(cfg: ClusterConfig) -> int:
     return cfg.torch_threads or os.cpu_count() or 1
 
 
-def start_ray(cfg: ClusterConfig) -> str:
-    """Start or join Ray; what it is, in words (the start-up line)."""
+def start_ray(cfg: ClusterConfig, address: str | None = None) -> str:
+    """Start or join Ray; what it is, in words (the start-up line). `address`: the cluster to join (the run plan's,
+    resolved once: top_rl.driver.resolution); None: a local Ray on this machine."""
     if ray.is_initialized():
         return "Ray already up in this process"
-    address = cfg.address or os.environ.get("RAY_ADDRESS")
     if address:  # a cluster's workers do not inherit this process's warning filters: install them there too
         ray.init(address=address, log_to_driver=True,
                  runtime_env={"worker_process_setup_hook": "top_rl.observe.quiet.install"})
@@ -85,7 +85,7 @@ class Cluster:
         cfg = plan.cluster
         self.logs = Path(plan.logs_dir) if plan.logs_dir else None
         startup.say("checks passed; starting Ray")
-        startup.say(start_ray(cfg) + (f"; this run's logs: {self.logs}" if self.logs else ""))
+        startup.say(start_ray(cfg, plan.ray_address) + (f"; this run's logs: {self.logs}" if self.logs else ""))
         self.plan = plan.placement
         placement.check(self.plan, ray.cluster_resources(), "the Ray cluster")
         self.pg = placement_group(self.plan.bundles, strategy="PACK")

@@ -22,7 +22,6 @@ the user names the number for the engines' GPUs.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 from top_rl.driver.local_gpu import LocalGpu, local_gpu
@@ -82,15 +81,15 @@ def choose(arch, gpu: LocalGpu, *, requests: int, tokens_per_request: int, serve
                                            f"server ({pool}); {kept}, the trainer ~{trainer / g:.1f} GiB beside it")
 
 
-def resolve(cfg, arch, max_prompt_len: int) -> MemoryChoice | None:
+def resolve(cfg, arch, max_prompt_len: int, on_cluster: bool = False) -> MemoryChoice | None:
     """Decide `auto` in cfg in place (None: the config named a number). Refuses (ValueError naming the key) a colocated
-    run on a Ray cluster whose driver sees no GPU."""
+    run on a Ray cluster (`on_cluster`: top_rl.driver.resolution decides where Ray runs) whose driver sees no GPU."""
     s = cfg.rollout.sglang
     if cfg.rollout.engine != "sglang" or str(s.mem_fraction_static) != AUTO:
         return None
     gpu = local_gpu() if cfg.cluster.colocate else None
     if gpu is None:
-        if cfg.cluster.colocate and (cfg.cluster.address or os.environ.get("RAY_ADDRESS")):
+        if cfg.cluster.colocate and on_cluster:
             raise ValueError("rollout.sglang.mem_fraction_static=auto: the driver sees no GPU to size the servers "
                              "that share the trainer's GPUs on this Ray cluster; name the fraction for the engines' "
                              "GPUs (e.g. 0.6 with cluster.gpu_handoff=true on an 80 GB card)")

@@ -31,7 +31,7 @@ class TrainerSpec:
     """The trainer group: every rank builds the same model from these."""
 
     world: int  # dp * tp * pp * cp ranks
-    trainer_cfg: Any  # top_rl.train.TrainerConfig, its dtype the model's (one compute dtype both sides)
+    trainer_cfg: Any  # top_rl.train.TrainerSettings: trainer.*, its dtype the model's (one compute dtype both sides)
     step_cfg: Any  # top_rl.rl.batch.RLStepConfig: loss, gate, dump dir
     model_cfg: Any  # top_rl.model.source.ModelConfig: model.path, or the random init's seed and sizes
     arch: Any  # the model family's architecture config (top_rl.model.family)
@@ -58,3 +58,11 @@ class RunPlan:
     # run_dir, absolute on the driver: every node with a trainer rank must see it (top_rl.driver.shared_run_dir)
     run_dir: str | None = None
     faults: FaultPlan = NO_FAULTS  # test-only (TOP_RL_FAULT): the faults the driver's code causes
+    # what the machine and the environment decided (top_rl.driver.resolution.Resolution: contract, Ray's address, `auto`,
+    # TOP_RL_* overrides); None: a plan built without it (a test)
+    resolution: Any = None
+
+    @property
+    def ray_address(self) -> str | None:
+        """The Ray cluster to join; None: a local Ray on this machine."""
+        return self.resolution.ray_address if self.resolution else self.cluster.address

@@ -1,29 +1,13 @@
-"""The run config's eval section (plain data: the run config imports it without loading torch)."""
+"""The run config's eval section's refusals (its dataclass: top_rl/config/eval.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from top_rl import contract
-
-
-@dataclass
-class EvalConfig:
-    every: int = 0  # evaluate after every K-th step (its row gets eval/*); 0: never
-    # the eval data: task.path for the eval task (null: the training task's own path)
-    path: str | None = None
-    # the eval task's task.split where the task has one (gsm8k: test); null: the training task's
-    split: str | None = None
-    max_prompts: int | None = None  # the eval set's first N prompts (in dataset order); null: all of them
-    n_samples: int = 1  # samples per prompt: eval/accuracy over all of them, eval/pass@k for k = 1, 2, 4, ... <= n
-    # sampling temperature (null: rollout.temperature). Sampled, never greedy: the engines sample with TOP's seeded
-    # sampler, which refuses temperature <= 1e-6 (a low one, e.g. 0.01, is near greedy and still seeded, so exact)
-    temperature: float | None = None
-    max_new_tokens: int | None = None  # the eval's response length limit (null: rollout.max_new_tokens)
+from top_rl.config.eval import EvalConfig  # noqa: F401 - also eval.config.EvalConfig
 
 
 def errors(cfg) -> list[str]:
-    """eval.* refusals (top_rl.config.validate), one line each, naming the key and the fix."""
+    """eval.* refusals (top_rl.config_checks.validate), one line each, naming the key and the fix."""
     e, out = cfg.eval, []
     if e.every < 0:
         out.append(f"eval.every={e.every} must be >= 0 (0: no eval)")

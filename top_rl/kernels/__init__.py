@@ -29,18 +29,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-from enum import StrEnum
 from typing import Any
 
 from top_rl.kernels import fallback as _fallback
 from top_rl.kernels import plan as _plan
-
-
-class KernelBackend(StrEnum):
-    reference = "reference"  # torch made batch-invariant by fixed-shape tiling (CPU, any device)
-    plain = "plain"  # stock torch's eager ops (any device)
-    stock = "stock"  # the non-TOP baseline: fast stock kernels on CUDA (flash varlen, Liger norm), plain's elsewhere
-    sglang = "sglang"  # SGLang's own Triton kernels (GPU)
+from top_rl.kernels.config import KernelBackend
 
 
 _BACKEND_MODULES = {KernelBackend.reference: "top_rl.kernels.reference", KernelBackend.plain: "top_rl.kernels.plain",

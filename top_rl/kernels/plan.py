@@ -20,38 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from top_rl import contract as _contract
-
-
-class AttentionBackward(StrEnum):
-    flash = "flash"  # aten's FlashAttention-2 varlen backward (bf16/fp16; other dtypes run efficient)
-    efficient = "efficient"  # aten's memory-efficient kernels (K/V heads repeated)
-
-
-@dataclass
-class FastPaths:
-    """top.fast_paths: the speed switches of the `sglang` backend and the native engine (bench/RESULTS.md measures
-    each); each runs the same forward bits either way, and all but CHANGES_GRADIENTS' the same gradients too (A/B
-    measurements). One class for the run config's group and the plan's switches: mutable, because Hydra merges
-    overrides into it (it makes a frozen dataclass read-only); `build` gives every plan its own copy."""
-
-    fused_forward: bool = True  # RMSNorm / SiLU-and-mul / token log-prob forwards as one Triton pass each
-    fused_sampler: bool = True  # the sampler path's rounding inside the gather kernel (off: eager division, rounding)
-    fused_head_mean: bool = True  # per-head RMSNorm mean of rows of 128 in one Triton pass (off: mean_BI)
-    fused_backward: bool = True  # compiled / Triton elementwise backwards (off: eager formulas)
-    flashinfer_lse: bool = True  # the flash backward reuses flashinfer's forward LSE (off: re-runs the forward)
-    # the attention backward: flash (aten's FlashAttention-2) | efficient (memory-efficient)
-    attention_backward: AttentionBackward = AttentionBackward.flash
-    decode_graphs: bool = True  # the native engine's decode step as a CUDA graph where audited (off: eager)
-    # With activation recompute (trainer.recompute): the recompute inside the backward runs FlashAttention-2's forward
-    # instead of the engine's kernel and hands its LSE to the flash backward, which then re-runs no forward (sglang
-    # backend, bf16). The gated forward keeps the engine's bits; the gradients become those of the flash forward's
-    # activations (bf16 rounding apart), not bit for bit the default's: off until measured on a GPU.
-    recompute_attention: bool = False
-    # With activation recompute: the recompute inside the backward runs the linear layers' GEMMs on cuBLAS instead
-    # of the engine's batch-invariant mm_BI (sglang backend). The gated forward keeps the engine's bits; the backward
-    # then reads activations a cuBLAS GEMM made (bf16 rounding apart from mm_BI's), so the gradients are not bit for
-    # bit the default's: off until measured on a GPU (bench/RESULTS.md session 17 profiles the gap it targets).
-    recompute_gemm: bool = False
+from top_rl.kernels.config import AttentionBackward, FastPaths  # noqa: F401 - also plan.FastPaths
 
 
 # The switches that change the gradients (not the forward's bits): which backward kernel runs, and which forward the
@@ -112,16 +81,22 @@ def build(backend: str = "reference", contract: str | None = None, attention: st
     group; None: all on), each overridden by its $TOP_RL_<NAME> where set ("0" off, "1" on; attention_backward:
     flash | efficient), so a bench's A/B switch reaches a run's actors through the plan."""
     env = os.environ if environ is None else environ
+    return KernelPlan(backend=str(backend), contract=contract or env.get(CONTRACT_ENV) or _contract.fallback().name,
+                      attention=attention or env.get(ATTENTION_ENV) or None,
+                      fast_paths=switches(fast_paths, env), attention_chosen_by=attention_chosen_by)
+
+
+def switches(fast_paths=None, environ=None) -> FastPaths:
+    """`fast_paths` (None: all defaults), each overridden by its $TOP_RL_<NAME> where set: a new FastPaths."""
+    env = os.environ if environ is None else environ
     given = dataclasses.asdict(fast_paths) if fast_paths is not None else {}
-    switches = {}
+    out = {}
     for f in dataclasses.fields(FastPaths):
         value = given.get(f.name, f.default)
         if env.get(FAST_PATH_ENV[f.name]):
             value = _switch(f.name, env[FAST_PATH_ENV[f.name]], f.default)
-        switches[f.name] = type(f.default)(value) if isinstance(f.default, StrEnum) else bool(value)
-    return KernelPlan(backend=str(backend), contract=contract or env.get(CONTRACT_ENV) or _contract.fallback().name,
-                      attention=attention or env.get(ATTENTION_ENV) or None, fast_paths=FastPaths(**switches),
-                      attention_chosen_by=attention_chosen_by)
+        out[f.name] = type(f.default)(value) if isinstance(f.default, StrEnum) else bool(value)
+    return FastPaths(**out)
 
 
 _installed: KernelPlan | None = None

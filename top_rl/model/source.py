@@ -9,26 +9,22 @@ from top_rl.contract import ComputeDtype
 from top_rl.model import family as families
 
 
-# The shape fields' defaults are the default family's: its Config owns them (a run's come from the YAML,
-# top_rl/conf/model/tiny.yaml).
-_FAMILY = families.get(families.DEFAULT).Config()
-
-
+# The defaults are the embedded CPU job's model: a tiny random Qwen3 (vocab from the task's tokenizer), trainable from
+# scratch on a laptop CPU. A real model's shape is a conf/model group (conf/model/qwen3_0.6b.yaml).
 @dataclass
 class ModelConfig:
     family: str = families.DEFAULT  # the architecture of a random model (a checkpoint's config.json names its own)
     path: str | None = None  # HF checkpoint dir; None builds a random model from the fields below
-    dtype: ComputeDtype = ComputeDtype.bfloat16  # embedding, norms, residual stay fp32 (contract)
-    hidden_size: int = _FAMILY.hidden_size  # random model: width of the residual stream
-    intermediate_size: int = _FAMILY.intermediate_size  # random model: width of the MLP
-    num_hidden_layers: int = _FAMILY.num_hidden_layers  # random model: decoder layers
-    num_attention_heads: int = _FAMILY.num_attention_heads  # random model: query heads
-    num_key_value_heads: int = _FAMILY.num_key_value_heads  # random model: key/value heads (GQA groups)
-    head_dim: int = _FAMILY.head_dim  # random model: size of one attention head
-    # random model: longest sequence (prompt + response) in tokens
-    max_position_embeddings: int = _FAMILY.max_position_embeddings
-    tie_word_embeddings: bool = _FAMILY.tie_word_embeddings  # random model: the LM head is the embedding
-    rope_theta: float = _FAMILY.rope_theta  # random model: RoPE base
+    dtype: ComputeDtype = ComputeDtype.float32  # embedding, norms, residual stay fp32 (contract)
+    hidden_size: int = 64  # random model: width of the residual stream
+    intermediate_size: int = 128  # random model: width of the MLP
+    num_hidden_layers: int = 2  # random model: decoder layers
+    num_attention_heads: int = 4  # random model: query heads
+    num_key_value_heads: int = 2  # random model: key/value heads (GQA groups)
+    head_dim: int = 16  # random model: size of one attention head
+    max_position_embeddings: int = 64  # random model: longest sequence (prompt + response) in tokens
+    tie_word_embeddings: bool = True  # random model: the LM head is the embedding
+    rope_theta: float = 10000.0  # random model: RoPE base
     init_seed: int = 0  # seed of a random model's weights
     init_std: float = 0.02  # standard deviation of a random model's weights (>= 0)
 

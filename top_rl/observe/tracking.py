@@ -11,14 +11,13 @@ import os
 import sys
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from top_rl.atomic import write_file
 from top_rl.observe import metrics_resume
 from top_rl.observe import samples as saved_samples
+from top_rl.config.tracking import TrackingConfig, WandbMode  # noqa: F401 - also tracking.TrackingConfig
 
 log = logging.getLogger(__name__)
 
@@ -27,26 +26,6 @@ REQUIRED_KEYS = ("step", "train/train_rollout_logprob_abs_diff", "train/ess_rati
                  "train/train_rollout_kl", "rollout/reward_mean", "perf/step_time")
 # Rows a checkpoint keeps a copy of (those since the checkpoint before it, at most this many: the newest).
 CHECKPOINT_ROWS = 1000
-
-
-class WandbMode(StrEnum):
-    auto = "auto"  # $WANDB_MODE, else online with $WANDB_API_KEY, else offline
-    online = "online"
-    offline = "offline"
-    disabled = "disabled"
-
-
-@dataclass
-class TrackingConfig:
-    # auto: $WANDB_MODE, else online with $WANDB_API_KEY, else offline | online | offline | disabled
-    wandb_mode: WandbMode = WandbMode.auto
-    project: str = "top-rl"  # the wandb project
-    console: bool = True  # print one line per step
-    entity: str | None = None  # the wandb entity (team); None: the account's default
-    run_name: str | None = None  # the wandb run's name; None: wandb picks one
-    # the first N rows of each step's samples file (rollout.save_samples_every) also go to wandb, as the table
-    # "samples" (group, prompt, response, reward) in that step's history; 0: none
-    wandb_samples: int = 8
 
 
 def resolve_wandb_mode(mode: str) -> str:

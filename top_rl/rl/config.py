@@ -17,10 +17,6 @@ class OnViolation(StrEnum):
     warn = "warn"  # log the report and train on the step anyway
 
 
-class AlgoName(StrEnum):
-    grpo = "grpo"
-
-
 class OldLogprobs(StrEnum):
     """PPO's old policy: where the ratio's denominator comes from."""
 
@@ -31,10 +27,9 @@ class OldLogprobs(StrEnum):
 @dataclass
 class PolicyLossConfig:
     clip_eps_low: float = 0.2  # ratio floor is 1 - clip_eps_low
-    clip_eps_high: float = 0.2  # ratio ceiling is 1 + clip_eps_high; DAPO "clip-higher" uses 0.28
+    clip_eps_high: float = 0.28  # ratio ceiling is 1 + clip_eps_high: DAPO's "clip-higher" (symmetric PPO: 0.2)
     # token_mean: mean over every response token of the batch; seq_mean: per sample, then over samples
     loss_agg: LossAgg = LossAgg.token_mean
-    kl_coef: float = 0.0  # weight of the k3 KL(pi || ref) penalty; the run loop refuses > 0 (no reference policy)
 
 
 @dataclass
@@ -67,7 +62,7 @@ class OverlongConfig:
 
 @dataclass
 class AlgoConfig:
-    name: AlgoName = AlgoName.grpo  # the advantage estimator (GRPO: rewards relative to the prompt's group)
+    # The advantage estimator is GRPO's (rewards relative to the prompt's group: top_rl/rl/advantages.py)
     normalize_std: bool = True  # GRPO divides by the group's std; Dr.GRPO-style runs turn it off
     updates_per_rollout: int = 1  # optimizer steps per rollout batch (consecutive mini-batches; the gate
     #                               still sees every sample under the weights it was sampled with)

@@ -94,7 +94,7 @@ def fill(first: Round, draw: Callable[[int], Round], groups: int, n: int, max_ro
 
 
 def errors(max_rounds: int, batch: int) -> list[str]:
-    """algo.dynamic_sampling.* refusals (top_rl.config.validate), one line each, naming the key and the fix."""
+    """algo.dynamic_sampling.* refusals (top_rl.config_checks.validate), one line each, naming the key and the fix."""
     if max_rounds < 0:
         return [f"algo.dynamic_sampling.max_rounds={max_rounds} must be >= 0 (extra rollout rounds a step may add)"]
     if (max_rounds + 1) * batch > SEED_INDEX_SPAN:

@@ -40,6 +40,7 @@ def policy_loss(
     entropy: torch.Tensor | None = None,
     loss_mask: torch.Tensor | None = None,
     denominator: float | None = None,
+    kl_coef: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate loss.
 
@@ -47,7 +48,8 @@ def policy_loss(
     ``loss_mask`` are packed ``[T]``; ``advantages`` is per sample ``[n]``; ``lengths`` is ``[n]``.
     Per token: ``ratio = exp(new - old)``,
     ``l = max(-A * ratio, -A * clamp(ratio, 1 - eps_low, 1 + eps_high)) + kl_coef * k3``, with
-    ``k3 = exp(ref - new) - (ref - new) - 1`` (Schulman's unbiased, non-negative KL(pi||ref)).
+    ``k3 = exp(ref - new) - (ref - new) - 1`` (Schulman's unbiased, non-negative KL(pi||ref)). ``kl_coef`` is the
+    library's (the run loop keeps no reference policy: its config has no such key, so its loss is the surrogate alone).
 
     Masked tokens are *selected away* before any arithmetic (never multiplied by 0), so a NaN or
     inf sitting in a masked position changes neither the loss nor the gradient.
@@ -86,9 +88,9 @@ def policy_loss(
     if ref_logprobs is not None:
         d = torch.where(mask, ref_logprobs.to(new.dtype), zero) - new
         kl3 = torch.exp(d) - d - 1.0
-        if cfg.kl_coef:
-            tok_loss = tok_loss + cfg.kl_coef * kl3
-    elif cfg.kl_coef:
+        if kl_coef:
+            tok_loss = tok_loss + kl_coef * kl3
+    elif kl_coef:
         raise ValueError("kl_coef > 0 needs ref_logprobs")
     tok_loss = torch.where(mask, tok_loss, zero)
 

@@ -41,7 +41,7 @@ def shape_with_metrics(scores: list[float], lengths: list[int], max_len: int, bu
 
 
 def errors(buffer: int, factor: float, max_new_tokens: int) -> list[str]:
-    """algo.overlong.* refusals (top_rl.config.validate), one line each, naming the key and the fix."""
+    """algo.overlong.* refusals (top_rl.config_checks.validate), one line each, naming the key and the fix."""
     out = []
     if not 1 <= buffer <= max_new_tokens:
         out.append(f"algo.overlong.buffer={buffer} must be in [1, rollout.max_new_tokens={max_new_tokens}]: the "

@@ -17,7 +17,7 @@ def mix_seed(a: int, b: int) -> int:
 
 def sample_seed(run_seed: int, step: int, index: int) -> int:
     """Each sample's sampling seed: a pure function of (run seed, step, position in the step). Engines pass it to
-    SGLang's sampler as its int64 `sampling_seed` (config.validate refuses a run whose seeds would not fit)."""
+    SGLang's sampler as its int64 `sampling_seed` (config_checks.validate refuses a run whose seeds would not fit)."""
     return mix_seed(run_seed, step) * 65_537 + index
 
 

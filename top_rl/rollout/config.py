@@ -36,12 +36,14 @@ class RolloutConfig:
     engine: EngineKind = EngineKind.native  # which engine generates: native (in-process) or sglang (servers)
     num_engines: int = 1  # rollout engines; a step's samples are split over them
     prompts_per_step: int = 16  # prompts a step samples (each n_samples times)
-    n_samples: int = 8  # samples per prompt (the GRPO group)
-    max_new_tokens: int = 4  # response length limit; longer responses are cut (rollout/truncated_frac)
+    n_samples: int = 16  # samples per prompt (the GRPO group; large groups: stable advantages from scratch)
+    max_new_tokens: int = 2  # response length limit; longer responses are cut (rollout/truncated_frac)
     temperature: float = 1.0  # sampling temperature (> 1e-6: TOP samples)
     # the gate compares the trainer against this source; auto: decode where the contract proves the attention backend's
     # decode equal to its extend (no re-score pass), else prefill
-    logprob_source: LogprobSource = LogprobSource.prefill
+    # (decode: the stricter source, the sampler's own log-probs; the reference kernels make decode and prefill agree
+    # bit for bit, without TOP they visibly do not)
+    logprob_source: LogprobSource = LogprobSource.decode
     # a prompt the context cannot hold: error (all checked at start) | truncate | skip
     on_long_prompt: OnLongPrompt = OnLongPrompt.error
     # 0: synchronous (the rollout of step k+1 starts after step k's weights are pushed). 1: one step off: the rollout

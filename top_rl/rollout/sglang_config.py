@@ -71,9 +71,6 @@ class SglangSettings:
     cuda_graph_max_bs: int | None = None
     max_running_requests: int | None = None  # --max-running-requests (None: SGLang's own)
     chunked_prefill_size: int | None = None  # --chunked-prefill-size (None: SGLang's own)
-    # --enable-memory-saver (torch_memory_saver): the server can give its weights, KV pool and CUDA graphs back while
-    # the trainer on its GPU trains. Set by cluster.gpu_handoff, not by hand.
-    enable_memory_saver: bool = False
     python: str = ""  # interpreter that has the pinned sglang installed ("": the one running the engine)
     log_path: str = ""  # server stdout+stderr; default run_dir/logs/<run start>-<pid>/sglang-<i>-port<port>.log
     extra_sampling: dict[str, Any] = field(default_factory=dict)  # more /generate sampling_params (checked)
@@ -93,6 +90,9 @@ class SglangEngineConfig(SglangSettings):
     attention_backend: str  # fa3 | flashinfer | triton: top.attention_backend (the trainer's)
     logprob_source: Literal["prefill", "decode"]  # rollout.logprob_source
     top: bool  # top.enabled; False: the non-TOP baseline (no determinism flags, no TOP refusals)
+    # --enable-memory-saver (torch_memory_saver): the server can give its weights, KV pool and CUDA graphs back while
+    # the trainer on its GPU trains: cluster.gpu_handoff
+    enable_memory_saver: bool = False
 
     def __post_init__(self):
         if not self.python:  # resolved where the config is built, so the resolved config names the interpreter

@@ -92,7 +92,7 @@ def run_defaults(run_cfg) -> dict:
     """The run-level settings an SGLang engine takes from a top_rl.config.RunConfig."""
     return {"model_path": run_cfg.model.path or str(initial_policy_dir(run_cfg.run_dir)),
             "logprob_source": run_cfg.rollout.logprob_source, "top": run_cfg.top.enabled,
-            "attention_backend": run_cfg.top.attention_backend}
+            "attention_backend": run_cfg.top.attention_backend, "enable_memory_saver": bool(run_cfg.cluster.gpu_handoff)}
 
 
 def engine_config(run_cfg, index: int = 0) -> SglangEngineConfig:
@@ -102,10 +102,6 @@ def engine_config(run_cfg, index: int = 0) -> SglangEngineConfig:
     cfg = config_from_dict(run_cfg.rollout.sglang, index, **run_defaults(run_cfg))
     if not cfg.weights_dir:  # "" left the engine a mkdtemp in /tmp, never removed (issue 54)
         cfg = dataclasses.replace(cfg, weights_dir=str(engine_weights_dir(run_cfg.run_dir, index)))
-    if cfg.enable_memory_saver and not run_cfg.cluster.gpu_handoff:
-        raise TopConfigError("rollout.sglang.enable_memory_saver=true is set by cluster.gpu_handoff=true (the loop "
-                             "then releases and resumes the server's memory around each training step): set that instead")
-    cfg = dataclasses.replace(cfg, enable_memory_saver=bool(run_cfg.cluster.gpu_handoff))
     top = contract.get(run_cfg.top.contract)
     check_config(cfg, run_cfg.top.attention_backend, top, check_version=False)
     spec = build_launch(cfg, run_cfg.top.attention_backend, top=top, check=False)

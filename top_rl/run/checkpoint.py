@@ -38,7 +38,6 @@ import shlex
 import shutil
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from top_rl.run import manifest as checkpoint_manifest
@@ -46,23 +45,13 @@ from top_rl.run import disk_full, trainer_files
 from top_rl.run.fault_injection import NO_FAULTS, FaultPlan
 from top_rl.run.manifest import CheckpointInvalid, CheckpointUnsafe
 from top_rl.run.resume_compat import ResumeRefused, check_compatible, state_refusal  # noqa: F401 - also checkpoint.*
+from top_rl.config.checkpoint import CheckpointConfig  # noqa: F401 - also checkpoint.CheckpointConfig
 from top_rl.tasks.base import DataPosition
 
 STEP_PREFIX = "step_"
 METRICS_TAIL = "metrics_tail.jsonl"
 _STEP_DIR = re.compile(r"step_(\d+)")
 FORMAT = 3  # 2: manifest.json (format 1 has none: loads unverified, with a note); 3: trainer/ (DCP, reshards)
-
-
-@dataclass
-class CheckpointConfig:
-    every: int = 0  # save every K steps (0: only at the end of the run, or when a signal stops it)
-    keep: int = 2  # newest complete checkpoints kept (>= 1)
-    # false: the run writes no checkpoint, not even at its end or on a stop signal, so it cannot be resumed (a
-    # benchmark whose 4B checkpoint would be ~56 GB of optimizer state it never reads)
-    enabled: bool = True
-
-
 
 
 def _dir(run_dir: Path) -> Path:
@@ -223,7 +212,7 @@ class Writer:
 
 
 def prune(run_dir: Path, keep: int) -> None:
-    """Remove all but the newest `keep` (>= 1: config.validate) complete checkpoints."""
+    """Remove all but the newest `keep` (>= 1: config_checks.validate) complete checkpoints."""
     for stale in complete_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(stale, ignore_errors=True)
 

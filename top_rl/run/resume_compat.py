@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from top_rl.config.removed import REMOVED_KEYS
 from top_rl.kernels.plan import CHANGES_GRADIENTS, FastPaths
 
 # Keys a resume may change freely: they do not enter any computed number.
@@ -78,7 +79,7 @@ def check_compatible(saved: dict, current: dict, allow_changes: bool) -> list[st
     def walk(a, b, prefix):
         for k in sorted(set(a) | set(b)):
             key = f"{prefix}{k}"
-            if key in RESUME_FREE_KEYS:
+            if key in RESUME_FREE_KEYS or key in REMOVED_KEYS:  # a removed key held its refused or overwritten value
                 continue
             va, vb = a.get(k, "<absent>"), b.get(k, "<absent>")
             if isinstance(va, dict) and isinstance(vb, dict):

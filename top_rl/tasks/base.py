@@ -10,23 +10,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-
-@dataclass
-class TaskConfig:
-    """The run config's task section. Each task's config dataclass extends it (top_rl.tasks.TASKS) and Hydra's task
-    group picks which. `errors()` states the value rules its types cannot (string choices, ranges), each message
-    naming its task.* key: config.validate asks it for a run, tasks.task_config for a task built directly; the task
-    constructors check none of them."""
-
-    name: str = ""  # a key of top_rl.tasks.TASKS
-
-    def errors(self) -> list[str]:
-        return []
-
-
-def choice_errors(key: str, value: Any, allowed: tuple[str, ...]) -> list[str]:
-    """`task.<key>`'s string choice, as config.validate words it."""
-    return [] if value in allowed else [f"task.{key}={value!r}; choose one of: {', '.join(allowed)}"]
+from top_rl.tasks.config import TaskConfig, choice_errors  # noqa: F401 - also base.TaskConfig
 
 
 ON_BAD_ROW = ("error", "skip")  # a malformed row: stop naming file:line | drop and count it

@@ -1,7 +1,7 @@
 """Megatron-core trainer with the model family's TOP layer spec (log-probs bitwise equal to the engine's).
 
-    from top_rl.train import Trainer, TrainerConfig, TrainSequence
-    trainer = Trainer(arch_config, TrainerConfig(tp=1, dtype="bfloat16"))   # arch: the family's Config
+    from top_rl.train import Trainer, TrainerSettings, TrainSequence
+    trainer = Trainer(arch_config, TrainerSettings(tp=1, dtype="bfloat16"))   # arch: the family's Config
     trainer.load_hf(path_or_hf_state_dict)
     lps = trainer.logprobs([TrainSequence(tokens, prompt_len, temperature=None)])
     metrics = trainer.train_step(batch, loss_fn)      # loss_fn(list[Tensor], list[int]) -> Tensor
@@ -15,7 +15,7 @@ spawn), recompute (non-reentrant checkpoint), ulysses (context parallelism), cpu
 tp/pp/cp a model allows, checked before Ray starts).
 """
 
-from top_rl.train.config import TrainerConfig
+from top_rl.train.config import TrainerConfig, TrainerSettings
 from top_rl.train.sequence import TrainSequence
 
 
@@ -27,4 +27,4 @@ def __getattr__(name: str):
         return getattr(trainer, name)
     raise AttributeError(f"module 'top_rl.train' has no attribute {name!r}")
 
-__all__ = ["LossFn", "TrainSequence", "Trainer", "TrainerConfig"]
+__all__ = ["LossFn", "TrainSequence", "Trainer", "TrainerConfig", "TrainerSettings"]

@@ -23,7 +23,7 @@ from top_rl.model.family import UnsupportedModel
 from top_rl.rl import lr_schedule
 from top_rl.train import cpu_shims, parallel, recompute, weights
 from top_rl.train.batch import TrainSequence, pack_micro_batch, plan
-from top_rl.train.config import TrainerConfig
+from top_rl.train.config import TrainerConfig, TrainerSettings
 from top_rl.train.logprobs import make_output_processor, split_per_sample
 from top_rl.train.optim import CpuAdamW, GpuAdamW
 from top_rl.train.schedule import StageRunner
@@ -38,9 +38,11 @@ LossFn = Callable[[list[torch.Tensor], list[int]], torch.Tensor]
 
 class Trainer:
     def __init__(self, model_cfg, cfg: TrainerConfig | None = None):
-        """`model_cfg`: the model family's architecture config (top_rl/model/family.py)."""
-        cfg = dataclasses.replace(cfg) if cfg is not None else TrainerConfig()  # own copy: micro-batching is adjustable
-        cfg.dtype = cfg.dtype or model_cfg.torch_dtype
+        """`model_cfg`: the model family's architecture config (top_rl/model/family.py); `cfg`: TrainerSettings (a
+        TrainerConfig: the compute dtype is the model config's torch_dtype)."""
+        cfg = cfg if cfg is not None else TrainerConfig()
+        # own copy (micro-batching is adjustable), its dtype decided
+        cfg = TrainerSettings.of(cfg, dtype=getattr(cfg, "dtype", None) or model_cfg.torch_dtype)
         self.model_cfg, self.cfg = model_cfg, cfg
         self.family = family.of(model_cfg)
         spec = importlib.import_module(MEGATRON_SPECS[model_cfg.family])

@@ -34,15 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-
-class TransportSetting(StrEnum):
-    """cluster.weight_transport: what the user allows (the config refuses anything else, naming these)."""
-
-    auto = "auto"
-    ipc = "ipc"
-    broadcast = "broadcast"
-    object_store = "object_store"
-    disk = "disk"
+from top_rl.weights.transport_config import TransportSetting  # noqa: F401 - also transport.TransportSetting
 
 
 class Transport(StrEnum):

@@ -1,109 +1,18 @@
-"""The run's typed config: one dataclass per component (owned by that component), composed here and
-registered with Hydra as the schema of top_rl/conf/config.yaml. Unknown keys fail at compose time; values are
-checked by `validate` before any work starts, each error naming the key and what it accepts."""
+"""The run config's value checks: every refusal a config alone decides (choices, ranges, what cannot run together),
+each naming the key and what it accepts. Run once, by the run's preflight (top_rl.preflight.config_values), on the
+resolved config (top_rl.driver.resolution: `auto` and the contract decided)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass, field
-from enum import Enum
-from omegaconf import OmegaConf
 
 from top_rl import contract
-from top_rl.contract import AttentionBackend, ComputeDtype
-from top_rl.kernels import KernelBackend
-from top_rl.kernels import plan as kernel_plans
-from top_rl.kernels.plan import FastPaths, KernelPlan
-from top_rl.run.checkpoint import CheckpointConfig
-from top_rl.driver.placement import ClusterConfig
+from top_rl.config import ConfigError, RunConfig, kernel_backend, plain
+from top_rl.contract import AttentionBackend
 from top_rl.eval import config as eval_config
-from top_rl.model.source import ModelConfig
+from top_rl.kernels import KernelBackend
 from top_rl.rl import dynamic_sampling, lr_schedule, overlong
-from top_rl.rl.config import AlgoConfig, GateConfig, PolicyLossConfig
-from top_rl.rollout.config import LogprobSource, RolloutConfig
-from top_rl.observe.tracking import TrackingConfig
-from top_rl.tasks import TaskConfig
-from top_rl.train import TrainerConfig
 from top_rl.weights import transport as weight_transport
-
-
-@dataclass
-class TopConfig(GateConfig):
-    """TOP's switch and gate (GateConfig: enabled, on_violation; the trainer's gate reads this object itself), and
-    what both sides run: the contract, its kernels and the attention backend. enabled=false is the non-TOP
-    baseline (the `stock` kernels both sides, parity logged, no gate)."""
-
-    # A name in top_rl.contract.CONTRACTS: the run's contract, decided here once and passed to everything below as an
-    # argument (the KernelPlan carries it to the actors).
-    contract: str = contract.fallback().name
-    kernels: KernelBackend = KernelBackend.reference  # reference (CPU/any device) | sglang (GPU); stock is the baseline's
-    # = the SGLang engines' --attention-backend. auto: decided on the driver from its GPU (top_rl/driver/backend_choice.py):
-    # fa3 on Hopper where the contract proves fa3's decode equal to its extend, else triton
-    attention_backend: AttentionBackend = AttentionBackend.triton
-    fast_paths: FastPaths = field(default_factory=FastPaths)  # speed switches, same numbers (plan.py)
-
-
-# RunConfig() is the run `top-rl` makes without overrides: its defaults are top_rl/conf/config.yaml's, composed
-# (tests/entry/test_config.py checks they agree). A component's own dataclass keeps its library defaults.
-@dataclass
-class RunConfig:
-    # everything the run writes: metrics.jsonl, kernels.json, checkpoints/, wandb/, parity/
-    run_dir: str = "runs/default"
-    steps: int = 70  # RL steps (rollout, gate, update, weight push) the run makes
-    seed: int = 0  # the driver's seed: the prompt order and every sampling seed (seed, step, sample)
-    resume: bool = False  # continue run_dir from its newest checkpoint that verifies (refused when there is none)
-    resume_allow_changes: bool = False  # resume even if determinism-relevant settings changed
-    dry_run: bool = False  # print the launch plan as JSON (engines, trainer layout, contract) and exit
-    model: ModelConfig = field(default_factory=lambda: ModelConfig(  # conf/model/tiny.yaml
-        dtype=ComputeDtype.float32, max_position_embeddings=64, rope_theta=10000.0))
-    # The task group's config (a TaskConfig subclass: top_rl.tasks.TASKS); Hydra's task group picks which.
-    task: TaskConfig = field(default_factory=lambda: TaskConfig(name="arith"))
-    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(  # conf/rollout/native.yaml
-        n_samples=16, max_new_tokens=2, logprob_source=LogprobSource.decode))
-    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(micro_batch_size=64, lr=0.002))  # cpu.yaml
-    algo: AlgoConfig = field(default_factory=lambda: AlgoConfig(loss=PolicyLossConfig(clip_eps_high=0.28)))  # grpo
-    top: TopConfig = field(default_factory=TopConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    eval: eval_config.EvalConfig = field(default_factory=eval_config.EvalConfig)  # eval.every: an eval every K steps
-
-    def as_dict(self) -> dict:
-        return _plain(dataclasses.asdict(self))
-
-
-def kernel_backend(cfg: RunConfig) -> str:
-    """The kernel backend every actor runs: the contract's kernels under TOP, the `stock` kernels for the baseline
-    (fast stock kernels on CUDA, plain torch's ops elsewhere: top_rl/kernels/stock.py)."""
-    return (cfg.top.kernels if cfg.top.enabled else KernelBackend.stock).value
-
-
-def resolve_kernel_plan(cfg: RunConfig, attention_chosen_by: str | None = None) -> KernelPlan:
-    """The run's KernelPlan, built once on the driver from top.* (a $TOP_RL_<SWITCH> of a bench overrides its fast
-    path), and written back into cfg.top.fast_paths, so the resolved config (state.json, wandb) records what every
-    actor runs. `attention_chosen_by`: why `auto` chose the attention kernel (top_rl.driver.backend_choice)."""
-    try:
-        plan = kernel_plans.build(kernel_backend(cfg), cfg.top.contract, cfg.top.attention_backend.value,
-                                  cfg.top.fast_paths, attention_chosen_by=attention_chosen_by)
-    except ValueError as e:  # a bad $TOP_RL_<SWITCH>
-        raise ConfigError(f"invalid config: {e}") from None
-    cfg.top.fast_paths = dataclasses.replace(plan.fast_paths)  # a copy: the plan's stays its own
-    return plan
-
-
-def _plain(v):
-    if isinstance(v, Enum):
-        return v.value
-    if isinstance(v, dict):
-        return {k: _plain(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    return v
-
-
-class ConfigError(ValueError):
-    exit_code = 2  # `top-rl` exits 2 on a config it cannot use, as Hydra does on one it cannot compose
 
 
 # Choices an enum cannot state: the enum-typed fields are checked by OmegaConf when the config composes.
@@ -163,7 +72,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         choices["top.attention_backend"] = (*chosen.attention_backends, AttentionBackend.auto.value)
     for key, allowed in choices.items():
         if _get(cfg, key) not in allowed:
-            errors.append(f"{key}={_plain(_get(cfg, key))!r} is not allowed; choose one of: {', '.join(allowed)}")
+            errors.append(f"{key}={plain(_get(cfg, key))!r} is not allowed; choose one of: {', '.join(allowed)}")
     for key in _POSITIVE:
         if _get(cfg, key) < 1:
             errors.append(f"{key}={_get(cfg, key)} must be >= 1")
@@ -189,15 +98,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     errors += _optimizer_errors(cfg.trainer)
     t = cfg.trainer
     errors += lr_schedule.errors(t.lr_schedule, t.lr_warmup_steps, t.lr, t.lr_min, t.lr_decay_steps)
-    if cfg.algo.name == "grpo" and cfg.rollout.n_samples < 2:
+    if cfg.rollout.n_samples < 2:
         errors.append(f"rollout.n_samples={cfg.rollout.n_samples} must be >= 2 for GRPO: advantages are relative "
                       "to the prompt's group, so a group of one has advantage 0 and gives no gradient")
-    if cfg.trainer.dtype is not None:
-        errors.append(f"trainer.dtype={cfg.trainer.dtype}: the trainer computes in model.dtype (engine and trainer "
-                      "share one compute dtype under the TOP contract); set model.dtype instead")
-    if cfg.algo.loss.kl_coef != 0:
-        errors.append(f"algo.loss.kl_coef={cfg.algo.loss.kl_coef}: the loop keeps no reference policy, so a KL penalty "
-                      "cannot be computed; set algo.loss.kl_coef=0 (GRPO/DAPO-style runs train without it)")
     if cfg.cluster.gpu_handoff and cfg.rollout.engine != "sglang":
         errors.append(f"cluster.gpu_handoff=true hands a GPU between SGLang servers and the trainer rank they share it "
                       f"with (SGLang's release/resume_memory_occupation): it needs rollout.engine=sglang, not "
@@ -276,21 +179,6 @@ def _model_errors(model) -> list[str]:
     return errors
 
 
-def _dropped_keys(node, obj, prefix: str = ""):
-    """Keys of the composed config that its typed result has no field for. `+key=value` adds a key Hydra's
-    schema does not have (its own error for `key=value` suggests the `+`), and OmegaConf.to_object drops it
-    silently: such a key would change nothing."""
-    from omegaconf import DictConfig
-
-    for key in node.keys():
-        child = node._get_node(key)
-        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-            if key not in {f.name for f in dataclasses.fields(obj)}:
-                yield f"{prefix}{key}"
-            elif isinstance(child, DictConfig):
-                yield from _dropped_keys(child, getattr(obj, key), f"{prefix}{key}.")
-
-
 def _seed_errors(cfg: RunConfig, batch: int) -> list[str]:
     """Every sampling seed of the run (rollout.base.sample_seed over its steps and samples) must fit SGLang's int64
     sampling_seed: the native engine and a server both refuse one that does not, mid-run."""
@@ -302,15 +190,3 @@ def _seed_errors(cfg: RunConfig, batch: int) -> list[str]:
     limit = ((2**63 - batch) // 65_537 - max(cfg.steps, 1)) // 1_000_003
     return [f"seed={cfg.seed}: this run's sampling seeds (seed, step, sample) reach {max(ends, key=abs)}, outside "
             f"int64 (SGLang's sampling_seed); use a seed with |seed| < {limit}"]
-
-
-def from_hydra(dict_cfg) -> RunConfig:
-    """DictConfig composed by Hydra (schema: RunConfig) -> RunConfig, every key typed. Its values are checked once,
-    by the run's preflight (top_rl.preflight.config_values calls `validate`), so a config changed after composing is
-    checked too."""
-    obj = OmegaConf.to_object(dict_cfg)
-    dropped = list(_dropped_keys(dict_cfg, obj))
-    if dropped:
-        raise ConfigError(f"invalid config: {', '.join(dropped)} {'is not a key' if len(dropped) == 1 else 'are not keys'}"
-                          " of the config (`top-rl --help` lists them): remove or correct it")
-    return obj
