@@ -116,7 +116,7 @@ def in_thread(fn, meta: dict):
 def sglang_engine_config(model_path: str = "/m", **settings):
     """An SglangEngineConfig with the four fields an engine takes from the run (model, attention backend, log-prob
     source, TOP on) set as the tests' fa3/prefill/TOP run sets them; `settings` are rollout.sglang keys or overrides."""
-    from top_rl.rollout.sglang_config import SglangEngineConfig
+    from top_rl.rollout.sglang.config import SglangEngineConfig
 
     run = dict(attention_backend="fa3", logprob_source="prefill", top=True)
     return SglangEngineConfig(model_path=model_path, **{**run, **settings})

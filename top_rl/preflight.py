@@ -33,7 +33,7 @@ from top_rl.model import family
 from top_rl.driver.placement import PlacementError
 from top_rl.model.family import UnsupportedModel
 from top_rl.tasks.prompts import BadInput
-from top_rl.rollout.sglang_config import TopConfigError
+from top_rl.rollout.sglang.config import TopConfigError
 from top_rl.run.lock import RunDirLocked
 from top_rl.train import layout_rules
 from top_rl.train.layout_rules import LayoutError
@@ -123,7 +123,7 @@ def sglang_engines(cfg, ready: Ready) -> None:
     without model.path starts its servers from its random initial policy, written at start)."""
     if cfg.rollout.engine != "sglang":
         return
-    from top_rl.rollout.sglang_plan import engine_config
+    from top_rl.rollout.sglang.plan import engine_config
 
     ready.sglang = tuple(engine_config(cfg, index=i) for i in range(cfg.rollout.num_engines))
 
@@ -228,11 +228,11 @@ def host_memory(cfg, ready: Ready) -> None:
 
 def shared_gpu_memory(cfg, ready: Ready) -> None:
     """SGLang servers sharing a trainer rank's GPU (cluster.colocate=true) leave it room: their static pool, their
-    per-batch memory and the trainer rank fit the GPU (top_rl/rollout/sglang_memory.py). Local runs only (a
+    per-batch memory and the trainer rank fit the GPU (top_rl/rollout/sglang/memory.py). Local runs only (a
     running cluster's GPUs are not visible here)."""
     if cfg.rollout.engine != "sglang" or not cfg.cluster.colocate or cfg.cluster.address or os.environ.get("RAY_ADDRESS"):
         return
-    from top_rl.rollout import sglang_memory
+    from top_rl.rollout.sglang import memory as sglang_memory
 
     gpu = sglang_memory.local_gpu_bytes()
     if gpu is None:
@@ -305,7 +305,7 @@ def confirm_under_lock(cfg, ready: Ready) -> dict | None:
 def run_plan(cfg, ready: Ready) -> RunPlan:
     """What the driver places and starts (top_rl.driver.plan), from the config and what the checks loaded."""
     from top_rl.rl.batch import RLStepConfig
-    from top_rl.rollout.sglang_plan import initial_policy_dir
+    from top_rl.rollout.sglang.plan import initial_policy_dir
 
     from top_rl.observe.startup import run_logs_dir
 

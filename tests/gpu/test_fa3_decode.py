@@ -27,8 +27,8 @@ import torch
 from top_rl import contract
 from top_rl.model import Qwen3, Qwen3Config, save_model
 from top_rl.rollout.base import SamplingParams
-from top_rl.rollout.sglang import SglangEngine
-from top_rl.rollout.sglang_config import SglangEngineConfig, check_logprob_source
+from top_rl.rollout.sglang.engine import SglangEngine
+from top_rl.rollout.sglang.config import SglangEngineConfig, check_logprob_source
 from tests.gpu import test_sglang_live as live
 from tests.gpu._common import missing_server_module
 
@@ -169,7 +169,7 @@ def test_decode_equals_extend_after_a_restart(fa3_server):
 def test_native_engine_on_fa3_samples_the_servers_tokens(fa3_server):
     """The native engine (the `sglang` kernels with fa3, its decode step as a CUDA graph) draws every token the live
     fa3 server draws, with the same sampler log-probs, for the same weights, prompts, seeds and T."""
-    from top_rl.rollout.native import NativeEngine
+    from top_rl.rollout.native.engine import NativeEngine
 
     eng, model = fa3_server
     live._push(eng, "disk", model)

@@ -36,8 +36,8 @@ from top_rl.model import Qwen3, Qwen3Config, hf_state_dict, save_model
 from top_rl.model.packing import sequence_logprobs
 from top_rl.weights import sglang_distributed
 from top_rl.rollout.base import SamplingParams
-from top_rl.rollout.sglang import SglangEngine, SglangEngineRestarted
-from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, check_logprob_source
+from top_rl.rollout.sglang.engine import SglangEngine, SglangEngineRestarted
+from top_rl.rollout.sglang.config import SglangEngineConfig, TopConfigError, check_logprob_source
 from tests.gpu._common import missing_server_module
 from tests.helpers import in_thread, push_by_ipc
 
@@ -105,7 +105,7 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
 
 
 def _free_port() -> int:
-    from top_rl.rollout.sglang_config import free_port
+    from top_rl.rollout.sglang.config import free_port
 
     return free_port()
 
@@ -180,7 +180,7 @@ def test_prefill_source_is_bitwise_over_lengths_batches_and_temperatures(triton_
 def test_native_engine_samples_the_live_servers_tokens(triton_server):
     """Issue 23: the native engine (sglang kernels, triton attention, its CUDA-graph decode step) chooses every token as
     the live server does (SGLang's rl-mode sampler: seeded_sampler.py) for the same weights, prompts, seeds and T."""
-    from top_rl.rollout.native import NativeEngine
+    from top_rl.rollout.native.engine import NativeEngine
 
     eng, model = triton_server
     _push(eng, "disk", model)  # the fixture's weights (other tests push others)

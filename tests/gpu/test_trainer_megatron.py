@@ -10,7 +10,7 @@ import torch
 
 from top_rl.model import hf_state_dict
 from top_rl.rollout.base import SamplingParams
-from top_rl.rollout.native import NativeEngine
+from top_rl.rollout.native.engine import NativeEngine
 from tests.gpu._common import QWEN3_06B, device_model, needs_cuda
 
 pytestmark = [needs_cuda, pytest.mark.gpu]

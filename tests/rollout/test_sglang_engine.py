@@ -21,12 +21,12 @@ from helpers import tiny_model  # noqa: E402
 from top_rl import contract  # noqa: E402
 from top_rl.model import save_model, sequence_logprobs  # noqa: E402
 from top_rl.rollout.base import SamplingParams  # noqa: E402
-from top_rl.rollout.native import NativeEngine  # noqa: E402
-from top_rl.rollout.sglang import SglangEngine  # noqa: E402
-from top_rl.rollout.sglang_client import (SglangClient, SglangHTTPError, SglangProtocolError,  # noqa: E402
+from top_rl.rollout.native.engine import NativeEngine  # noqa: E402
+from top_rl.rollout.sglang.engine import SglangEngine  # noqa: E402
+from top_rl.rollout.sglang.client import (SglangClient, SglangHTTPError, SglangProtocolError,  # noqa: E402
                                           SglangUnavailable)
-from top_rl.rollout.sglang_config import SglangEngineConfig  # noqa: E402
-from top_rl.rollout.sglang_protocol import parse_generation, parse_scores, score_payload  # noqa: E402
+from top_rl.rollout.sglang.config import SglangEngineConfig  # noqa: E402
+from top_rl.rollout.sglang.protocol import parse_generation, parse_scores, score_payload  # noqa: E402
 from tests.doubles.sglang_standin import StandinServer  # noqa: E402
 
 _ERR = sglang_cpu.import_error()

@@ -24,12 +24,12 @@ from helpers import in_thread, tiny_model  # noqa: E402
 from top_rl.model import hf_state_dict, save_model  # noqa: E402
 from top_rl.weights import sglang_distributed  # noqa: E402
 from top_rl.rollout.base import SamplingParams  # noqa: E402
-from top_rl.rollout.native import NativeEngine  # noqa: E402
+from top_rl.rollout.native.engine import NativeEngine  # noqa: E402
 from top_rl import contract  # noqa: E402
-from top_rl.rollout.sglang import SglangEngine, SglangEngineRestarted  # noqa: E402
-from top_rl.rollout.sglang_client import SglangUnavailable  # noqa: E402
-from top_rl.rollout.sglang_config import SglangEngineConfig  # noqa: E402
-from top_rl.rollout.sglang_server import SglangStartupError  # noqa: E402
+from top_rl.rollout.sglang.engine import SglangEngine, SglangEngineRestarted  # noqa: E402
+from top_rl.rollout.sglang.client import SglangUnavailable  # noqa: E402
+from top_rl.rollout.sglang.config import SglangEngineConfig  # noqa: E402
+from top_rl.rollout.sglang.server import SglangStartupError  # noqa: E402
 
 V1 = sglang_cpu.CONTRACT  # the contract these engines run under (the installed release's)
 
@@ -43,7 +43,7 @@ PARAMS = SamplingParams(max_new_tokens=4, temperature=0.9)
 
 
 def _free_port() -> int:
-    from top_rl.rollout.sglang_config import free_port
+    from top_rl.rollout.sglang.config import free_port
 
     return free_port()
 

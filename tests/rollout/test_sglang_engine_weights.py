@@ -18,8 +18,8 @@ from helpers import push_by_ipc, sglang_engine_config, tiny_model  # noqa: E402
 from top_rl import contract  # noqa: E402
 from top_rl.model import hf_state_dict, save_model  # noqa: E402
 from top_rl.rollout.base import SamplingParams  # noqa: E402
-from top_rl.rollout.native import NativeEngine  # noqa: E402
-from top_rl.rollout.sglang import SglangEngine  # noqa: E402
+from top_rl.rollout.native.engine import NativeEngine  # noqa: E402
+from top_rl.rollout.sglang.engine import SglangEngine  # noqa: E402
 from top_rl.weights import buckets as W  # noqa: E402
 from top_rl.weights.sglang_distributed import sync_distributed  # noqa: E402
 from tests.doubles.sglang_standin import StandinServer  # noqa: E402
@@ -134,7 +134,7 @@ def test_a_disk_push_of_version_v_makes_the_server_report_v(ckpt, tmp_path):
 def test_a_released_server_refuses_until_resumed_and_pushed(ckpt, monkeypatch):
     """cluster.gpu_handoff's engine side against the stand-in (its weights turn to NaN on release, as a real server's
     paused memory holds nothing it can trust): release, resume, then the push restores the trainer's weights."""
-    from top_rl.rollout.sglang_client import SglangError
+    from top_rl.rollout.sglang.client import SglangError
 
     other = tiny_model(seed=5)
     params = SamplingParams(max_new_tokens=3, temperature=1.0)

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from test_train_common import assert_parity, both_kinds, expected, pg_loss, reference_model, rollouts, tiny_config
 from top_rl.contract import as_dtype
 from top_rl.model import hf_state_dict
-from top_rl.rollout.native import NativeEngine
+from top_rl.rollout.native.engine import NativeEngine
 from top_rl.train import Trainer, TrainerConfig
 from top_rl.train.parallel import spawn
 

@@ -15,7 +15,7 @@ import torch
 from test_train_common import assert_parity, both_kinds, expected, pg_loss, reference_model, rollouts, tiny_config
 from top_rl.contract import as_dtype
 from top_rl.model import hf_state_dict
-from top_rl.rollout.native import NativeEngine
+from top_rl.rollout.native.engine import NativeEngine
 from top_rl.train import Trainer, TrainerConfig, TrainSequence
 
 CASES = [("float32", True, 11), ("float32", False, 12), ("bfloat16", True, 13), ("bfloat16", False, 14)]

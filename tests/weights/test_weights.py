@@ -145,7 +145,7 @@ def test_sglang_distributed_posts_each_bucket_before_its_broadcast_and_reports_a
 
 
 def test_an_sglang_engines_link_comes_from_the_setting_and_the_engines_own_config():
-    from top_rl.rollout.sglang_plan import config_from_dict
+    from top_rl.rollout.sglang.plan import config_from_dict
 
     def link_of(sglang: dict, setting="auto", trainer=CPU, engine=CPU):  # the engine's server config as preflight plans it
         return link(setting, trainer, engine, config_from_dict(sglang, 1, model_path="/m", attention_backend="fa3",

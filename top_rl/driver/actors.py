@@ -58,13 +58,13 @@ class EngineActor:
         self.generate_s = 0.0
         if spec.kind == "native":
             from top_rl.model import family
-            from top_rl.rollout.native import NativeEngine
+            from top_rl.rollout.native.engine import NativeEngine
 
             model = family.of(spec.arch).NativeModel(spec.arch, spec.dtype).to(_device())  # weights: the first push
             self.engine = NativeEngine(model, spec.logprob_source)
         elif spec.kind == "sglang":
             from top_rl import contract
-            from top_rl.rollout.sglang import SglangEngine
+            from top_rl.rollout.sglang.engine import SglangEngine
 
             self.engine = SglangEngine(spec.sglang, kernel_plan.attention, contract.get(kernel_plan.contract))
             self.engine.start()

@@ -66,7 +66,7 @@ class RolloutEngine(abc.ABC):
     def update_weights(self, hf_state_dict: dict) -> None:
         """Take new weights (Hugging Face names); the next generate uses them."""
 
-    progress = None  # the rollout in flight, where the engine counts it (sglang_rollout.Progress)
+    progress = None  # the rollout in flight, where the engine counts it (top_rl.rollout.sglang.rollout.Progress)
 
     def rollout_metrics(self) -> dict:
         """The last rollout's own timings and its server's peaks, where the engine measures them."""

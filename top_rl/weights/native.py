@@ -1,4 +1,4 @@
-"""The variants that reach a native engine (top_rl.rollout.native), and SGLang's disk reload, which travels the same
+"""The variants that reach a native engine (top_rl.rollout.native.engine), and SGLang's disk reload, which travels the same
 way: each engine receives the weights of one version whole and loads them with `engine.update_weights`."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ with the trainer as rank 0 (POST /init_weights_update_group); per bucket, each s
 tensors in the same order (one uint8 buffer per bucket when flattened, the layout of SGLang's
 FlattenedTensorBucket). The HTTP call returns only after the broadcast, so the POST is issued first (thread, Ray
 task) and then the trainer broadcasts: `sync_distributed` orders this. The requests themselves are the engine's
-(top_rl.rollout.sglang)."""
+(top_rl.rollout.sglang.engine)."""
 
 from __future__ import annotations
 

@@ -147,7 +147,7 @@ def choose(setting: str, engine_kind: str, trainer: Endpoint, engine: Endpoint) 
 
 
 def link(setting: str, trainer: Endpoint, engine: Endpoint, sglang=None) -> Link:
-    """One engine's link. `sglang`: its server config (top_rl.rollout.sglang_config.SglangEngineConfig), None for a
+    """One engine's link. `sglang`: its server config (top_rl.rollout.sglang.config.SglangEngineConfig), None for a
     native engine: an SGLang group holds rank 0 and the server's tp_size ranks, NCCL if rank 0 has a GPU, else gloo."""
     if sglang is None:
         return Link(choose(setting, "native", trainer, engine))

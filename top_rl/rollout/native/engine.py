@@ -17,7 +17,7 @@ import torch
 
 from top_rl import kernels
 from top_rl.model.packing import PREFILL_TOKENS_PER_CALL, pack, sequence_logprobs, token_budget_chunks
-from top_rl.rollout import decode_graph, seeded_sampler
+from top_rl.rollout.native import decode_graph, seeded_sampler
 from top_rl.rollout.base import LogprobSource, RolloutEngine, RolloutSample, SamplingParams
 
 CHECK_EVERY = 8  # decode steps between the host's "all rows stopped?" reads

@@ -3,7 +3,7 @@
 A plain class, so a caller can place it with Ray: `ray.remote(num_gpus=1)(SglangEngine).remote(cfg, "fa3")`, then
 `start`. Without `start()` it talks to a server already listening at cfg.url (restart is then impossible).
 
-- Refusals (sglang_config.check_config) run in the constructor, the installed-version check in `start()`: all
+- Refusals (config.check_config) run in the constructor, the installed-version check in `start()`: all
   before the server process, which is what touches the GPU, exists. `start()` also parses the command with
   SGLang's own parser and, once the server is up, checks its /server_info against the contract.
 - generate: one batch /generate with a distinct `sampling_seed` per sample and the contract's sampling; the
@@ -28,16 +28,16 @@ from pathlib import Path
 from typing import Callable
 
 from top_rl import contract
-from top_rl.rollout.sglang_weights import write_hf_checkpoint
+from top_rl.rollout.sglang.disk import write_hf_checkpoint
 from top_rl.rollout.base import RolloutEngine, RolloutSample, SamplingParams
-from top_rl.rollout.sglang_client import SglangClient, SglangError, SglangProtocolError, SglangUnavailable
-from top_rl.rollout.sglang_config import (SglangEngineConfig, TopConfigError, check_config, check_sampling,
+from top_rl.rollout.sglang.client import SglangClient, SglangError, SglangProtocolError, SglangUnavailable
+from top_rl.rollout.sglang.config import (SglangEngineConfig, TopConfigError, check_config, check_sampling,
                                           check_sglang_version)
-from top_rl.rollout.sglang_launch import build_launch, validate_argv
-from top_rl.rollout.sglang_plan import launch_plan
-from top_rl.rollout.sglang_protocol import generate_payload, items, parse_generation, parse_scores, score_payload
-from top_rl.rollout.sglang_rollout import LoadPoller, Progress, RolloutStats, run_chunks
-from top_rl.rollout.sglang_server import ServerProcess
+from top_rl.rollout.sglang.launch import build_launch, validate_argv
+from top_rl.rollout.sglang.plan import launch_plan
+from top_rl.rollout.sglang.protocol import generate_payload, items, parse_generation, parse_scores, score_payload
+from top_rl.rollout.sglang.rollout import LoadPoller, Progress, RolloutStats, run_chunks
+from top_rl.rollout.sglang.server import ServerProcess
 
 log = logging.getLogger(__name__)
 __all__ = ["SglangEngine", "SglangEngineConfig", "SglangEngineRestarted", "TopConfigError", "launch_plan"]
@@ -92,7 +92,7 @@ class SglangEngine(RolloutEngine):
         bad = [f"{k}={info.get(k)!r} (need {v!r})" for k, v in want.items() if info.get(k) != v]
         if bad:
             raise TopConfigError(f"the server at {self.cfg.url} does not run the TOP contract: {'; '.join(bad)}. "
-                                 f"Relaunch it with the command from top_rl.rollout.sglang_launch.build_launch")
+                                 f"Relaunch it with the command from top_rl.rollout.sglang.launch.build_launch")
         return info
 
     def health(self) -> bool:
@@ -172,7 +172,7 @@ class SglangEngine(RolloutEngine):
                 f"{self.expected_weight_version!r} (did the server restart or miss a weight update?)", "POST /generate")
 
     def generate(self, prompts, seeds, params: SamplingParams) -> list[RolloutSample]:
-        """The samples as concurrent calls, each re-scored as it returns (sglang_rollout.run_chunks). A dead server is
+        """The samples as concurrent calls, each re-scored as it returns (rollout.run_chunks). A dead server is
         restarted and the whole rollout repeated once (fixed seeds: the same answer)."""
         self._refuse_stale()
         if len(prompts) != len(seeds):
@@ -202,7 +202,7 @@ class SglangEngine(RolloutEngine):
                 for p, g, lp, s in zip(prompts, gens, gate, seeds)]
 
     def rollout_metrics(self) -> dict:
-        """The last rollout's timings and the server's peaks (sglang_rollout.RolloutStats)."""
+        """The last rollout's timings and the server's peaks (rollout.RolloutStats)."""
         return self.last_stats.metrics() if self.last_stats is not None else {}
 
     def score(self, prompts, responses) -> list[list[float]]:
@@ -319,7 +319,7 @@ class SglangEngine(RolloutEngine):
 
 
 def _vocab_size(model_path: str) -> int | None:
-    """For the pinned scheduler's token-id quirk (sglang_protocol.same_token); None for a hub id."""
+    """For the pinned scheduler's token-id quirk (protocol.same_token); None for a hub id."""
     try:
         return int(json.loads((Path(model_path) / "config.json").read_text())["vocab_size"])
     except (OSError, ValueError, KeyError, TypeError):

@@ -38,7 +38,7 @@ class SglangSettings:
     """rollout.sglang: one SGLang engine's own settings, as a run sets them (Hydra types this class, so each key is
     checked and its default recorded). What an engine takes from the run instead (the checkpoint, the attention
     backend, the log-prob source, TOP on or off) is not a key here but a field of SglangEngineConfig below, filled by
-    top_rl.rollout.sglang_plan.run_defaults: one key per setting, and none that exists only to be refused."""
+    top_rl.rollout.sglang.plan.run_defaults: one key per setting, and none that exists only to be refused."""
 
     tp_size: int = 1  # the server's tensor parallelism (1 under TOP: no TP>1 contract)
     host: str = "127.0.0.1"  # the address the server binds
@@ -77,7 +77,7 @@ class SglangSettings:
     validate_with_parser: bool = True  # parse the command with SGLang's own parser before launching
 
 
-# The fields an engine takes from the run (sglang_plan.run_defaults), not from rollout.sglang.
+# The fields an engine takes from the run (plan.run_defaults), not from rollout.sglang.
 FROM_THE_RUN = ("model_path", "attention_backend", "logprob_source", "top")
 
 
