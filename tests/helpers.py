@@ -73,7 +73,7 @@ def with_plan(monkeypatch, **changes):
 
 def push_by_ipc(monkeypatch, eng, sd: dict, version: int, bucket_bytes: int) -> None:
     """SglangIpc's two ends without Ray: rank 0's send (its payload, kept alive until the answer) straight into the
-    engine actor's receive."""
+    engine actor's end of the link (what EngineActor.receive_weights hands each request to)."""
     from types import SimpleNamespace
 
     import ray
@@ -83,10 +83,9 @@ def push_by_ipc(monkeypatch, eng, sd: dict, version: int, bucket_bytes: int) -> 
     from top_rl.weights.transport import Link, Transport
 
     monkeypatch.setattr(ray, "get", lambda done: done)
-    actor = SimpleNamespace(engine=eng)
-    handle = SimpleNamespace(receive_weights=SimpleNamespace(
-        remote=lambda kind, payload, v: SglangIpc.receive(actor, payload, v)))
     link = Link(Transport.sglang_ipc, eng.cfg.tp_size, None, eng.cfg.flattened_buckets)
+    receiver = SglangIpc.join(link, eng)
+    handle = SimpleNamespace(receive_weights=SimpleNamespace(remote=lambda request: receiver.receive(eng, request)))
     SglangIpc(handle, link).send(Outgoing(list(sd.items()), bucket_bytes), version)()
 
 

@@ -102,7 +102,7 @@ def fa3_on_the_trainer_side(sglang_backend):
 
 def _decode_equals_extend(eng, model, prompts, seeds, temperature, batch: int, case: str):
     """Generate, then compare every sampled token's decode-step log-prob with the trainer's recompute (torch.equal)."""
-    eng.cfg.request_batch_size = batch
+    eng.cfg = eng.cfg.replace(request_batch_size=batch)  # the engine config is frozen
     samples = eng.generate(prompts, seeds, SamplingParams(NEW_TOKENS, temperature))
     want = live._recompute(model, samples, temperature)
     eq, n = live._equal_rows([s.sample_logprobs for s in samples], want)
@@ -178,7 +178,7 @@ def test_native_engine_on_fa3_samples_the_servers_tokens(fa3_server):
     seeds = [5000 + i for i in range(len(prompts))]
     for temperature in (1.0, 0.7):
         params = SamplingParams(NEW_TOKENS, temperature, (ARCH.eos_token_id,))
-        eng.cfg.request_batch_size = 0
+        eng.cfg = eng.cfg.replace(request_batch_size=0)  # the engine config is frozen
         server = eng.generate(prompts, seeds, params)
         with torch.inference_mode():
             ours = native.generate(prompts, seeds, params)

@@ -59,4 +59,4 @@ def _run(steps):
 
         metrics = trainer.train_step(batch, loss_fn)
         assert all(v == v for v in metrics.values() if isinstance(v, float)), metrics  # no NaN
-        engine.update_weights(trainer.export_hf_weights())
+        engine.load_named_tensors(trainer.export_hf_weights())

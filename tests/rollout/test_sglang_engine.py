@@ -218,7 +218,7 @@ def test_disk_sync_versions_and_stale_server(server, ckpt, tmp_path):
     other = tiny_model(seed=1)
     from top_rl.model import hf_state_dict
     for _ in range(3):
-        eng.update_weights(hf_state_dict(other))
+        eng.load_named_tensors(hf_state_dict(other))
     assert sorted(p.name for p in tmp_path.glob("v*")) == ["v000002", "v000003"]  # older versions removed
     assert (tmp_path / "v000003" / "config.json").is_file()
     params = SamplingParams(max_new_tokens=5, temperature=0.8)
@@ -246,7 +246,7 @@ def test_disk_sync_keeps_fp32_norms_exact(server, ckpt, tmp_path):
     from top_rl.model import hf_state_dict
     eng = _engine(server, ckpt, tmp_path)
     sd = hf_state_dict(tiny_model(dtype="bfloat16", seed=2))
-    eng.update_weights(sd)
+    eng.load_named_tensors(sd)
     back = load_file(str(tmp_path / "v000001" / "model.safetensors"))
     assert back["model.norm.weight"].dtype == torch.float32 and back["model.layers.0.mlp.up_proj.weight"].dtype == torch.bfloat16
     assert all(torch.equal(back[k], v) for k, v in sd.items())

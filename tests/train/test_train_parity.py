@@ -74,7 +74,7 @@ def test_step_changes_weights_and_keeps_parity_after_handover(setup):
 
     engine_model = reference_model(cfg, str(c).replace("torch.", ""), seed=999)  # different init
     engine = NativeEngine(engine_model)
-    engine.update_weights(after)
+    engine.load_named_tensors(after)
     new_samples = rollouts(engine_model, n=4, seed=77)
     assert_parity(trainer.logprobs(both_kinds(new_samples)), expected(new_samples), c)
 

@@ -51,7 +51,9 @@ class SglangSettings:
     weights_dir: str = ""  # disk: where versions are written (must be visible to the server); "": run_dir/engines/<i>
     keep_weight_versions: int = 2  # disk: older version dirs are deleted
     flattened_buckets: bool = True  # ipc / broadcast: one uint8 buffer per bucket (SGLang's FlattenedTensorBucket)
-    weight_group_name: str = "top_rl_weight_sync"  # broadcast: the process group's name
+    # broadcast: the process groups' name, each connection's `<this>_<engine index>_<port>` (rank 0 holds one group per
+    # engine, and an engine restarted joins a new one)
+    weight_group_name: str = "top_rl_weight_sync"
     startup_timeout_s: float = 900.0  # model load + CUDA graph capture
     request_timeout_s: float = 1800.0  # one HTTP call (a whole generate batch)
     max_retries: int = 3  # transient failures of idempotent calls (5xx, connection reset)
@@ -83,7 +85,9 @@ FROM_THE_RUN = ("model_path", "attention_backend", "logprob_source", "top")
 
 @dataclass(kw_only=True)
 class SglangEngineConfig(SglangSettings):
-    """One engine's server config: its settings plus what it takes from the run (no defaults: a caller names each)."""
+    """One engine's server config: its settings plus what it takes from the run (no defaults: a caller names each).
+    Frozen once built (a dataclass cannot be frozen over the mutable SglangSettings Hydra types, so assignment is
+    refused here): what a run resolves, the plan resolves (plan.engine_config); a change is `replace(...)`."""
 
     model_path: str  # HF checkpoint dir (or hub id) the server loads at start: model.path
     attention_backend: str  # fa3 | flashinfer | triton: top.attention_backend (the trainer's)
@@ -92,7 +96,18 @@ class SglangEngineConfig(SglangSettings):
 
     def __post_init__(self):
         if not self.python:  # resolved where the config is built, so the resolved config names the interpreter
-            self.python = sys.executable
+            object.__setattr__(self, "python", sys.executable)
+        object.__setattr__(self, "_frozen", True)
+
+    def __setattr__(self, name, value):
+        if getattr(self, "_frozen", False):
+            raise dataclasses.FrozenInstanceError(
+                f"cannot assign to field {name!r}: an engine's config is resolved once, by the run plan "
+                "(top_rl/rollout/sglang/plan.py); build another with .replace(...)")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name):
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}: an engine's config is frozen")
 
     @property
     def url(self) -> str:
