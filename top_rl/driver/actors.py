@@ -11,6 +11,7 @@ joined), and its one weight door hands each request to it; the driver never hold
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import ray
@@ -23,6 +24,7 @@ from top_rl.kernels.plan import KernelPlan
 from top_rl.run.fault_injection import NO_FAULTS
 from top_rl.weights import senders
 from top_rl.weights.base import WeightRequest
+from top_rl.weights.group import GROUP_TIMEOUT
 from top_rl.weights.transport import Endpoint, Link
 
 
@@ -57,6 +59,9 @@ class EngineActor:
         _setup_process(kernel_plan, threads)
         self.kind, self.version = spec.kind, -1
         self.receiver: senders.WeightTransport | None = None  # this engine's end of its weight link (join_weights)
+        # set once join_weights has made the receiver: rank 0 pushes as soon as its own end is up, which for a process
+        # group is before this actor's join call returns (the two calls run concurrently here: max_concurrency=2)
+        self.joined = threading.Event()
         self.generate_s = 0.0
         if spec.kind == "native":
             from top_rl.model import family
@@ -120,8 +125,10 @@ class EngineActor:
         """Make this engine's end of its link; for a process group, join the one trainer rank 0 hosts at `address`
         for this engine (rank 0 joins concurrently)."""
         cls = senders.TRANSPORTS[link.transport]
+        self.joined.clear()
         if address is None:
             self.receiver = cls.join(link, self.engine)
+            self.joined.set()
             return
         host, port = address
 
@@ -129,11 +136,13 @@ class EngineActor:
             return rendezvous.store(host, port, world, rank, timeout)
 
         self.receiver = cls.join(link, self.engine, link.group_name(index, port), host, port, store)
+        self.joined.set()
 
     def receive_weights(self, request: WeightRequest) -> int | None:
         """The one weight door: the request goes to this engine's end of its link, which loads it through the
         engine's weight protocol (top_rl.rollout.base.EngineWeights); the version the engine now holds (None: a
         bucket that is not the version's last)."""
+        self.joined.wait(timeout=GROUP_TIMEOUT.total_seconds())  # a join still under way finishes first
         if self.receiver is None or self.receiver.kind != request.transport:
             have = "no link" if self.receiver is None else self.receiver.kind
             raise RuntimeError(f"a {request.transport} weight request reached an engine joined by {have}: "
