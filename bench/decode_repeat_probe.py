@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.gpu._common import device_model  # noqa: E402
 from top_rl import kernels  # noqa: E402
 from top_rl.rollout.base import SamplingParams  # noqa: E402
-from top_rl.rollout.native import NativeEngine  # noqa: E402
+from top_rl.rollout.native.engine import NativeEngine  # noqa: E402
 
 VOCAB, N, NEW = 151936, 64, 40
 
@@ -275,7 +275,7 @@ def profile_main(model, prompts, seeds, params) -> None:
     import pstats
     import time
 
-    from top_rl.rollout import decode_graph, native
+    from top_rl.rollout.native import decode_graph, engine as native
 
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     spent: dict[str, list[float]] = {}

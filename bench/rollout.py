@@ -12,7 +12,7 @@ call makes), median of --runs after one warm-up call: tok/s = batch * new tokens
 - the time of a 1-token generate) / (new tokens - 1): the decode steps alone. Roofline: the bytes a decode step must
 read at least (every weight once, lm_head included; each row's K and V at the mean length of the decode steps,
 prompt + new / 2) / 4.8e12 B/s (H200 HBM3e); ratio = measured / roofline. Modes: graph = the decode step as a CUDA
-graph (rollout/decode_graph.py), eager = the same step launched op by op ($TOP_RL_DECODE_GRAPHS=0's path).
+graph (rollout/native/decode_graph.py), eager = the same step launched op by op ($TOP_RL_DECODE_GRAPHS=0's path).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from bench._trainer_common import MODELS  # noqa: E402
 from bench._util import table  # noqa: E402
 from top_rl.model import Qwen3  # noqa: E402
 from top_rl.rollout.base import SamplingParams  # noqa: E402
-from top_rl.rollout.native import NativeEngine  # noqa: E402
+from top_rl.rollout.native.engine import NativeEngine  # noqa: E402
 
 HBM_BYTES_PER_S = 4.8e12
 HEADER = ["model", "engine", "mode", "batch", "gen tok/s", "ms/step", "roofline ms/step", "ratio", "tokens = native"]
@@ -107,15 +107,15 @@ def native_rows(model, name, batches, modes, prompt_len, new, runs, budget_at) -
 
 
 def sglang_rows(model, name, batches, prompt_len, new, runs, python, native_tokens) -> list:
-    """A live SGLang server (launched by top_rl.rollout.sglang.SglangEngine with the TOP contract's flags, triton
+    """A live SGLang server (launched by top_rl.rollout.sglang.engine.SglangEngine with the TOP contract's flags, triton
     attention) on this model written as an HF checkpoint: the same prompts, seeds and timing of the generation request
     alone (the engine's prefill re-scoring, which the gate reads, is not timed: the native rows do not score either);
     `tokens = native` counts the rows whose tokens equal the native engine's."""
     from top_rl.model import save_model
     from top_rl import kernels
-    from top_rl.rollout.sglang import SglangEngine, SglangEngineConfig
-    from top_rl.rollout.sglang_protocol import generate_payload, items, parse_generation
-    from top_rl.rollout.sglang_config import free_port
+    from top_rl.rollout.sglang.engine import SglangEngine, SglangEngineConfig
+    from top_rl.rollout.sglang.protocol import generate_payload, items, parse_generation
+    from top_rl.rollout.sglang.config import free_port
 
     def generate(engine, prompts, seeds, params):
         payload = generate_payload(prompts, seeds, engine.sampling(params))

@@ -204,7 +204,7 @@ if [[ "$WHAT" == e2e ]]; then
   # the server's share sized for the card at start (rollout.sglang.mem_fraction_static=auto)
   G=(+experiment=gsm8k_qwen3_0.6b_one_gpu model.path=null "checkpoint.every=${E2E_G_EVERY:-0}")
   # (g4b) G on the Qwen3-4B shape, the optimizer state offloaded during the rollout (the server at 0.7 of the GPU beside
-  # the trainer's weights only; the estimate: top_rl/rollout/sglang_memory.py, OFFLOADED_RESIDENT_BYTES_PER_PARAM)
+  # the trainer's weights only; the estimate: top_rl/rollout/sglang/memory.py, OFFLOADED_RESIDENT_BYTES_PER_PARAM)
   G4B=(+experiment=gsm8k_qwen3_0.6b model=qwen3_4b model.path=null rollout.num_engines=1 cluster.colocate=true
        cluster.engine_gpus=0.5 cluster.trainer_gpus=0.5 cluster.gpu_handoff=true trainer.offload_during_rollout=true
        rollout.sglang.mem_fraction_static=0.7 rollout.sglang.cuda_graph_max_bs=512

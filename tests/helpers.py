@@ -73,7 +73,7 @@ def with_plan(monkeypatch, **changes):
 
 def push_by_ipc(monkeypatch, eng, sd: dict, version: int, bucket_bytes: int) -> None:
     """SglangIpc's two ends without Ray: rank 0's send (its payload, kept alive until the answer) straight into the
-    engine actor's receive."""
+    engine actor's end of the link (what EngineActor.receive_weights hands each request to)."""
     from types import SimpleNamespace
 
     import ray
@@ -83,10 +83,9 @@ def push_by_ipc(monkeypatch, eng, sd: dict, version: int, bucket_bytes: int) -> 
     from top_rl.weights.transport import Link, Transport
 
     monkeypatch.setattr(ray, "get", lambda done: done)
-    actor = SimpleNamespace(engine=eng)
-    handle = SimpleNamespace(receive_weights=SimpleNamespace(
-        remote=lambda kind, payload, v: SglangIpc.receive(actor, payload, v)))
     link = Link(Transport.sglang_ipc, eng.cfg.tp_size, None, eng.cfg.flattened_buckets)
+    receiver = SglangIpc.join(link, eng)
+    handle = SimpleNamespace(receive_weights=SimpleNamespace(remote=lambda request: receiver.receive(eng, request)))
     SglangIpc(handle, link).send(Outgoing(list(sd.items()), bucket_bytes), version)()
 
 
@@ -116,7 +115,7 @@ def in_thread(fn, meta: dict):
 def sglang_engine_config(model_path: str = "/m", **settings):
     """An SglangEngineConfig with the four fields an engine takes from the run (model, attention backend, log-prob
     source, TOP on) set as the tests' fa3/prefill/TOP run sets them; `settings` are rollout.sglang keys or overrides."""
-    from top_rl.rollout.sglang_config import SglangEngineConfig
+    from top_rl.rollout.sglang.config import SglangEngineConfig
 
     run = dict(attention_backend="fa3", logprob_source="prefill", top=True)
     return SglangEngineConfig(model_path=model_path, **{**run, **settings})

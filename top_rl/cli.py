@@ -202,7 +202,7 @@ def launch_plan(cfg, resolution=None) -> dict:
     engines = []
     for i in range(cfg.rollout.num_engines):
         if cfg.rollout.engine == "sglang":
-            from top_rl.rollout.sglang import launch_plan as sglang_plan
+            from top_rl.rollout.sglang.plan import launch_plan as sglang_plan
 
             engines.append(sglang_plan(cfg, index=i))
         else:
@@ -238,7 +238,7 @@ def launch_plan(cfg, resolution=None) -> dict:
 
 def _installed_sglang(cfg) -> str | None:
     """The sglang release the run's SGLang engines would import (their python's), or this interpreter's."""
-    from top_rl.rollout.sglang_config import installed_sglang_version
+    from top_rl.rollout.sglang.config import installed_sglang_version
 
     return installed_sglang_version(cfg.rollout.sglang.python if cfg.rollout.engine == "sglang" else None)
 

@@ -86,7 +86,7 @@ def same_env_value(have: str, want: str) -> bool:
 
 
 # Server flags a TOP run leaves off, and why (§1.2). Set through extra_args they are refused before Ray starts
-# (top_rl.rollout.sglang_launch.check_extra_args: by SGLang's own parser where the pinned release imports, else by name).
+# (top_rl.rollout.sglang.launch.check_extra_args: by SGLang's own parser where the pinned release imports, else by name).
 ENGINE_FLAGS_OFF = (
     ("--enable-fp32-lm-head", "it takes precedence over the rl-mode LM head, whose log-probs the trainer computes"),
     ("--enable-torch-compile", "torch.compile changes the kernels the trainer reproduces"),

@@ -34,7 +34,7 @@ from top_rl.model import family
 from top_rl.driver.placement import PlacementError
 from top_rl.model.family import UnsupportedModel
 from top_rl.tasks.prompts import BadInput
-from top_rl.rollout.sglang_config import TopConfigError
+from top_rl.rollout.sglang.config import TopConfigError
 from top_rl.run.lock import RunDirLocked
 from top_rl.train import layout_rules
 from top_rl.train.config import TrainerSettings
@@ -137,7 +137,7 @@ def sglang_engines(cfg, ready: Ready) -> None:
     without model.path starts its servers from its random initial policy, written at start)."""
     if cfg.rollout.engine != "sglang":
         return
-    from top_rl.rollout.sglang_plan import engine_config
+    from top_rl.rollout.sglang.plan import engine_config
 
     ready.sglang = tuple(engine_config(cfg, index=i) for i in range(cfg.rollout.num_engines))
 
@@ -245,12 +245,12 @@ def shared_gpu_memory(cfg, ready: Ready) -> None:
     """`rollout.sglang.mem_fraction_static=auto` decided (top_rl/driver/memory_choice.py: sized from the GPU, the model,
     the batch's KV need and the trainer beside it; offload turned on where that lets the batch run), then SGLang
     servers sharing a trainer rank's GPU (cluster.colocate=true) leave it room: their static pool, their per-batch
-    memory and the trainer rank fit the GPU (top_rl/rollout/sglang_memory.py). Local runs only (a running cluster's
+    memory and the trainer rank fit the GPU (top_rl/rollout/sglang/memory.py). Local runs only (a running cluster's
     GPUs are not visible here)."""
     if cfg.rollout.engine != "sglang":
         return
     from top_rl.driver import memory_choice
-    from top_rl.rollout import sglang_memory
+    from top_rl.rollout.sglang import memory as sglang_memory
 
     try:
         ready.memory = memory_choice.resolve(cfg, ready.model_cfg, ready.longest_prompt or ready.max_prompt_len,
@@ -336,7 +336,7 @@ def confirm_under_lock(cfg, ready: Ready) -> dict | None:
 def run_plan(cfg, ready: Ready) -> RunPlan:
     """What the driver places and starts (top_rl.driver.plan), from the config and what the checks loaded."""
     from top_rl.rl.batch import RLStepConfig
-    from top_rl.rollout.sglang_plan import initial_policy_dir
+    from top_rl.rollout.sglang.plan import initial_policy_dir
 
     from top_rl.observe.startup import run_logs_dir
 

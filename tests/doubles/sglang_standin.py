@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 
-from top_rl.rollout.sglang_config import free_port
+from top_rl.rollout.sglang.config import free_port
 from tests.doubles import sgl_kernel_standin
 from tests.doubles.sglang_standin_scheduler import StandinScheduler
 

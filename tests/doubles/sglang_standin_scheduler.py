@@ -47,7 +47,7 @@ import torch
 from top_rl import kernels
 from top_rl.model import load_model, pack, sequence_logprobs
 from top_rl.model.hf_io import read_safetensors
-from top_rl.rollout import seeded_sampler
+from top_rl.rollout.native import seeded_sampler
 
 _UNSUPPORTED = ("frequency_penalty", "presence_penalty", "min_new_tokens", "logit_bias", "regex", "json_schema",
                 "ebnf", "structural_tag", "custom_params", "stop_strs", "stop_regex_strs")

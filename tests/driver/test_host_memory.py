@@ -21,7 +21,7 @@ from top_rl import kernels  # noqa: E402
 from top_rl.driver import host_memory  # noqa: E402
 from top_rl.rl.batch import RLBatch, RLSample  # noqa: E402
 from top_rl.rollout.base import SamplingParams  # noqa: E402
-from top_rl.rollout.native import NativeEngine  # noqa: E402
+from top_rl.rollout.native.engine import NativeEngine  # noqa: E402
 
 
 @pytest.mark.parametrize("n_samples, max_new_tokens", [(32, 1), (16, 6)])

@@ -9,7 +9,7 @@ import pytest
 
 from top_rl import preflight
 from top_rl.cli import compose
-from top_rl.rollout.sglang_config import SglangEngineConfig
+from top_rl.rollout.sglang.config import SglangEngineConfig
 
 SMALL = ["rollout.prompts_per_step=2", "rollout.n_samples=4", "rollout.max_new_tokens=3", "cluster.torch_threads=1"]
 

@@ -359,7 +359,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sglang_cpu  # noqa: E402
 
 from top_rl import contract  # noqa: E402
-from top_rl.rollout import sglang_launch  # noqa: E402
+from top_rl.rollout.sglang import launch as sglang_launch  # noqa: E402
 
 _SGLANG = sglang_cpu.import_error()
 SGLANG = ["rollout=sglang", "model.path=/models/Qwen3-0.6B", "top.attention_backend=fa3"]

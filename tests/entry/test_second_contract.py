@@ -11,7 +11,7 @@ import torch
 from top_rl import config, config_checks, contract
 from top_rl.kernels import plan as kplan
 from top_rl.kernels import tiled_gemm
-from top_rl.rollout.sglang_config import TopConfigError, check_tp
+from top_rl.rollout.sglang.config import TopConfigError, check_tp
 from tests.helpers import sglang_engine_config
 
 # Another release's contract: triton attention only, other GEMM tiles (a made-up one: nothing runs it on a GPU).

@@ -27,8 +27,8 @@ import torch
 from top_rl import contract
 from top_rl.model import Qwen3, Qwen3Config, save_model
 from top_rl.rollout.base import SamplingParams
-from top_rl.rollout.sglang import SglangEngine
-from top_rl.rollout.sglang_config import SglangEngineConfig, check_logprob_source
+from top_rl.rollout.sglang.engine import SglangEngine
+from top_rl.rollout.sglang.config import SglangEngineConfig, check_logprob_source
 from tests.gpu import test_sglang_live as live
 from tests.gpu._common import missing_server_module
 
@@ -102,7 +102,7 @@ def fa3_on_the_trainer_side(sglang_backend):
 
 def _decode_equals_extend(eng, model, prompts, seeds, temperature, batch: int, case: str):
     """Generate, then compare every sampled token's decode-step log-prob with the trainer's recompute (torch.equal)."""
-    eng.cfg.request_batch_size = batch
+    eng.cfg = eng.cfg.replace(request_batch_size=batch)  # the engine config is frozen
     samples = eng.generate(prompts, seeds, SamplingParams(NEW_TOKENS, temperature))
     want = live._recompute(model, samples, temperature)
     eq, n = live._equal_rows([s.sample_logprobs for s in samples], want)
@@ -169,7 +169,7 @@ def test_decode_equals_extend_after_a_restart(fa3_server):
 def test_native_engine_on_fa3_samples_the_servers_tokens(fa3_server):
     """The native engine (the `sglang` kernels with fa3, its decode step as a CUDA graph) draws every token the live
     fa3 server draws, with the same sampler log-probs, for the same weights, prompts, seeds and T."""
-    from top_rl.rollout.native import NativeEngine
+    from top_rl.rollout.native.engine import NativeEngine
 
     eng, model = fa3_server
     live._push(eng, "disk", model)
@@ -178,7 +178,7 @@ def test_native_engine_on_fa3_samples_the_servers_tokens(fa3_server):
     seeds = [5000 + i for i in range(len(prompts))]
     for temperature in (1.0, 0.7):
         params = SamplingParams(NEW_TOKENS, temperature, (ARCH.eos_token_id,))
-        eng.cfg.request_batch_size = 0
+        eng.cfg = eng.cfg.replace(request_batch_size=0)  # the engine config is frozen
         server = eng.generate(prompts, seeds, params)
         with torch.inference_mode():
             ours = native.generate(prompts, seeds, params)

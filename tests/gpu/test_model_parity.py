@@ -13,7 +13,7 @@ import torch
 
 from top_rl.model import Qwen3, hf_state_dict, sequence_logprobs
 from top_rl.rollout.base import SamplingParams
-from top_rl.rollout.native import NativeEngine
+from top_rl.rollout.native.engine import NativeEngine
 from tests.gpu._common import QWEN3_06B, decode_equals_extend_claimed, device_model, needs_cuda
 
 pytestmark = [needs_cuda, pytest.mark.gpu]
@@ -104,7 +104,7 @@ def test_three_training_steps_keep_parity():
     trainer_model = device_model(seed=11)
     engine_model = device_model(seed=99)  # different start: the first handover must overwrite it
     engine = NativeEngine(engine_model, logprob_source="prefill")
-    engine.update_weights(hf_state_dict(trainer_model))
+    engine.load_named_tensors(hf_state_dict(trainer_model))
     opt = torch.optim.AdamW(trainer_model.parameters(), lr=1e-4, weight_decay=0.0)
     temperature = 0.8
     for step in range(3):
@@ -131,4 +131,4 @@ def test_three_training_steps_keep_parity():
         assert not torch.equal(before, trainer_model.layers[0].qkv_proj), f"step {step}: weights did not change"
         assert torch.isfinite(loss)
         assert all(torch.isfinite(p).all() for p in trainer_model.parameters())
-        engine.update_weights(hf_state_dict(trainer_model))  # weight handover
+        engine.load_named_tensors(hf_state_dict(trainer_model))  # weight handover

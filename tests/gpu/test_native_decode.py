@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from top_rl import kernels
-from top_rl.rollout import decode_graph, native
+from top_rl.rollout.native import decode_graph, engine as native
 from top_rl.rollout.base import SamplingParams
-from top_rl.rollout.native import NativeEngine
+from top_rl.rollout.native.engine import NativeEngine
 from tests.gpu._common import device_model, needs_cuda
 
 pytestmark = [needs_cuda, pytest.mark.gpu]

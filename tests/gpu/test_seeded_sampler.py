@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from top_rl import kernels
-from top_rl.rollout import seeded_sampler as ss
+from top_rl.rollout.native import seeded_sampler as ss
 from tests.gpu._common import needs_cuda
 
 pytestmark = [needs_cuda, pytest.mark.gpu]

@@ -36,8 +36,8 @@ from top_rl.model import Qwen3, Qwen3Config, hf_state_dict, save_model
 from top_rl.model.packing import sequence_logprobs
 from top_rl.weights import sglang_distributed
 from top_rl.rollout.base import SamplingParams
-from top_rl.rollout.sglang import SglangEngine, SglangEngineRestarted
-from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, check_logprob_source
+from top_rl.rollout.sglang.engine import SglangEngine, SglangEngineRestarted
+from top_rl.rollout.sglang.config import SglangEngineConfig, TopConfigError, check_logprob_source
 from tests.gpu._common import missing_server_module
 from tests.helpers import in_thread, push_by_ipc
 
@@ -105,7 +105,7 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
 
 
 def _free_port() -> int:
-    from top_rl.rollout.sglang_config import free_port
+    from top_rl.rollout.sglang.config import free_port
 
     return free_port()
 
@@ -152,7 +152,7 @@ def _equal_rows(values: list[list[float]], want: list[torch.Tensor]) -> tuple[in
 
 
 def _gate_bitwise(eng, model, prompts, seeds, temperature, batch: int = 0):
-    eng.cfg.request_batch_size = batch
+    eng.cfg = eng.cfg.replace(request_batch_size=batch)  # the engine config is frozen
     samples = eng.generate(prompts, seeds, SamplingParams(NEW_TOKENS, temperature))
     want = _recompute(model, samples)
     for i, (s, w) in enumerate(zip(samples, want)):
@@ -180,7 +180,7 @@ def test_prefill_source_is_bitwise_over_lengths_batches_and_temperatures(triton_
 def test_native_engine_samples_the_live_servers_tokens(triton_server):
     """Issue 23: the native engine (sglang kernels, triton attention, its CUDA-graph decode step) chooses every token as
     the live server does (SGLang's rl-mode sampler: seeded_sampler.py) for the same weights, prompts, seeds and T."""
-    from top_rl.rollout.native import NativeEngine
+    from top_rl.rollout.native.engine import NativeEngine
 
     eng, model = triton_server
     _push(eng, "disk", model)  # the fixture's weights (other tests push others)
@@ -188,7 +188,7 @@ def test_native_engine_samples_the_live_servers_tokens(triton_server):
     prompts, seeds = _prompts(32, 6), [5000 + i for i in range(32)]
     for temperature in (1.0, 0.7):
         params = SamplingParams(NEW_TOKENS, temperature, (ARCH.eos_token_id,))
-        eng.cfg.request_batch_size = 0
+        eng.cfg = eng.cfg.replace(request_batch_size=0)  # the engine config is frozen
         server = eng.generate(prompts, seeds, params)
         with torch.inference_mode():
             ours = native.generate(prompts, seeds, params)
@@ -209,20 +209,20 @@ def _push_distributed(eng, sd) -> None:
     import torch.distributed as dist
 
     port, joined = _free_port(), {}
-    eng.cfg.weight_group_name = f"top_rl_live_{port}"
-    t = threading.Thread(target=lambda: joined.update(r=eng.init_weights_update_group("127.0.0.1", port, 1, 2, "gloo")))
+    name = f"top_rl_live_{port}"
+    t = threading.Thread(target=lambda: joined.update(r=eng.join_weight_group("127.0.0.1", port, "gloo", name)))
     t.start()
-    group = sglang_distributed.init_trainer_group("127.0.0.1", port, 2, eng.cfg.weight_group_name, backend="gloo")
+    group = sglang_distributed.init_trainer_group("127.0.0.1", port, 2, name, backend="gloo")
     t.join()
-    assert joined["r"]["success"] is True, joined
+    assert eng.weights.group == name, joined
     try:  # SglangDistributed's two ends without Ray: each bucket's receive on a thread, then rank 0's broadcast
         version = str(eng.version + 1)
         sglang_distributed.sync_distributed(
-            sd.items(), 512 << 20, lambda meta: in_thread(eng.update_weights_from_distributed, meta),
+            sd.items(), 512 << 20, lambda meta: in_thread(eng.receive_bucket, meta),
             functools.partial(sglang_distributed.broadcast_bucket, group=group, flattened=eng.cfg.flattened_buckets),
             weight_version=version)
     finally:
-        eng.destroy_weights_update_group()
+        eng.leave_weight_group()
         dist.destroy_process_group(group)
 
 
@@ -233,7 +233,7 @@ def _push(eng, transport: str, model, monkeypatch=None) -> None:
     elif transport == "tensor":  # CUDA IPC handles of rank 0's flat buckets (top_rl.weights.sglang_ipc)
         push_by_ipc(monkeypatch, eng, {k: v.cuda() for k, v in sd.items()}, eng.version + 1, 512 << 20)
     else:  # disk: written next to the server and reloaded
-        eng.update_weights(sd)
+        eng.load_named_tensors(sd)
 
 
 @pytest.mark.parametrize("transport", ["disk", "tensor", "distributed"])
@@ -261,7 +261,7 @@ def _kill(eng) -> None:
 
 def test_killed_server_is_restarted_resynced_and_bitwise(triton_server):
     eng, _ = triton_server
-    eng.cfg.restart_on_failure = True
+    eng.cfg = eng.cfg.replace(restart_on_failure=True)  # the engine config is frozen
     prompts, seeds = _prompts(8, 3), [50 + i for i in range(8)]
     disk_model = _model(21)
     _push(eng, "disk", disk_model)
@@ -285,7 +285,7 @@ def test_killed_server_is_restarted_resynced_and_bitwise(triton_server):
 
 def _decode_rate(eng, model, backend: str) -> float:
     prompts, seeds = _prompts(16, 4), [300 + i for i in range(16)]
-    eng.cfg.request_batch_size = 0
+    eng.cfg = eng.cfg.replace(request_batch_size=0)  # the engine config is frozen
     samples = eng.generate(prompts, seeds, SamplingParams(NEW_TOKENS, 0.7))
     eq, n = _equal_rows([s.sample_logprobs for s in samples], _recompute(model, samples, 0.7))
     _report(check="decode_vs_extend", backend=backend, equal=eq, tokens=n, rate=round(eq / n, 4))

@@ -14,8 +14,8 @@ from top_rl import contract
 from top_rl.kernels import plan as kplan
 from top_rl.kernels.sglang import backend as sg
 from top_rl.kernels.sglang import engine_env
-from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, check_config
-from top_rl.rollout.sglang_launch import build_launch
+from top_rl.rollout.sglang.config import SglangEngineConfig, TopConfigError, check_config
+from top_rl.rollout.sglang.launch import build_launch
 
 V1, DG = contract.QWEN3_DENSE_TOP_V1, contract.QWEN3_DENSE_TOP_V1_DEEPGEMM
 ENV = {"PATH": "/usr/bin"}
@@ -224,7 +224,7 @@ def _sglang_run(*overrides):
 
 def test_top_contract_chooses_the_engines_gemm_in_the_launch_plan():
     """`top.contract` is a run option: the dry-run plan's server env carries that contract's GEMM switches."""
-    from top_rl.rollout.sglang_plan import launch_plan
+    from top_rl.rollout.sglang.plan import launch_plan
 
     for top in (V1, DG):
         plan = launch_plan(_sglang_run(f"top.contract={top.name}"))

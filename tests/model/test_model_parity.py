@@ -9,7 +9,7 @@ import torch
 from top_rl import kernels
 from top_rl.model import sequence_logprobs
 from top_rl.rollout.base import SamplingParams
-from top_rl.rollout.native import NativeEngine
+from top_rl.rollout.native.engine import NativeEngine
 from tests.helpers import random_sequences, tiny_model
 
 CASES = [(gqa, tied, dtype) for gqa in (1, 2, 4) for tied in (True, False) for dtype in ("float32", "bfloat16")]

@@ -18,8 +18,8 @@ LAYERS = [
     {"kernels"},  # the engine's ops
     {"model"},  # Qwen3 over the kernels, HF I/O, packing
     {"rl", "tasks"},  # RL math, tasks and their prompt streams
-    {"weights"},  # trainer -> engine weight transport: buckets, senders, receivers (the engines' requests use them)
-    {"train", "rollout"},  # the two sides: Megatron trainer, engines
+    {"train", "rollout"},  # the two sides: Megatron trainer, engines (rollout/base.py: the engines' weight protocol)
+    {"weights"},  # trainer -> engine weight transport: buckets, senders, receivers, over the engines' weight protocol
     {"config"},  # the run config's schema: pure dataclasses (below everything that reads it)
     {"run"},  # checkpoint, lock, rng, faults
     {"observe", "eval"},  # metrics, wandb; the eval pass (through the cluster it is handed)
@@ -114,6 +114,26 @@ def test_no_import_circle():
         if v not in index:
             visit(v)
     assert circles == []
+
+
+def test_weights_reach_engines_only_through_the_protocol():
+    """top_rl.weights sees an engine only as rollout/base.py's EngineWeights: it imports no engine (rollout.sglang,
+    rollout.native), so a transport can call nothing an engine has beyond the protocol, and touches no engine actor's
+    attributes (the actor's one weight door hands each request to the transport's receiving end)."""
+    mods = _modules()
+    reached = sorted(f"{m} imports {d}" for m, p in mods.items() if m.startswith("top_rl.weights")
+                     for d in _imports(p, mods) if d.startswith("top_rl.rollout") and d != "top_rl.rollout.base")
+    assert reached == []
+    by_name = sorted(f"{p.relative_to(ROOT)}: actor.{n.attr}" for p in (PACKAGE / "weights").rglob("*.py")
+                     for n in ast.walk(ast.parse(p.read_text()))
+                     if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "actor")
+    assert by_name == []
+
+
+def test_rollout_keeps_a_small_top_level():
+    """Engines are packages (rollout/native/, rollout/sglang/) beside the interface and the settings they share."""
+    top = sorted(p.name for p in (PACKAGE / "rollout").iterdir() if p.name != "__pycache__")
+    assert len(top) <= 6, top
 
 
 def test_the_top_level_keeps_only_entry_points_and_plain_data():

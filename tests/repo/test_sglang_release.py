@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from top_rl import contract, sglang_release
-from top_rl.rollout import sglang_config
-from top_rl.rollout.sglang_config import TopConfigError
+from top_rl.rollout.sglang import config as sglang_config
+from top_rl.rollout.sglang.config import TopConfigError
 from tests.helpers import sglang_engine_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,7 +96,7 @@ def _sglang_run(*overrides):
 @pytest.mark.parametrize("installed", ["0.5.17", None])
 def test_the_dry_run_names_the_contract_and_release_it_runs(monkeypatch, installed):
     from top_rl import cli
-    from top_rl.rollout import sglang_plan
+    from top_rl.rollout.sglang import plan as sglang_plan
 
     monkeypatch.setattr(sglang_config, "installed_sglang_version", lambda python=None: installed)
     monkeypatch.setattr(sglang_plan, "installed_sglang_version", lambda python=None: installed)
@@ -111,7 +111,7 @@ def test_the_dry_run_names_the_contract_and_release_it_runs(monkeypatch, install
 
 def test_the_dry_run_refuses_a_contract_of_another_release_than_the_engines(monkeypatch):
     from top_rl import cli
-    from top_rl.rollout import sglang_plan
+    from top_rl.rollout.sglang import plan as sglang_plan
 
     monkeypatch.setattr(sglang_plan, "installed_sglang_version", lambda python=None: "0.5.17")
     monkeypatch.setattr(sglang_config, "installed_sglang_version", lambda python=None: "0.5.17")
@@ -122,7 +122,7 @@ def test_the_dry_run_refuses_a_contract_of_another_release_than_the_engines(monk
 def test_the_by_name_check_refuses_what_the_0517_contract_pins():
     """Where the planning interpreter has no (or another) SGLang, extra_args are refused by name: 0.5.17's pinned graph
     and GEMM flags and its new graph switches among them."""
-    from top_rl.rollout import sglang_launch
+    from top_rl.rollout.sglang import launch as sglang_launch
 
     refused = sglang_launch._refused_by_name(sglang_engine_config(), V17)
     for flag in ("--cuda-graph-backend-prefill", "--bf16-gemm-backend", "--enforce-piecewise-cuda-graph",

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from top_rl import kernels
-from top_rl.rollout import native
+from top_rl.rollout.native import engine as native
 from top_rl.rollout.base import SamplingParams
-from top_rl.rollout.native import NativeEngine
+from top_rl.rollout.native.engine import NativeEngine
 from tests.helpers import random_sequences, tiny_model
 
 

@@ -1,4 +1,4 @@
-"""top_rl/rollout/seeded_sampler.py against SGLang's own code, on CPU: its Triton `murmur_hash32_kernel`
+"""top_rl/rollout/native/seeded_sampler.py against SGLang's own code, on CPU: its Triton `murmur_hash32_kernel`
 (sglang/srt/layers/utils/hash.py) run by Triton's CPU interpreter, and its `multinomial_with_seed`'s eager body
 (sglang/srt/layers/sampler.py; the wheel wraps it in torch.compile, whose code needs a GPU for the Triton hash, so
 the undecorated function runs, with the interpreted kernel as its hash). Then the native engine end to end: every
@@ -20,9 +20,9 @@ import sglang_cpu  # noqa: E402
 
 from top_rl import kernels  # noqa: E402
 from top_rl.model import pack  # noqa: E402
-from top_rl.rollout import seeded_sampler as ss  # noqa: E402
+from top_rl.rollout.native import seeded_sampler as ss  # noqa: E402
 from top_rl.rollout.base import SamplingParams  # noqa: E402
-from top_rl.rollout.native import NativeEngine  # noqa: E402
+from top_rl.rollout.native.engine import NativeEngine  # noqa: E402
 from tests.helpers import random_sequences, tiny_model  # noqa: E402
 
 _ERR = sglang_cpu.import_error()

@@ -21,12 +21,12 @@ from helpers import tiny_model  # noqa: E402
 from top_rl import contract  # noqa: E402
 from top_rl.model import save_model, sequence_logprobs  # noqa: E402
 from top_rl.rollout.base import SamplingParams  # noqa: E402
-from top_rl.rollout.native import NativeEngine  # noqa: E402
-from top_rl.rollout.sglang import SglangEngine  # noqa: E402
-from top_rl.rollout.sglang_client import (SglangClient, SglangHTTPError, SglangProtocolError,  # noqa: E402
+from top_rl.rollout.native.engine import NativeEngine  # noqa: E402
+from top_rl.rollout.sglang.engine import SglangEngine  # noqa: E402
+from top_rl.rollout.sglang.client import (SglangClient, SglangHTTPError, SglangProtocolError,  # noqa: E402
                                           SglangUnavailable)
-from top_rl.rollout.sglang_config import SglangEngineConfig  # noqa: E402
-from top_rl.rollout.sglang_protocol import parse_generation, parse_scores, score_payload  # noqa: E402
+from top_rl.rollout.sglang.config import SglangEngineConfig  # noqa: E402
+from top_rl.rollout.sglang.protocol import parse_generation, parse_scores, score_payload  # noqa: E402
 from tests.doubles.sglang_standin import StandinServer  # noqa: E402
 
 _ERR = sglang_cpu.import_error()
@@ -218,7 +218,7 @@ def test_disk_sync_versions_and_stale_server(server, ckpt, tmp_path):
     other = tiny_model(seed=1)
     from top_rl.model import hf_state_dict
     for _ in range(3):
-        eng.update_weights(hf_state_dict(other))
+        eng.load_named_tensors(hf_state_dict(other))
     assert sorted(p.name for p in tmp_path.glob("v*")) == ["v000002", "v000003"]  # older versions removed
     assert (tmp_path / "v000003" / "config.json").is_file()
     params = SamplingParams(max_new_tokens=5, temperature=0.8)
@@ -246,7 +246,7 @@ def test_disk_sync_keeps_fp32_norms_exact(server, ckpt, tmp_path):
     from top_rl.model import hf_state_dict
     eng = _engine(server, ckpt, tmp_path)
     sd = hf_state_dict(tiny_model(dtype="bfloat16", seed=2))
-    eng.update_weights(sd)
+    eng.load_named_tensors(sd)
     back = load_file(str(tmp_path / "v000001" / "model.safetensors"))
     assert back["model.norm.weight"].dtype == torch.float32 and back["model.layers.0.mlp.up_proj.weight"].dtype == torch.bfloat16
     assert all(torch.equal(back[k], v) for k, v in sd.items())

@@ -24,12 +24,12 @@ from helpers import in_thread, tiny_model  # noqa: E402
 from top_rl.model import hf_state_dict, save_model  # noqa: E402
 from top_rl.weights import sglang_distributed  # noqa: E402
 from top_rl.rollout.base import SamplingParams  # noqa: E402
-from top_rl.rollout.native import NativeEngine  # noqa: E402
+from top_rl.rollout.native.engine import NativeEngine  # noqa: E402
 from top_rl import contract  # noqa: E402
-from top_rl.rollout.sglang import SglangEngine, SglangEngineRestarted  # noqa: E402
-from top_rl.rollout.sglang_client import SglangUnavailable  # noqa: E402
-from top_rl.rollout.sglang_config import SglangEngineConfig  # noqa: E402
-from top_rl.rollout.sglang_server import SglangStartupError  # noqa: E402
+from top_rl.rollout.sglang.engine import SglangEngine, SglangEngineRestarted  # noqa: E402
+from top_rl.rollout.sglang.client import SglangUnavailable  # noqa: E402
+from top_rl.rollout.sglang.config import SglangEngineConfig  # noqa: E402
+from top_rl.rollout.sglang.server import SglangStartupError  # noqa: E402
 
 V1 = sglang_cpu.CONTRACT  # the contract these engines run under (the installed release's)
 
@@ -43,7 +43,7 @@ PARAMS = SamplingParams(max_new_tokens=4, temperature=0.9)
 
 
 def _free_port() -> int:
-    from top_rl.rollout.sglang_config import free_port
+    from top_rl.rollout.sglang.config import free_port
 
     return free_port()
 
@@ -80,7 +80,7 @@ def test_launch_restart_and_retry_with_disk_weights(setup, tmp_path):
         info = eng.start()
         assert info["stand_in"] is True and info["version"] == sglang_cpu.SGLANG_VERSION
         other = tiny_model(seed=5)
-        eng.update_weights(hf_state_dict(other))
+        eng.load_named_tensors(hf_state_dict(other))
         before = eng.generate(PROMPTS, SEEDS, PARAMS)
         assert [s.logprobs for s in before] == [s.logprobs for s in NativeEngine(other).generate(PROMPTS, SEEDS, PARAMS)]
         _kill(eng)  # the server dies between two requests
@@ -105,7 +105,7 @@ def test_a_dead_server_is_named_with_its_exit_code_and_log_tail(setup, tmp_path)
         with pytest.raises(SglangUnavailable, match=r"(?s)POST /release_memory_occupation.*exited with code -9; "
                                                     r"last log lines .*top-rl start #1"):
             eng.release_memory()
-        assert not eng.released  # nothing recorded as released
+        assert not eng.weights.released  # nothing recorded as released
     finally:
         eng.shutdown()
 
@@ -148,26 +148,26 @@ def test_distributed_sync_over_a_process_group(setup, tmp_path):
 
         from top_rl.driver import rendezvous
 
-        port, joined = rendezvous.reserve("127.0.0.1"), {}  # as trainer rank 0 does: a store on 127.0.0.1 only
-        t = threading.Thread(target=lambda: joined.update(r=eng.init_weights_update_group("127.0.0.1", port, 1, 2, "gloo")))
+        port, name = rendezvous.reserve("127.0.0.1"), f"{cfg.weight_group_name}_0"  # a store on 127.0.0.1 only
+        t = threading.Thread(target=lambda: eng.join_weight_group("127.0.0.1", port, "gloo", name))
         t.start()
-        group = sglang_distributed.init_trainer_group("127.0.0.1", port, 2, cfg.weight_group_name, backend="gloo",
+        group = sglang_distributed.init_trainer_group("127.0.0.1", port, 2, name, backend="gloo",
                                                       store=rendezvous.store("127.0.0.1", port, 2, 0,
                                                                              timedelta(seconds=120)))
         t.join()
-        assert joined["r"]["success"] is True
+        assert eng.weights.group == name
         other = tiny_model(seed=6)
         for version, flattened in enumerate((True, False), 1):  # SglangDistributed's two ends, without Ray
-            eng.cfg.flattened_buckets = flattened
+            eng.cfg = eng.cfg.replace(flattened_buckets=flattened)  # the config is frozen: the test swaps it
             sglang_distributed.sync_distributed(
-                hf_state_dict(other).items(), 0, functools.partial(in_thread, eng.update_weights_from_distributed),
+                hf_state_dict(other).items(), 0, functools.partial(in_thread, eng.receive_bucket),
                 functools.partial(sglang_distributed.broadcast_bucket, group=group, flattened=flattened),
                 weight_version=str(version))
             got = eng.generate(PROMPTS, SEEDS, PARAMS)
             assert [s.logprobs for s in got] == [s.logprobs for s in NativeEngine(other).generate(PROMPTS, SEEDS, PARAMS)]
         assert got[0].meta["weight_version"] == "2"
         _kill(eng)
-        with pytest.raises(SglangEngineRestarted, match="init_weights_update_group.*sync the trainer's weights again"):
+        with pytest.raises(SglangEngineRestarted, match="join_weight_group.*sync the trainer's weights again"):
             eng.generate(PROMPTS, SEEDS, PARAMS)  # restarted, but broadcast weights cannot be replayed
         assert eng.health() and eng.server.starts == 2
         with pytest.raises(SglangEngineRestarted):  # and it keeps refusing until the trainer syncs

@@ -10,10 +10,10 @@ import pytest
 
 from top_rl import contract
 
-from top_rl.rollout import sglang_config
+from top_rl.rollout.sglang import config as sglang_config
 from top_rl.rollout.base import SamplingParams
-from top_rl.rollout.sglang import SglangEngine
-from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, check_config, check_sampling
+from top_rl.rollout.sglang.engine import SglangEngine
+from top_rl.rollout.sglang.config import SglangEngineConfig, TopConfigError, check_config, check_sampling
 
 V1 = contract.fallback()  # the contract of the installed release (the version check passes): what these engines run under
 
@@ -141,7 +141,7 @@ def test_decode_logprobs_need_a_backend_proven_decode_equals_extend(backend):
 
 def test_port_above_what_sglang_accepts_is_refused():
     """SGLang 0.5.11 opens a gRPC port at port + 10000 and refuses a server whose gRPC port passes 65535."""
-    from top_rl.rollout.sglang_config import MAX_PORT
+    from top_rl.rollout.sglang.config import MAX_PORT
 
     check_config(_cfg(port=MAX_PORT), "fa3", base_env=ENV, top=V1)
     with pytest.raises(TopConfigError, match=rf"port={MAX_PORT + 1}: SGLang .* port \+ 10000 .*rollout.sglang.port"):

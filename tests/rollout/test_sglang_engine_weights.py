@@ -18,8 +18,8 @@ from helpers import push_by_ipc, sglang_engine_config, tiny_model  # noqa: E402
 from top_rl import contract  # noqa: E402
 from top_rl.model import hf_state_dict, save_model  # noqa: E402
 from top_rl.rollout.base import SamplingParams  # noqa: E402
-from top_rl.rollout.native import NativeEngine  # noqa: E402
-from top_rl.rollout.sglang import SglangEngine  # noqa: E402
+from top_rl.rollout.native.engine import NativeEngine  # noqa: E402
+from top_rl.rollout.sglang.engine import SglangEngine  # noqa: E402
 from top_rl.weights import buckets as W  # noqa: E402
 from top_rl.weights.sglang_distributed import sync_distributed  # noqa: E402
 from tests.doubles.sglang_standin import StandinServer  # noqa: E402
@@ -108,21 +108,25 @@ def test_ipc_push_end_to_end(ckpt, flattened, monkeypatch):
 
 
 @needs_sglang
-def test_a_disk_push_of_version_v_makes_the_server_report_v(ckpt, tmp_path):
-    """Issue 54 item 10: SglangDisk.receive called engine.update_weights, which numbered versions itself: pushing 1
+def test_a_disk_push_of_version_v_makes_the_server_report_v(ckpt, tmp_path, monkeypatch):
+    """Issue 54 item 10: SglangDisk's receive loaded without the version, and the engine numbered versions itself: pushing 1
     then 4 (a resumed run, a replaced engine) made the server report '2' while the trainer held 4, as the IPC
     transport does not. Now the server reports the version pushed, and samples carry it."""
-    from types import SimpleNamespace
+    import ray
 
+    from top_rl.weights.base import WeightRequest
     from top_rl.weights.native import SglangDisk
+
+    monkeypatch.setattr(ray, "get", lambda x: x)  # the payload is the tensors, not an object store reference
+    from top_rl.weights.transport import Link, Transport
 
     params = SamplingParams(max_new_tokens=3, temperature=1.0)
     with StandinServer(str(ckpt)) as srv:
         eng = SglangEngine(sglang_engine_config(str(ckpt), port=srv.port, weights_dir=str(tmp_path / "w"),
                                                 keep_weight_versions=1), "fa3", top=V1)
-        actor = SimpleNamespace(engine=eng)
+        receiver = SglangDisk.join(Link(Transport.sglang_disk), eng)  # the engine actor's end
         for version, seed in ((1, 3), (4, 5)):
-            SglangDisk.receive(actor, hf_state_dict(tiny_model(seed=seed)), version)
+            receiver.receive(eng, WeightRequest(Transport.sglang_disk, version, hf_state_dict(tiny_model(seed=seed))))
             got = eng.generate([[3, 4, 5]], [7], params)
             assert got[0].meta["weight_version"] == str(version) and eng.version == version
         assert [b["weight_version"] for p, b in srv.requests if p == "/update_weights_from_disk"] == ["1", "4"]
@@ -134,7 +138,7 @@ def test_a_disk_push_of_version_v_makes_the_server_report_v(ckpt, tmp_path):
 def test_a_released_server_refuses_until_resumed_and_pushed(ckpt, monkeypatch):
     """cluster.gpu_handoff's engine side against the stand-in (its weights turn to NaN on release, as a real server's
     paused memory holds nothing it can trust): release, resume, then the push restores the trainer's weights."""
-    from top_rl.rollout.sglang_client import SglangError
+    from top_rl.rollout.sglang.client import SglangError
 
     other = tiny_model(seed=5)
     params = SamplingParams(max_new_tokens=3, temperature=1.0)

@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sglang_cpu  # noqa: E402
 
 from top_rl import contract  # noqa: E402
-from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, check_config  # noqa: E402
-from top_rl.rollout.sglang_launch import MODULE, build_launch, engine_flags, validate_argv  # noqa: E402
+from top_rl.rollout.sglang.config import SglangEngineConfig, TopConfigError, check_config  # noqa: E402
+from top_rl.rollout.sglang.launch import MODULE, build_launch, engine_flags, validate_argv  # noqa: E402
 
 _ERR = sglang_cpu.import_error()
 needs_sglang = pytest.mark.skipif(_ERR is not None, reason=_ERR or "")
@@ -150,7 +150,7 @@ def _sglang_experiments():
 @pytest.mark.parametrize("experiment", _sglang_experiments())
 def test_shipped_experiments_plan_commands_sglang_accepts(experiment):
     from top_rl.cli import compose
-    from top_rl.rollout.sglang_plan import engine_config, initial_policy_dir, launch_plan
+    from top_rl.rollout.sglang.plan import engine_config, initial_policy_dir, launch_plan
 
     run = compose([f"+experiment={experiment}"])
     ports = set()
@@ -166,7 +166,7 @@ def test_shipped_experiments_plan_commands_sglang_accepts(experiment):
 
 
 def test_run_config_mapping():
-    from top_rl.rollout.sglang_plan import config_from_dict
+    from top_rl.rollout.sglang.plan import config_from_dict
 
     cfg = config_from_dict({"port": 31000, "extra_args": ("--log-level", "warning")}, 2, model_path="/m",
                            attention_backend="triton", top=True, logprob_source="prefill")
@@ -190,8 +190,8 @@ def test_rollout_sglang_is_typed_by_hydra_from_the_engine_config():
 
     from top_rl.cli import compose
     from top_rl.config import ConfigError
-    from top_rl.rollout.sglang_config import FROM_THE_RUN, SglangSettings
-    from top_rl.rollout.sglang_plan import engine_config
+    from top_rl.rollout.sglang.config import FROM_THE_RUN, SglangSettings
+    from top_rl.rollout.sglang.plan import engine_config
 
     assert type(compose(["rollout=sglang"]).rollout.sglang) is SglangSettings
     engine_fields = {f.name for f in dataclasses.fields(SglangEngineConfig)}
@@ -218,7 +218,7 @@ def test_rollout_sglang_is_typed_by_hydra_from_the_engine_config():
 
 def test_the_memory_saver_comes_from_cluster_gpu_handoff_and_is_refused_by_hand():
     from top_rl.cli import compose
-    from top_rl.rollout.sglang_plan import engine_config
+    from top_rl.rollout.sglang.plan import engine_config
 
     base = ["rollout=sglang", "model.path=/m"]
     assert engine_config(compose(base)).enable_memory_saver is False
@@ -235,7 +235,7 @@ def test_disk_pushed_weights_default_to_the_run_dir_not_the_system_temp_dir(tmp_
     """Issue 54: without rollout.sglang.weights_dir an engine wrote each version (and its server log beside them) to a
     mkdtemp in /tmp, never removed. The default is resolved on the driver, under run_dir, one directory per engine."""
     from top_rl.cli import compose
-    from top_rl.rollout.sglang_plan import engine_config
+    from top_rl.rollout.sglang.plan import engine_config
 
     monkeypatch.chdir(tmp_path)  # run_dir relative: the engine's actor runs in another working directory
     base = ["rollout=sglang", "model.path=/m", "run_dir=runs/r"]

@@ -1,4 +1,4 @@
-"""A rollout's concurrent requests (top_rl/rollout/sglang_rollout.py): every chunk is generated and then re-scored
+"""A rollout's concurrent requests (top_rl/rollout/sglang/rollout.py): every chunk is generated and then re-scored
 on its own, the results come back in sample order whatever order the calls finish in, the progress counts samples
 and tokens, the stats say what the re-score added, and a failed call is raised once every call has ended."""
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from top_rl.rollout.sglang_rollout import LoadPoller, Progress, run_chunks
+from top_rl.rollout.sglang.rollout import LoadPoller, Progress, run_chunks
 
 
 def _gen(r: range):
@@ -69,7 +69,7 @@ def test_a_failed_call_is_raised_after_the_others_end():
 
 
 def test_rescore_seconds_are_wall_time_not_a_sum_over_concurrent_chunks():
-    from top_rl.rollout.sglang_rollout import union_seconds
+    from top_rl.rollout.sglang.rollout import union_seconds
 
     assert union_seconds([]) == 0.0
     assert union_seconds([(0.0, 2.0), (1.0, 3.0), (1.5, 2.5)]) == 3.0  # overlapping: 0..3, not 2 + 2 + 1

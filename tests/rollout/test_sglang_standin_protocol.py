@@ -22,10 +22,10 @@ from helpers import push_by_ipc, sglang_engine_config, tiny_model  # noqa: E402
 from top_rl import contract, kernels  # noqa: E402
 from top_rl.model import hf_state_dict, pack, save_model  # noqa: E402
 from top_rl.weights.sglang_ipc import tensor_payload  # noqa: E402
-from top_rl.rollout.sglang import SglangEngine  # noqa: E402
-from top_rl.rollout.sglang_client import SglangClient, SglangHTTPError, SglangUnavailable  # noqa: E402
-from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError  # noqa: E402
-from top_rl.rollout.sglang_protocol import parse_scores, score_payload  # noqa: E402
+from top_rl.rollout.sglang.engine import SglangEngine  # noqa: E402
+from top_rl.rollout.sglang.client import SglangClient, SglangHTTPError, SglangUnavailable  # noqa: E402
+from top_rl.rollout.sglang.config import SglangEngineConfig, TopConfigError  # noqa: E402
+from top_rl.rollout.sglang.protocol import parse_scores, score_payload  # noqa: E402
 
 V1 = contract.DEFAULT  # the contract these engines run under
 

@@ -1,4 +1,4 @@
-"""A colocated SGLang server and trainer rank on one GPU (top_rl/rollout/sglang_memory.py, preflight): the parameter
+"""A colocated SGLang server and trainer rank on one GPU (top_rl/rollout/sglang/memory.py, preflight): the parameter
 count is Qwen3-0.6B's, and a layout that cannot fit is refused before start with the numbers and the fix."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from top_rl.cli import compose
 from top_rl.model.qwen3.config import Qwen3Config
 from top_rl.driver import memory_choice
 from top_rl.driver.local_gpu import LocalGpu
-from top_rl.rollout import sglang_memory
+from top_rl.rollout.sglang import memory as sglang_memory
 
 QWEN3_06B = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                         num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,

@@ -21,7 +21,7 @@ from top_rl.model import hf_state_dict
 from top_rl.rl.batch import RLBatch, RLSample, RLStepConfig
 from top_rl.rl.config import GateConfig
 from top_rl.rollout.base import SamplingParams
-from top_rl.rollout.native import NativeEngine
+from top_rl.rollout.native.engine import NativeEngine
 from top_rl.train import Trainer, TrainerSettings
 from top_rl.train.snapshots import PolicySnapshots, PolicyVersionMissing
 

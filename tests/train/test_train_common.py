@@ -9,7 +9,7 @@ import torch
 
 from top_rl.model import Qwen3, Qwen3Config
 from top_rl.rollout.base import SamplingParams
-from top_rl.rollout.native import NativeEngine
+from top_rl.rollout.native.engine import NativeEngine
 from top_rl.train import TrainSequence
 
 TEMPERATURE = 0.7

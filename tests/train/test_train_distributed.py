@@ -14,7 +14,7 @@ import torch.distributed as dist
 from test_train_common import assert_parity, both_kinds, expected, pg_loss, reference_model, rollouts, tiny_config
 from top_rl.contract import as_dtype
 from top_rl.model import hf_state_dict
-from top_rl.rollout.native import NativeEngine
+from top_rl.rollout.native.engine import NativeEngine
 from top_rl.train import Trainer, TrainerSettings
 from top_rl.train.parallel import spawn
 
@@ -77,7 +77,7 @@ def _check_layout(rank, p):
     box = [None]
     if rank == 0:  # one engine takes the new weights and rolls out; every rank scores the same batch
         engine_model = reference_model(cfg, dtype, seed=999)
-        NativeEngine(engine_model).update_weights(after)
+        NativeEngine(engine_model).load_named_tensors(after)
         box[0] = rollouts(engine_model, n=3, seed=seed + 1)
     dist.broadcast_object_list(box, src=0)
     assert_parity(trainer.logprobs(both_kinds(box[0])), expected(box[0]), c)

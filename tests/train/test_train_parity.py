@@ -15,7 +15,7 @@ import torch
 from test_train_common import assert_parity, both_kinds, expected, pg_loss, reference_model, rollouts, tiny_config
 from top_rl.contract import as_dtype
 from top_rl.model import hf_state_dict
-from top_rl.rollout.native import NativeEngine
+from top_rl.rollout.native.engine import NativeEngine
 from top_rl.train import Trainer, TrainerSettings, TrainSequence
 
 CASES = [("float32", True, 11), ("float32", False, 12), ("bfloat16", True, 13), ("bfloat16", False, 14)]
@@ -74,7 +74,7 @@ def test_step_changes_weights_and_keeps_parity_after_handover(setup):
 
     engine_model = reference_model(cfg, str(c).replace("torch.", ""), seed=999)  # different init
     engine = NativeEngine(engine_model)
-    engine.update_weights(after)
+    engine.load_named_tensors(after)
     new_samples = rollouts(engine_model, n=4, seed=77)
     assert_parity(trainer.logprobs(both_kinds(new_samples)), expected(new_samples), c)
 

@@ -17,7 +17,9 @@ from top_rl.weights import senders
 from top_rl.weights.group import Group
 from top_rl.weights.native import Broadcast, ObjectStore
 from top_rl.weights.sglang_distributed import SglangDistributed
-from top_rl.weights.transport import Endpoint, Link, Transport, TransportSetting, choose, link, refusal
+from top_rl.weights.base import WeightRequest
+from top_rl.weights.senders import choose, link
+from top_rl.weights.transport import Endpoint, Link, Transport, TransportSetting, refusal
 
 CPU, GPU0, GPU1 = Endpoint("n", None), Endpoint("n", "GPU-0"), Endpoint("n", "GPU-1")
 
@@ -55,6 +57,36 @@ def test_one_table_holds_every_variant_once():
     assert all(cls.kind == name for name, cls in senders.TRANSPORTS.items())
 
 
+def test_the_settings_each_engine_kind_accepts_are_the_ones_its_variants_answer_to():
+    """transport.refusal (read by the config, without torch) and the variants' own rules agree."""
+    for kind in ("native", "sglang"):
+        named = {cls.setting for cls in senders.TRANSPORTS.values() if cls.engine_kind == kind}
+        assert {s for s in TransportSetting if refusal(s, kind) is None} == named | {TransportSetting.auto}
+
+
+class _Loads:
+    """An engine's weight protocol that records the one way a native engine has (rollout/base.py)."""
+
+    def __init__(self):
+        self.loaded = {}
+
+    def load_named_tensors(self, named, version=None):
+        self.loaded.update(named)
+
+
+def test_an_engine_refuses_a_way_in_it_does_not_have_naming_the_ways_it_has():
+    from top_rl.rollout.base import WeightWayUnsupported
+    from top_rl.rollout.native.engine import NativeEngine
+    from top_rl.rollout.sglang.engine import SglangEngine
+
+    assert NativeEngine.weight_ways() == ["load_named_tensors"]
+    assert SglangEngine.weight_ways() == list(SglangEngine.WAYS)
+    engine = NativeEngine.__new__(NativeEngine)
+    with pytest.raises(WeightWayUnsupported, match="NativeEngine has no receive_bucket: it takes weights by "
+                                                   "load_named_tensors"):
+        engine.receive_bucket(["w"], ["float32"], [[1]])
+
+
 def _named():
     g = torch.Generator().manual_seed(0)
     return [("model.embed_tokens.weight", torch.randn(7, 5, generator=g)),
@@ -64,19 +96,18 @@ def _named():
 
 
 class _Engine:
-    """An engine actor's handle: `.receive_weights.remote(...)` runs the engine's receive on a thread."""
+    """An engine actor's handle: `.receive_weights.remote(request)` runs the actor's end of the link on a thread."""
 
-    def __init__(self, pool, group=None, fail=False):
-        self.pool, self.group, self.fail, self.got = pool, group, fail, None
-        self.receive_weights = SimpleNamespace(remote=lambda *a: pool.submit(self._receive, *a))
+    def __init__(self, pool, receiver, fail=False):
+        self.pool, self.receiver, self.fail, self.got = pool, receiver, fail, None
+        self.receive_weights = SimpleNamespace(remote=lambda request: pool.submit(self._receive, request))
 
-    def _receive(self, transport, payload, version):
+    def _receive(self, request: WeightRequest):
         if self.fail:
             raise RuntimeError("engine   died\n mid-receive")
-        loaded = {}
-        actor = SimpleNamespace(group=self.group, engine=SimpleNamespace(update_weights=loaded.update))
-        senders.TRANSPORTS[transport].receive(actor, payload, version)  # what EngineActor.receive_weights runs
-        self.got = (loaded, version)
+        engine = _Loads()
+        version = self.receiver.receive(engine, request)  # what EngineActor.receive_weights runs
+        self.got = (engine.loaded, version)
         return version
 
 
@@ -96,13 +127,14 @@ def _pair():
 def test_a_push_reaches_every_engine_bitwise_and_a_failure_is_reported_by_index(monkeypatch):
     import ray
 
-    monkeypatch.setattr(ray, "get", lambda f: f.result())
+    monkeypatch.setattr(ray, "get", lambda f: f.result() if isinstance(f, Future) else f)  # a Future: a call's answer
     monkeypatch.setattr(ray, "put", lambda x: x)
     named = _named()
     with ThreadPoolExecutor(4) as pool:
         zero, one = _pair()
-        by_group = _Engine(pool, group=one)
-        by_store, dead = _Engine(pool), _Engine(pool, fail=True)
+        by_group = _Engine(pool, Broadcast(None, Link(Transport.broadcast), one))  # the engine's end holds its group
+        store_end = ObjectStore.join(Link(Transport.object_store), _Loads())
+        by_store, dead = _Engine(pool, store_end), _Engine(pool, store_end, fail=True)
         chosen = [(0, Broadcast(by_group, Link(Transport.broadcast), zero)),
                   (1, ObjectStore(by_store, Link(Transport.object_store))),
                   (2, ObjectStore(dead, Link(Transport.object_store)))]
@@ -125,35 +157,56 @@ def test_sglang_distributed_posts_each_bucket_before_its_broadcast_and_reports_a
     monkeypatch.setattr(sglang_distributed, "broadcast_bucket",
                         lambda bucket, group, flattened: events.append(("bcast", [n for n, _ in bucket], flattened)))
 
-    def receive(**meta):
-        events.append(("post", meta["names"], meta["weight_version"]))
+    def receive(request: WeightRequest):
+        assert request.transport == Transport.sglang_distributed and request.version == 5
+        events.append(("post", request.payload["names"], request.last))
         f = Future()
-        if meta["weight_version"] is None:
+        if not request.last:
             f.set_result(None)
         else:
             f.set_exception(RuntimeError("server refused the last bucket"))
         return f
 
-    engine = SimpleNamespace(sglang_receive_bucket=SimpleNamespace(remote=receive))
+    engine = SimpleNamespace(receive_weights=SimpleNamespace(remote=receive))
     link = Link(Transport.sglang_distributed, 1, "gloo", flattened=False)
     results = senders.push([(3, SglangDistributed(engine, link, None))], _named(), 5, bucket_bytes=64)
     assert results == [(3, "server refused the last bucket")]
     posts = [e for e in events if e[0] == "post"]
-    assert len(posts) > 1 and [v for *_, v in posts] == [None] * (len(posts) - 1) + ["5"]
+    assert len(posts) > 1 and [last for *_, last in posts] == [False] * (len(posts) - 1) + [True]
     assert [e[0] for e in events] == ["post", "bcast"] * len(posts)
     assert all(e[2] is False for e in events if e[0] == "bcast")
 
 
 def test_an_sglang_engines_link_comes_from_the_setting_and_the_engines_own_config():
-    from top_rl.rollout.sglang_plan import config_from_dict
+    from top_rl.rollout.sglang.plan import config_from_dict
 
     def link_of(sglang: dict, setting="auto", trainer=CPU, engine=CPU):  # the engine's server config as preflight plans it
         return link(setting, trainer, engine, config_from_dict(sglang, 1, model_path="/m", attention_backend="fa3",
                                                               logprob_source="prefill", top=True))
 
-    assert link_of({}) == Link(Transport.sglang_disk, 1, "gloo", True)  # CPU: no CUDA IPC
-    assert link_of({}, trainer=GPU0, engine=GPU0) == Link(Transport.sglang_ipc, 1, "nccl", True)
-    assert link_of({}, "broadcast") == Link(Transport.sglang_distributed, 1, "gloo", True)
+    name = "top_rl_weight_sync"  # rollout.sglang.weight_group_name's default
+    assert link_of({}) == Link(Transport.sglang_disk, 1, "gloo", True, name)  # CPU: no CUDA IPC
+    assert link_of({}, trainer=GPU0, engine=GPU0) == Link(Transport.sglang_ipc, 1, "nccl", True, name)
+    assert link_of({}, "broadcast") == Link(Transport.sglang_distributed, 1, "gloo", True, name)
     assert link_of({"tp_size": 2, "flattened_buckets": False}, trainer=GPU0, engine=GPU1) == \
-        Link(Transport.sglang_distributed, 2, "nccl", False)
+        Link(Transport.sglang_distributed, 2, "nccl", False, name)
+    assert link_of({"weight_group_name": "mine"}, "broadcast").group_name(1, 40001) == "mine_1_40001"  # honoured
     assert link_of({"tp_size": 2}, trainer=GPU0, engine=GPU1).world == 3
+
+
+def test_the_engines_end_of_sglang_distributed_joins_and_flips_the_version_on_the_last_bucket_only():
+    calls = []
+
+    class Server:  # the two ways in SglangDistributed uses (rollout/base.py's EngineWeights)
+        def join_weight_group(self, host, port, backend, name):
+            calls.append(("join", host, port, backend, name))
+
+        def receive_bucket(self, names, dtypes, shapes, weight_version=None):
+            calls.append(("bucket", names, weight_version))
+
+    link, server = Link(Transport.sglang_distributed, 1, "gloo"), Server()
+    end = SglangDistributed.join(link, server, "g_0_9", "10.0.0.1", 9, store=None)
+    meta = {"names": ["w"], "dtypes": ["float32"], "shapes": [[1]]}
+    assert end.receive(server, WeightRequest(Transport.sglang_distributed, 3, meta, last=False)) is None
+    assert end.receive(server, WeightRequest(Transport.sglang_distributed, 3, meta)) == 3
+    assert calls == [("join", "10.0.0.1", 9, "gloo", "g_0_9"), ("bucket", ["w"], None), ("bucket", ["w"], "3")]

@@ -4,12 +4,14 @@ Devices: an actor computes on the GPU(s) Ray gave it (`ray.get_gpu_ids()`, expos
 an actor Ray gave no GPU computes on the CPU, even on a GPU node (Ray leaves CUDA_VISIBLE_DEVICES unset for
 it, so without this it would silently share GPU 0 with everyone).
 Weights: engines start empty and are sent every version by trainer rank 0 (top_rl.weights), by the sender
-it made for each engine when it connected to it; the driver never holds them.
+it made for each engine when it connected to it; the engine's actor holds the other end (its receiver, made when it
+joined), and its one weight door hands each request to it; the driver never holds them.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import ray
@@ -21,8 +23,9 @@ from top_rl.driver.plan import EngineSpec, TrainerSpec
 from top_rl.kernels.plan import KernelPlan
 from top_rl.run.fault_injection import NO_FAULTS
 from top_rl.weights import senders
-from top_rl.weights.sglang_distributed import SglangDistributed
-from top_rl.weights.transport import Endpoint, Link, Transport
+from top_rl.weights.base import WeightRequest
+from top_rl.weights.group import GROUP_TIMEOUT
+from top_rl.weights.transport import Endpoint, Link
 
 
 def _setup_process(kernel_plan: KernelPlan, threads: int) -> None:
@@ -54,17 +57,21 @@ class EngineActor:
         t0 = time.monotonic()
         tee_to(log_file)
         _setup_process(kernel_plan, threads)
-        self.kind, self.version, self.group = spec.kind, -1, None
+        self.kind, self.version = spec.kind, -1
+        self.receiver: senders.WeightTransport | None = None  # this engine's end of its weight link (join_weights)
+        # set once join_weights has made the receiver: rank 0 pushes as soon as its own end is up, which for a process
+        # group is before this actor's join call returns (the two calls run concurrently here: max_concurrency=2)
+        self.joined = threading.Event()
         self.generate_s = 0.0
         if spec.kind == "native":
             from top_rl.model import family
-            from top_rl.rollout.native import NativeEngine
+            from top_rl.rollout.native.engine import NativeEngine
 
             model = family.of(spec.arch).NativeModel(spec.arch, spec.dtype).to(_device())  # weights: the first push
             self.engine = NativeEngine(model, spec.logprob_source)
         elif spec.kind == "sglang":
             from top_rl import contract
-            from top_rl.rollout.sglang import SglangEngine
+            from top_rl.rollout.sglang.engine import SglangEngine
 
             self.engine = SglangEngine(spec.sglang, kernel_plan.attention, contract.get(kernel_plan.contract))
             self.engine.start()
@@ -114,25 +121,36 @@ class EngineActor:
         self.engine.resume_memory()
 
     # weights (top_rl.weights): joined once per connection, then received by the variant chosen then
-    def join_weights(self, link: Link, index: int, address: tuple[str, int]) -> None:
-        """Join the process group trainer rank 0 hosts at `address` for this engine (rank 0 joins concurrently)."""
+    def join_weights(self, link: Link, index: int, address: tuple[str, int] | None) -> None:
+        """Make this engine's end of its link; for a process group, join the one trainer rank 0 hosts at `address`
+        for this engine (rank 0 joins concurrently)."""
+        cls = senders.TRANSPORTS[link.transport]
+        self.joined.clear()
+        if address is None:
+            self.receiver = cls.join(link, self.engine)
+            self.joined.set()
+            return
         host, port = address
 
         def store(world, rank, timeout):
             return rendezvous.store(host, port, world, rank, timeout)
 
-        senders.TRANSPORTS[link.transport].join(self, link, link.group_name(index, port), host, port, store)
+        self.receiver = cls.join(link, self.engine, link.group_name(index, port), host, port, store)
+        self.joined.set()
 
-    def receive_weights(self, transport: Transport, payload, version: int) -> int:
-        senders.TRANSPORTS[transport].receive(self, payload, version)
-        self.version = version
+    def receive_weights(self, request: WeightRequest) -> int | None:
+        """The one weight door: the request goes to this engine's end of its link, which loads it through the
+        engine's weight protocol (top_rl.rollout.base.EngineWeights); the version the engine now holds (None: a
+        bucket that is not the version's last)."""
+        self.joined.wait(timeout=GROUP_TIMEOUT.total_seconds())  # a join still under way finishes first
+        if self.receiver is None or self.receiver.kind != request.transport:
+            have = "no link" if self.receiver is None else self.receiver.kind
+            raise RuntimeError(f"a {request.transport} weight request reached an engine joined by {have}: "
+                               "rank 0 and the engine must connect (join_weights) before a push")
+        version = self.receiver.receive(self.engine, request)
+        if version is not None:
+            self.version = version
         return version
-
-    def sglang_receive_bucket(self, names, dtypes, shapes, weight_version=None):
-        """One bucket of SGLang's update_weights_from_distributed (top_rl.weights.sglang_distributed)."""
-        SglangDistributed.receive_bucket(self, names, dtypes, shapes, weight_version)
-        if weight_version is not None:
-            self.version = int(weight_version)
 
     def health(self):
         return self.engine.health()

@@ -33,7 +33,7 @@ from top_rl.driver import local_ray
 from top_rl.driver import placement
 from top_rl.driver import rendezvous
 from top_rl.driver import shared_run_dir
-from top_rl.weights import transport
+from top_rl.weights import senders, transport
 from top_rl.driver.actors import EngineActor, TrainerActor
 from top_rl.driver.plan import RunPlan
 from top_rl.run.stopped import ActorFailed
@@ -181,22 +181,21 @@ class Cluster:
                                             self._log(f"engine-{i}.log", restarted=True))
 
     def _links(self, indices) -> list[transport.Link]:
-        """Each engine's link (top_rl.weights.transport), decided once here from cluster.weight_transport and where the
+        """Each engine's link (top_rl.weights.senders.link), decided once here from cluster.weight_transport and where the
         engine computes (one round trip for all of them, which also waits for their start); an SGLang engine's link
         also carries its server's TP ranks and bucket layout."""
         indices = list(indices)
         ends = self._get([self.engines[i].endpoint.remote() for i in indices],
                          [f"rollout engine {i}" for i in indices], "start")
-        return [transport.link(self.cfg.weight_transport, self.trainer_endpoint, end, self.engine_specs[i].sglang)
+        return [senders.link(self.cfg.weight_transport, self.trainer_endpoint, end, self.engine_specs[i].sglang)
                 for i, end in zip(indices, ends)]
 
     def _connect(self, i: int) -> tuple[list, list[str]]:
-        """Submit rank 0's connection to engine i (its sender; for a process group, the engine joins as rank 0 hosts
-        it at an address rank 0 reserves: Ray hands the address over, the driver waits for nothing in between)."""
+        """Submit engine i's connection: rank 0's end (its sender) and the engine's (its receiver); for a process
+        group, the engine joins as rank 0 hosts it at an address rank 0 reserves: Ray hands the address over, the
+        driver waits for nothing in between."""
         link, rank0 = self.links[i], self.trainers[0]
-        if not link.needs_group:
-            return [rank0.connect.remote(i, link, self.engines[i], None)], ["trainer rank 0"]
-        address = rank0.free_address.remote()
+        address = rank0.free_address.remote() if link.needs_group else None
         return ([rank0.connect.remote(i, link, self.engines[i], address),
                  self.engines[i].join_weights.remote(link, i, address)], ["trainer rank 0", f"rollout engine {i}"])
 

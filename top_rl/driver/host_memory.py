@@ -15,7 +15,7 @@ never have run (it would have grown until the machine killed it, deep in a step)
 - On a local run, every native engine that computes on the CPU generates all the rows of its call at once (its share
   of the step's samples, or cluster.rollout_chunk of them per wave) and holds, for the whole call, the KV cache of
   every row: each of its (>= 1 prompt + rollout.max_new_tokens) positions keeps a K and a V vector per layer and KV
-  head, in model.dtype (top_rl/rollout/native.py: model.new_kv_cache(rows, longest prompt + max_new_tokens)). On top
+  head, in model.dtype (top_rl/rollout/native/engine.py: model.new_kv_cache(rows, longest prompt + max_new_tokens)). On top
   of it, every row's share of the call's largest working set, the largest of (call_scratch):
   - the sampler (every backend; a CPU engine hashes with the torch murmur3): a [rows, vocab] logits and log-probs in
     model.dtype, the int64 hash and the float64 Gumbel noise plus the float64 copy of the log-probs it adds, all alive
@@ -43,7 +43,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from top_rl.rollout.sglang_memory import param_count
+from top_rl.rollout.sglang.memory import param_count
 
 GIB = 1 << 30
 SLOT_BYTES = 8  # a list or tuple entry

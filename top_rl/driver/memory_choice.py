@@ -7,7 +7,7 @@ The rule (`choose`), for servers sharing a trainer rank's GPU (cluster.colocate=
 - The batch's KV need: each server's share of the rollout's requests (rollout.prompts_per_step x n_samples over the
   engines, at most rollout.sglang.max_running_requests), each at its longest (the task's longest prompt +
   rollout.max_new_tokens), times the model's KV bytes per token, plus the server's weights and a margin.
-- The room: the largest fraction at which the server and the trainer fit (top_rl/rollout/sglang_memory.py, the same
+- The room: the largest fraction at which the server and the trainer fit (top_rl/rollout/sglang/memory.py, the same
   estimate that refuses an explicit value), first with the trainer's state kept on the GPU, then, with
   cluster.gpu_handoff, with trainer.offload_during_rollout (the optimizer state in host memory while the server
   generates): offload is turned on only when that is what lets the whole batch run.
@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 
 from top_rl.driver.local_gpu import LocalGpu, local_gpu
-from top_rl.rollout import sglang_memory
+from top_rl.rollout.sglang import memory as sglang_memory
 
 AUTO = "auto"
 KV_MARGIN = 1.05  # SGLang's pool keeps a few pages and per-request slack beyond the tokens themselves
@@ -65,7 +65,7 @@ def choose(arch, gpu: LocalGpu, *, requests: int, tokens_per_request: int, serve
     if held < 1:
         raise ValueError(f"rollout.sglang.mem_fraction_static=auto: the trainer on this {gpu.describe()} "
                          f"({gpu.total_bytes / g:.1f} GiB) leaves the server no room for one request of "
-                         f"{tokens_per_request} tokens (the estimate: top_rl/rollout/sglang_memory.py); lower "
+                         f"{tokens_per_request} tokens (the estimate: top_rl/rollout/sglang/memory.py); lower "
                          "trainer.micro_batch_tokens, set cluster.gpu_handoff=true, or give the engines their own "
                          "GPUs (cluster.colocate=false)")
     trainer = (sglang_memory.offloaded_resident_bytes(arch, micro_batch_tokens) if offload and handoff else

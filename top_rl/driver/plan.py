@@ -11,7 +11,7 @@ from typing import Any
 
 from top_rl.driver.placement import ClusterConfig, Placement
 from top_rl.kernels.plan import KernelPlan
-from top_rl.rollout.sglang_config import SglangEngineConfig
+from top_rl.rollout.sglang.config import SglangEngineConfig
 from top_rl.run.fault_injection import NO_FAULTS, FaultPlan
 
 

@@ -38,7 +38,7 @@ WARNINGS = [
     ("megatron.core.models.gpt.gpt_layer_specs", "Apex is not installed. Falling back to Torch Norm"),
     ("megatron.core.hyper_comm_grid", "absl.logging is not installed"),
     ("megatron.core.transformer.transformer_config", "full scope is deprecated"),
-    # SGLang's parser, imported on a CPU driver to check extra_args before Ray starts (rollout.sglang_launch)
+    # SGLang's parser, imported on a CPU driver to check extra_args before Ray starts (top_rl.rollout.sglang.launch)
     *((r.fla_logger, "Triton is not supported on current platform") for r in RELEASES.values()),
 ]
 

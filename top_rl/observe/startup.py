@@ -6,7 +6,7 @@ run's files, and nothing is written outside run_dir).
 
 Actors (trainer ranks, engines) copy what Python writes to stdout and stderr into their own file there
 (`tee_to`); output written by C code straight to the file descriptors (NCCL, CUDA) reaches only the console and
-Ray's session logs. SGLang servers write their whole output to their file (rollout/sglang_server.py).
+Ray's session logs. SGLang servers write their whole output to their file (rollout/sglang/server.py).
 """
 
 from __future__ import annotations

@@ -15,13 +15,13 @@ class SglangRelease:
     # The engine's Triton attention kernels the trainer calls (top_rl/kernels/sglang/attention.py)
     triton_extend_module: str
     triton_decode_module: str
-    # SGLang's Triton murmur_hash32, loaded by file (top_rl/rollout/seeded_sampler.py), relative to sglang/
+    # SGLang's Triton murmur_hash32, loaded by file (top_rl/rollout/native/seeded_sampler.py), relative to sglang/
     murmur_hash_file: str
     # The logger of the Triton-availability warning SGLang's parser import logs on a CPU host (top_rl/observe/quiet.py)
     fla_logger: str
-    # The request's retraction count in /generate meta_info (top_rl/rollout/sglang_protocol.py)
+    # The request's retraction count in /generate meta_info (top_rl/rollout/sglang/protocol.py)
     retractions_key: str
-    # TOP-RL's name for a parsed server setting -> the argparse dest of this release's parser (sglang_launch.py)
+    # TOP-RL's name for a parsed server setting -> the argparse dest of this release's parser (rollout/sglang/launch.py)
     argv_dests: dict[str, str] = field(default_factory=dict)
     # Parsed settings the contract pins beyond the config's own (dest -> value), checked on every TOP command
     argv_pinned: dict[str, object] = field(default_factory=dict)

@@ -27,8 +27,8 @@ import torch
 from top_rl import contract, kernels
 from top_rl.dtypes import DTYPE_NAMES
 from top_rl.tools.args import Arg, KeyValueCli, UsageError
-from top_rl.rollout.sglang_client import SglangClient, SglangError
-from top_rl.rollout.sglang_protocol import generate_payload, items, parse_generation, parse_scores, score_payload
+from top_rl.rollout.sglang.client import SglangClient, SglangError
+from top_rl.rollout.sglang.protocol import generate_payload, items, parse_generation, parse_scores, score_payload
 
 
 def server_violations(info: dict, top: contract.TopContract) -> list[str]:

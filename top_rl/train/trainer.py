@@ -126,7 +126,7 @@ class Trainer:
             yield from self.family.iter_megatron_to_hf([(name, full_tensor(name))], cfg)
 
     def export_hf_weights(self) -> dict[str, torch.Tensor]:
-        """HF-named full weights for `NativeEngine.update_weights` / `save_model` (CPU tensors)."""
+        """HF-named full weights for `NativeEngine.load_named_tensors` / `save_model` (CPU tensors)."""
         return {k: v.cpu() for k, v in self.iter_hf_weights()}
 
     def _dtype_of(self, name: str) -> torch.dtype:

@@ -1,17 +1,20 @@
-"""What every weight transport shares: one version's weights on rank 0 (`Outgoing`), and the shape of a variant
-(`WeightTransport`): one class per way the weights travel, owning both ends. Rank 0 makes one instance per engine
-when it connects to it and calls `send` on every push; the engine's actor calls the class's `join` once per
-connection (process groups only) and `receive` on every push. The variants and the table that names them:
-top_rl.weights.senders; which one an engine gets: top_rl.weights.transport."""
+"""What every weight transport shares: one version's weights on rank 0 (`Outgoing`), the one request an engine's actor
+takes (`WeightRequest`), and the shape of a variant (`WeightTransport`): one class per way the weights travel, owning
+both ends and the rule of where it fits. Rank 0 makes one instance per engine when it connects to it (`connect`) and
+calls `send` on every push; the engine's actor makes the other end when it joins (`join`, the process group the
+variant needs held by that instance) and hands every request to its `receive`, which calls only the engine's weight
+protocol (top_rl.rollout.base.EngineWeights). The variants and the table that names them: top_rl.weights.senders."""
 
 from __future__ import annotations
 
-from typing import Callable, ClassVar
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
 
 import torch
 
+from top_rl.rollout.base import EngineWeights
 from top_rl.weights.buckets import bucket_meta, buckets, flatten
-from top_rl.weights.transport import Link, Transport
+from top_rl.weights.transport import Link, Placement, Transport, TransportSetting
 
 Wait = Callable[[], object]  # raises if the engine failed to take the version
 
@@ -44,15 +47,49 @@ class Outgoing:
         return self._flat
 
 
+@dataclass(frozen=True)
+class WeightRequest:
+    """What rank 0 sends an engine's actor (its one weight door, EngineActor.receive_weights): `payload` of weight
+    version `version` by variant `transport`; `last` False for a bucket that is not the version's last."""
+
+    transport: Transport
+    version: int
+    payload: Any
+    last: bool = True
+
+
 class WeightTransport:
-    """One variant. Rank 0's end: `__init__` at connect (with its process group, if any), `send` per push, `close`
-    before a restarted engine's new connection. The engine's end: the static `join` and `receive`, called in the
-    engine's actor (`actor.engine` is its rollout engine, `actor.group` the group `join` made)."""
+    """One variant. The rule: `setting` (the cluster.weight_transport value that names it), `engine_kind`, and the
+    class methods `refusal` (it cannot join the two ends) and `auto_fits` (auto picks it; the table is fastest first).
+    Rank 0's end: `connect` (with its process group, if any), `send` per push, `close` before a restarted engine's new
+    connection. The engine's end: `join` (in the engine's actor, with the group it makes) and `receive` per request."""
 
     kind: ClassVar[Transport]
+    setting: ClassVar[TransportSetting]
+    engine_kind: ClassVar[str]  # native | sglang
 
     def __init__(self, engine, link: Link, group=None):
-        self.engine, self.link, self.group = engine, link, group  # engine: the engine actor's handle
+        """`engine`: the engine actor's handle at rank 0's end (None at the engine's); `group`: this end's group."""
+        self.engine, self.link, self.group = engine, link, group
+
+    # ------------------------------------------------------------------ the rule
+    @classmethod
+    def refusal(cls, where: Placement) -> str | None:
+        """Why this variant cannot join trainer rank 0 and the engine placed so, or None."""
+        return None
+
+    @classmethod
+    def auto_fits(cls, where: Placement) -> bool:
+        """Whether cluster.weight_transport=auto picks this variant (the first in the table that fits)."""
+        return True
+
+    # ------------------------------------------------------------------ rank 0's end
+    @classmethod
+    def connect(cls, link: Link, engine, store=None, host: str | None = None, port: int | None = None,
+                name: str | None = None) -> "WeightTransport":
+        """Rank 0's end of one engine's link; for a process group, made while the engine joins at host:port with
+        `store(world, timeout)`, the rendezvous store rank 0 serves there (top_rl.driver.rendezvous.store)."""
+        return cls(engine, link)
 
     def send(self, out: Outgoing, version: int) -> Wait:
         raise NotImplementedError
@@ -60,11 +97,19 @@ class WeightTransport:
     def close(self) -> None:
         """Before this engine's connection is replaced (the engine was restarted)."""
 
-    @staticmethod
-    def join(actor, link: Link, name: str, host: str, port: int, store) -> None:
-        """The engine's side of the connection (process groups only), at rank 0's host:port; `store(world, rank,
-        timeout)` is the rendezvous store there (top_rl.driver.rendezvous.store)."""
+    def request(self, version: int, payload, last: bool = True):
+        """Start the engine actor's receive of `payload` (a Ray call to its one weight door); its object ref."""
+        return self.engine.receive_weights.remote(WeightRequest(self.kind, version, payload, last))
 
-    @staticmethod
-    def receive(actor, payload, version: int) -> None:
+    # ------------------------------------------------------------------ the engine's end
+    @classmethod
+    def join(cls, link: Link, engine: EngineWeights, name: str | None = None, host: str | None = None,
+             port: int | None = None, store=None) -> "WeightTransport":
+        """The engine's end of the connection, in its actor; for a process group, rank 0's at host:port, where
+        `store(world, rank, timeout)` is the rendezvous store (top_rl.driver.rendezvous.store)."""
+        return cls(None, link)
+
+    def receive(self, engine: EngineWeights, request: WeightRequest) -> int | None:
+        """Load `request` into `engine` through its weight protocol; the version it now holds (None: a bucket that is
+        not the last)."""
         raise NotImplementedError

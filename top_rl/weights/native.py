@@ -1,5 +1,6 @@
 """The variants that reach a native engine (top_rl.rollout.native), and SGLang's disk reload, which travels the same
-way: each engine receives the weights of one version whole and loads them with `engine.update_weights`."""
+way: each engine receives the weights of one version whole and loads them with its `load_named_tensors` (the weight
+protocol, top_rl.rollout.base.EngineWeights)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import functools
 
 import torch
 
-from top_rl.weights.base import Outgoing, Wait, WeightTransport
+from top_rl.rollout.base import EngineWeights
+from top_rl.weights.base import Outgoing, Wait, WeightRequest, WeightTransport
 from top_rl.weights.buckets import flatten, meta_bytes, unflatten
 from top_rl.weights.group import GROUP_TIMEOUT, Group
-from top_rl.weights.transport import Link, Transport
+from top_rl.weights.transport import Link, Placement, Transport, TransportSetting
 
 
 def _ray():
@@ -19,40 +21,62 @@ def _ray():
     return ray
 
 
-class ObjectStore(WeightTransport):
-    """One `ray.put` of CPU tensors, shared by every object-store engine of a push."""
+class Ipc(WeightTransport):
+    """An engine on rank 0's GPU (NCCL cannot join two ranks on one device): CUDA IPC handles of rank 0's flat
+    buckets; the engine copies out before rank 0 lets them go."""
 
-    kind = Transport.object_store
+    kind, setting, engine_kind = Transport.ipc, TransportSetting.ipc, "native"
+
+    @classmethod
+    def refusal(cls, where: Placement) -> str | None:
+        return where.ipc_refusal()
+
+    @classmethod
+    def auto_fits(cls, where: Placement) -> bool:
+        return where.same_gpu
 
     def send(self, out: Outgoing, version: int) -> Wait:
-        ref = self.engine.receive_weights.remote(self.kind, out.object_ref(), version)
-        return functools.partial(_ray().get, ref)
+        from torch.multiprocessing.reductions import reduce_tensor
 
-    @staticmethod
-    def receive(actor, payload, version: int) -> None:
-        actor.engine.update_weights(payload)
+        bufs = out.flat_on_device()
+        ref = self.request(version, ([reduce_tensor(b) for b in bufs], out.metas))
 
+        def wait(bufs=bufs):  # rank 0 keeps its buffers until the engine has copied them out
+            return _ray().get(ref)
+        return wait
 
-class SglangDisk(ObjectStore):
-    """An SGLang server's reload from disk: the engine actor writes the tensors as an HF checkpoint next to its
-    server, which loads it by POST /update_weights_from_disk (SglangEngine.update_weights). The slowest way, and the
-    one a restarted server replays by itself."""
-
-    kind = Transport.sglang_disk
-
-    @staticmethod
-    def receive(actor, payload, version: int) -> None:
-        actor.engine.update_weights(payload, version=version)  # the trainer's number, which samples must carry
+    def receive(self, engine: EngineWeights, request: WeightRequest) -> int:
+        handles, metas = request.payload
+        out: dict[str, torch.Tensor] = {}
+        for (rebuild, args), meta in zip(handles, metas):
+            buf = rebuild(*args)
+            out.update({n: t.clone() for n, t in unflatten(buf, meta)})  # own copies: rank 0 frees its buffers
+            del buf
+        torch.cuda.synchronize()
+        engine.load_named_tensors(out, request.version)
+        return request.version
 
 
 class Broadcast(WeightTransport):
     """A process group of rank 0 and the engine (NCCL between GPUs, gloo on CPU): one flat uint8 buffer per bucket,
-    the metadata first by Ray so the engine can allocate."""
+    the metadata first by Ray so the engine can allocate. Each end holds its own Group."""
 
-    kind = Transport.broadcast
+    kind, setting, engine_kind = Transport.broadcast, TransportSetting.broadcast, "native"
+
+    @classmethod
+    def refusal(cls, where: Placement) -> str | None:
+        return where.group_refusal()
+
+    @classmethod
+    def auto_fits(cls, where: Placement) -> bool:
+        return where.on_gpus and not where.same_gpu
+
+    @classmethod
+    def connect(cls, link: Link, engine, store=None, host=None, port=None, name=None) -> "Broadcast":
+        return cls(engine, link, Group(store(link.world, GROUP_TIMEOUT), 0, link.world, name))
 
     def send(self, out: Outgoing, version: int) -> Wait:
-        ref = self.engine.receive_weights.remote(self.kind, out.metas, version)
+        ref = self.request(version, out.metas)
         for b in out.buckets:
             self.group.broadcast(flatten(b).to(self.group.device))
         return functools.partial(_ray().get, ref)
@@ -60,43 +84,39 @@ class Broadcast(WeightTransport):
     def close(self) -> None:
         self.group.abort()
 
-    @staticmethod
-    def join(actor, link: Link, name: str, host: str, port: int, store) -> None:
-        actor.group = Group(store(link.world, 1, GROUP_TIMEOUT), 1, link.world, name)
+    @classmethod
+    def join(cls, link: Link, engine: EngineWeights, name=None, host=None, port=None, store=None) -> "Broadcast":
+        return cls(None, link, Group(store(link.world, 1, GROUP_TIMEOUT), 1, link.world, name))
 
-    @staticmethod
-    def receive(actor, payload, version: int) -> None:
+    def receive(self, engine: EngineWeights, request: WeightRequest) -> int:
         out: dict[str, torch.Tensor] = {}
-        for meta in payload:
-            buf = torch.empty(meta_bytes(meta), dtype=torch.uint8, device=actor.group.device)
-            actor.group.broadcast(buf)
+        for meta in request.payload:
+            buf = torch.empty(meta_bytes(meta), dtype=torch.uint8, device=self.group.device)
+            self.group.broadcast(buf)
             out.update(unflatten(buf, meta))
-        actor.engine.update_weights(out)
+        engine.load_named_tensors(out, request.version)
+        return request.version
 
 
-class Ipc(WeightTransport):
-    """An engine on rank 0's GPU (NCCL cannot join two ranks on one device): CUDA IPC handles of rank 0's flat
-    buckets; the engine copies out before rank 0 lets them go."""
+class ObjectStore(WeightTransport):
+    """One `ray.put` of CPU tensors, shared by every object-store engine of a push: the native engine anywhere."""
 
-    kind = Transport.ipc
+    kind, setting, engine_kind = Transport.object_store, TransportSetting.object_store, "native"
 
     def send(self, out: Outgoing, version: int) -> Wait:
-        from torch.multiprocessing.reductions import reduce_tensor
+        return functools.partial(_ray().get, self.request(version, out.object_ref()))
 
-        bufs = out.flat_on_device()
-        ref = self.engine.receive_weights.remote(self.kind, ([reduce_tensor(b) for b in bufs], out.metas), version)
+    def receive(self, engine: EngineWeights, request: WeightRequest) -> int:
+        # the payload is the object store's reference (Ray resolves only a call's own arguments, not one inside the
+        # request); the version is the trainer's number, which samples must carry (an SGLang engine would number a
+        # version itself otherwise)
+        engine.load_named_tensors(_ray().get(request.payload), request.version)
+        return request.version
 
-        def wait(bufs=bufs):  # rank 0 keeps its buffers until the engine has copied them out
-            return _ray().get(ref)
-        return wait
 
-    @staticmethod
-    def receive(actor, payload, version: int) -> None:
-        handles, metas = payload
-        out: dict[str, torch.Tensor] = {}
-        for (rebuild, args), meta in zip(handles, metas):
-            buf = rebuild(*args)
-            out.update({n: t.clone() for n, t in unflatten(buf, meta)})  # own copies: rank 0 frees its buffers
-            del buf
-        torch.cuda.synchronize()
-        actor.engine.update_weights(out)
+class SglangDisk(ObjectStore):
+    """An SGLang server's reload from disk: the engine actor writes the tensors as an HF checkpoint next to its
+    server, which loads it by POST /update_weights_from_disk (SglangEngine.load_named_tensors). The slowest way, and
+    the one a restarted server replays by itself."""
+
+    kind, setting, engine_kind = Transport.sglang_disk, TransportSetting.disk, "sglang"

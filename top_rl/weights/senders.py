@@ -1,7 +1,8 @@
-"""Trainer rank 0's side of a push, and the one table of variants: `connect` makes each engine's transport once
-(at start, after a restart), then a push is one loop over them (`push`). Each send starts its engine's receive and
-hands back a waiter; rank 0 waits on all of them only after every engine has been sent to, so engines load
-concurrently."""
+"""The one table of variants and the choice among them (`choose`, `link`: each variant's own rule, read in the
+table's order), and trainer rank 0's side of a push: `connect` makes each engine's transport once (at start, after a
+restart), then a push is one loop over them (`push`). Each send starts its engine's receive and hands back a waiter;
+rank 0 waits on all of them only after every engine has been sent to, so engines load concurrently. A new variant is
+one class (top_rl.weights.base.WeightTransport) and one entry here."""
 
 from __future__ import annotations
 
@@ -9,31 +10,49 @@ import datetime
 from typing import Callable
 
 from top_rl.weights.base import Outgoing, WeightTransport
-from top_rl.weights.group import GROUP_TIMEOUT, Group
 from top_rl.weights.native import Broadcast, Ipc, ObjectStore, SglangDisk
-from top_rl.weights.sglang_distributed import SglangDistributed, init_trainer_group
+from top_rl.weights.sglang_distributed import SglangDistributed
 from top_rl.weights.sglang_ipc import SglangIpc
-from top_rl.weights.transport import Link, Transport
+from top_rl.weights.transport import Endpoint, Link, Placement, Transport, TransportSetting, refusal
 
-# The variants (top_rl.weights.transport's module doc), by the name a Link carries.
+# The variants (top_rl.weights.transport's module doc), by the name a Link carries; for each kind of engine, fastest
+# first: `auto` takes the first whose rule fits the placement.
 TRANSPORTS: dict[Transport, type[WeightTransport]] = {
-    cls.kind: cls for cls in (ObjectStore, Broadcast, Ipc, SglangDisk, SglangIpc, SglangDistributed)}
+    cls.kind: cls for cls in (Ipc, Broadcast, ObjectStore, SglangIpc, SglangDistributed, SglangDisk)}
 # (world, timeout) -> the rendezvous store rank 0 serves for a group (top_rl.driver.rendezvous.store)
 StoreFactory = Callable[[int, datetime.timedelta], object]
+
+
+def choose(setting: str, engine_kind: str, trainer: Endpoint, engine: Endpoint) -> Transport:
+    """The variant for one engine: what `setting` allows where the two ends compute, by the variants' own rules."""
+    why = refusal(setting, engine_kind)
+    if why:
+        raise ValueError(why)
+    setting, where = TransportSetting(setting), Placement(trainer, engine)
+    kinds = [cls for cls in TRANSPORTS.values() if cls.engine_kind == engine_kind]
+    if setting == TransportSetting.auto:
+        return next(cls.kind for cls in kinds if cls.auto_fits(where))
+    named = next(cls for cls in kinds if cls.setting == setting)
+    why = named.refusal(where)
+    if why:
+        raise ValueError(why)
+    return named.kind
+
+
+def link(setting: str, trainer: Endpoint, engine: Endpoint, sglang=None) -> Link:
+    """One engine's link. `sglang`: its server config (top_rl.rollout.sglang.config.SglangEngineConfig, duck-typed:
+    this package reads only the protocol from rollout), None for a native engine: an SGLang group holds rank 0 and the
+    server's tp_size ranks, NCCL if rank 0 has a GPU, else gloo, and takes its name from weight_group_name."""
+    if sglang is None:
+        return Link(choose(setting, "native", trainer, engine))
+    return Link(choose(setting, "sglang", trainer, engine), sglang.tp_size, "nccl" if trainer.gpu else "gloo",
+                bool(sglang.flattened_buckets), sglang.weight_group_name)
 
 
 def connect(link: Link, engine, store: StoreFactory | None = None, host: str | None = None, port: int | None = None,
             name: str | None = None) -> WeightTransport:
     """Rank 0's end of one engine's link; for a process group, made while the engine joins at host:port."""
-    cls = TRANSPORTS[link.transport]
-    if link.transport == Transport.broadcast:
-        return cls(engine, link, Group(store(link.world, GROUP_TIMEOUT), 0, link.world, name))
-    if link.transport == Transport.sglang_distributed:
-        from torch.distributed.constants import default_pg_timeout
-
-        group = init_trainer_group(host, port, link.world, name, link.backend, store=store(link.world, default_pg_timeout))
-        return cls(engine, link, group)
-    return cls(engine, link)
+    return TRANSPORTS[link.transport].connect(link, engine, store, host, port, name)
 
 
 def push(transports: list[tuple[int, WeightTransport]], named: list, version: int,

@@ -4,7 +4,7 @@ with the trainer as rank 0 (POST /init_weights_update_group); per bucket, each s
 tensors in the same order (one uint8 buffer per bucket when flattened, the layout of SGLang's
 FlattenedTensorBucket). The HTTP call returns only after the broadcast, so the POST is issued first (thread, Ray
 task) and then the trainer broadcasts: `sync_distributed` orders this. The requests themselves are the engine's
-(top_rl.rollout.sglang)."""
+(its join_weight_group and receive_bucket: top_rl.rollout.base.EngineWeights)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from typing import Callable, Iterable
 
 import torch
 
-from top_rl.weights.base import WeightTransport
+from top_rl.rollout.base import EngineWeights
+from top_rl.weights.base import WeightRequest, WeightTransport
 from top_rl.weights.buckets import Bucket, bucket_meta, buckets, flatten
-from top_rl.weights.transport import Transport
+from top_rl.weights.transport import Link, Placement, Transport, TransportSetting
 
 
 def init_trainer_group(master_address: str, master_port: int, world_size: int, group_name: str,
@@ -52,11 +53,9 @@ def sync_distributed(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: in
                      weight_version: str | None = None) -> int:
     """Per bucket: `post(meta)` starts the servers' receive request(s) and returns a waiter; `broadcast(bucket)`
     sends the tensors (the trainer's hook); the waiter raises if a server failed. `meta` is the keyword arguments
-    of SglangEngine.update_weights_from_distributed: names, dtypes, shapes, and weight_version, set on the last
-    bucket only (the servers flip their version, and flush, once every bucket is in). Returns the bucket count.
-    With Ray, from the trainer's rank 0 (SglangDistributed.send below):
-        post = lambda m: functools.partial(ray.get, engine.sglang_receive_bucket.remote(**m))
-    """
+    of the engine's receive_bucket: names, dtypes, shapes, and weight_version, set on the last bucket only (the
+    servers flip their version, and flush, once every bucket is in). Returns the bucket count. With Ray, from the
+    trainer's rank 0: SglangDistributed.send below."""
     bks = buckets(named, bucket_bytes)
     for k, bucket in enumerate(bks):
         wait = post({**bucket_meta(bucket), "weight_version": weight_version if k == len(bks) - 1 else None})
@@ -67,9 +66,25 @@ def sync_distributed(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: in
 
 class SglangDistributed(WeightTransport):
     """Bucket by bucket: the server's receive request (by the engine's actor, on its own thread of the call), then
-    rank 0's broadcast (`sync_distributed`). Its failure is the engine's (reported like the others), not rank 0's."""
+    rank 0's broadcast (`sync_distributed`). Its failure is the engine's (reported like the others), not rank 0's.
+    The group's engine ranks are the server's own, so the engine's end holds no group: the server does."""
 
-    kind = Transport.sglang_distributed
+    kind, setting, engine_kind = Transport.sglang_distributed, TransportSetting.broadcast, "sglang"
+
+    @classmethod
+    def refusal(cls, where: Placement) -> str | None:
+        return where.group_refusal()
+
+    @classmethod
+    def auto_fits(cls, where: Placement) -> bool:
+        return where.on_gpus and not where.same_gpu
+
+    @classmethod
+    def connect(cls, link: Link, engine, store=None, host=None, port=None, name=None) -> "SglangDistributed":
+        from torch.distributed.constants import default_pg_timeout
+
+        group = init_trainer_group(host, port, link.world, name, link.backend, store=store(link.world, default_pg_timeout))
+        return cls(engine, link, group)
 
     def send(self, out, version: int):
         import functools
@@ -77,7 +92,8 @@ class SglangDistributed(WeightTransport):
         import ray
 
         def post(meta):
-            return functools.partial(ray.get, self.engine.sglang_receive_bucket.remote(**meta))
+            bucket = {k: v for k, v in meta.items() if k != "weight_version"}
+            return functools.partial(ray.get, self.request(version, bucket, meta["weight_version"] is not None))
 
         send = functools.partial(broadcast_bucket, group=self.group, flattened=self.link.flattened)
         try:
@@ -88,11 +104,12 @@ class SglangDistributed(WeightTransport):
             return failed
         return lambda: None
 
-    @staticmethod
-    def join(actor, link, name: str, host: str, port: int, store) -> None:
-        actor.engine.join_trainer_group(host, port, link.backend, name)  # the server's own ranks join (SGLang's request)
+    @classmethod
+    def join(cls, link: Link, engine: EngineWeights, name=None, host=None, port=None, store=None) -> "SglangDistributed":
+        engine.join_weight_group(host, port, link.backend, name)  # the server's own ranks join (SGLang's request)
+        return cls(None, link)
 
-    @staticmethod
-    def receive_bucket(actor, names, dtypes, shapes, weight_version=None) -> None:
-        """One bucket's receive on the engine's actor (returns after rank 0's broadcast of it)."""
-        actor.engine.update_weights_from_distributed(names, dtypes, shapes, weight_version=weight_version)
+    def receive(self, engine: EngineWeights, request: WeightRequest) -> int | None:
+        """One bucket's receive (returns after rank 0's broadcast of it); the last flips the server's version."""
+        engine.receive_bucket(**request.payload, weight_version=str(request.version) if request.last else None)
+        return request.version if request.last else None

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from top_rl.weights.base import Outgoing, Wait, WeightTransport
+from top_rl.rollout.base import EngineWeights
+from top_rl.weights.base import Outgoing, Wait, WeightRequest, WeightTransport
 from top_rl.weights.buckets import Bucket
-from top_rl.weights.transport import Transport
+from top_rl.weights.transport import Placement, Transport, TransportSetting
 
 
 def tensor_payload(bucket: Bucket, tp_size: int, flattened: bool) -> tuple[list[str], str | None, list]:
@@ -36,7 +37,17 @@ def tensor_payload(bucket: Bucket, tp_size: int, flattened: bool) -> tuple[list[
 
 
 class SglangIpc(WeightTransport):
-    kind = Transport.sglang_ipc
+    """A server on rank 0's GPU: the serialised handles go to the engine, which posts them (load_ipc_buckets)."""
+
+    kind, setting, engine_kind = Transport.sglang_ipc, TransportSetting.ipc, "sglang"
+
+    @classmethod
+    def refusal(cls, where: Placement) -> str | None:
+        return where.ipc_refusal()
+
+    @classmethod
+    def auto_fits(cls, where: Placement) -> bool:
+        return where.same_gpu
 
     def send(self, out: Outgoing, version: int) -> Wait:
         payloads, keep = [], []
@@ -46,13 +57,13 @@ class SglangIpc(WeightTransport):
             keep += alive
         if any(t.is_cuda for t in keep):
             torch.cuda.synchronize()  # the flat buffers are written before the server's workers read them
-        ref = self.engine.receive_weights.remote(self.kind, payloads, version)
+        ref = self.request(version, payloads)
         import ray
 
         def wait(keep=keep):  # rank 0's buffers live until the server has copied them into its parameters
             return ray.get(ref)
         return wait
 
-    @staticmethod
-    def receive(actor, payload, version: int) -> None:
-        actor.engine.update_weights_from_tensor_buckets(payload, str(version))
+    def receive(self, engine: EngineWeights, request: WeightRequest) -> int:
+        engine.load_ipc_buckets(request.payload, request.version)
+        return request.version

@@ -1,9 +1,11 @@
-"""Which way the weights travel from trainer rank 0 to one engine: the one setting (`cluster.weight_transport`), and
-the variant it picks for each engine, decided once when rank 0 connects to that engine (at start, after a restart).
+"""Which way the weights travel from trainer rank 0 to one engine: the one setting (`cluster.weight_transport`), the
+names of the variants, and the facts of a placement their rules read (`Placement`). Which variant an engine gets is
+decided once when rank 0 connects to it (at start, after a restart) by the variants' own rules
+(top_rl.weights.senders.choose). This module loads no torch: the config reads the setting and its refusals here.
 
 Every trainer rank takes part in gathering the full HF-named weights (TP all-gather, PP broadcast:
 `Trainer.iter_hf_weights`); rank 0 then sends one copy to each engine by its variant. Each variant is one class that
-owns both ends (top_rl.weights.senders.TRANSPORTS is the table):
+owns both ends and its rule (top_rl.weights.senders.TRANSPORTS is the table, fastest first):
 
   variant             engine   where                         how
   ipc                 native   on rank 0's GPU               CUDA IPC handles of rank 0's flat buckets; the engine copies
@@ -81,15 +83,50 @@ class Endpoint:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where trainer rank 0 and one engine compute: what a variant's rule reads."""
+
+    trainer: Endpoint
+    engine: Endpoint
+
+    @property
+    def same_gpu(self) -> bool:
+        return self.trainer.gpu is not None and self.trainer.gpu == self.engine.gpu
+
+    @property
+    def on_gpus(self) -> bool:
+        return self.trainer.gpu is not None and self.engine.gpu is not None
+
+    def ipc_refusal(self) -> str | None:
+        """CUDA IPC needs one device."""
+        if self.same_gpu:
+            return None
+        return (f"cluster.weight_transport=ipc, but a rollout engine ({self.engine.gpu or 'CPU'}) does not share "
+                f"trainer rank 0's GPU ({self.trainer.gpu or 'CPU'}): CUDA IPC needs one device; use auto")
+
+    def group_refusal(self) -> str | None:
+        """A process group needs two devices of one kind."""
+        if self.same_gpu:
+            return ("cluster.weight_transport=broadcast, but a rollout engine shares trainer rank 0's GPU "
+                    f"({self.engine.gpu}): NCCL cannot put two ranks on one device; use auto (CUDA IPC there)")
+        if (self.trainer.gpu is None) != (self.engine.gpu is None):
+            return ("cluster.weight_transport=broadcast needs the trainer and the engines on the same kind of "
+                    "device (both GPU: NCCL, both CPU: gloo); use auto or object_store")
+        return None
+
+
+@dataclass(frozen=True)
 class Link:
     """How rank 0 reaches one engine, decided on the driver before connecting: the variant, the engine's ranks (an
     SGLang server's tp_size; a native engine is one), the group backend (SGLang's group: nccl | gloo; a native group
-    picks by device itself), and whether buckets travel as one flat buffer."""
+    picks by device itself), whether buckets travel as one flat buffer, and the prefix of its process groups' names
+    (an SGLang engine's rollout.sglang.weight_group_name)."""
 
     transport: Transport
     engine_ranks: int = 1
     backend: str | None = None
     flattened: bool = True
+    group_prefix: str = "top_rl_weights"
 
     @property
     def world(self) -> int:
@@ -101,47 +138,4 @@ class Link:
 
     def group_name(self, index: int, port: int) -> str:
         """Unique per engine and connection: rank 0 holds one group per engine, a restart makes a new one."""
-        kind = "sglang" if self.transport == Transport.sglang_distributed else "weights"
-        return f"top_rl_{kind}_{index}_{port}"
-
-
-def choose(setting: str, engine_kind: str, trainer: Endpoint, engine: Endpoint) -> Transport:
-    """The variant for one engine (module doc): what `setting` allows where the two ends compute."""
-    why = refusal(setting, engine_kind)
-    if why:
-        raise ValueError(why)
-    setting = TransportSetting(setting)
-    same_gpu = trainer.gpu is not None and trainer.gpu == engine.gpu
-    on_gpus = trainer.gpu is not None and engine.gpu is not None
-    sglang = engine_kind == "sglang"
-    if setting == "ipc":
-        if not same_gpu:
-            raise ValueError(f"cluster.weight_transport=ipc, but a rollout engine ({engine.gpu or 'CPU'}) does not share "
-                             f"trainer rank 0's GPU ({trainer.gpu or 'CPU'}): CUDA IPC needs one device; use auto")
-        return Transport.sglang_ipc if sglang else Transport.ipc
-    if setting == "broadcast":
-        if same_gpu:
-            raise ValueError("cluster.weight_transport=broadcast, but a rollout engine shares trainer rank 0's GPU "
-                             f"({engine.gpu}): NCCL cannot put two ranks on one device; use auto (CUDA IPC there)")
-        if (trainer.gpu is None) != (engine.gpu is None):
-            raise ValueError("cluster.weight_transport=broadcast needs the trainer and the engines on the same kind of "
-                             "device (both GPU: NCCL, both CPU: gloo); use auto or object_store")
-        return Transport.sglang_distributed if sglang else Transport.broadcast
-    if setting == "object_store":
-        return Transport.object_store
-    if setting == "disk":
-        return Transport.sglang_disk
-    if same_gpu:
-        return Transport.sglang_ipc if sglang else Transport.ipc
-    if on_gpus:
-        return Transport.sglang_distributed if sglang else Transport.broadcast
-    return Transport.sglang_disk if sglang else Transport.object_store
-
-
-def link(setting: str, trainer: Endpoint, engine: Endpoint, sglang=None) -> Link:
-    """One engine's link. `sglang`: its server config (top_rl.rollout.sglang_config.SglangEngineConfig), None for a
-    native engine: an SGLang group holds rank 0 and the server's tp_size ranks, NCCL if rank 0 has a GPU, else gloo."""
-    if sglang is None:
-        return Link(choose(setting, "native", trainer, engine))
-    return Link(choose(setting, "sglang", trainer, engine), sglang.tp_size, "nccl" if trainer.gpu else "gloo",
-                bool(sglang.flattened_buckets))
+        return f"{self.group_prefix}_{index}_{port}"

@@ -38,7 +38,7 @@ class SglangSettings:
     """rollout.sglang: one SGLang engine's own settings, as a run sets them (Hydra types this class, so each key is
     checked and its default recorded). What an engine takes from the run instead (the checkpoint, the attention
     backend, the log-prob source, TOP on or off) is not a key here but a field of SglangEngineConfig below, filled by
-    top_rl.rollout.sglang_plan.run_defaults: one key per setting, and none that exists only to be refused."""
+    top_rl.rollout.sglang.plan.run_defaults: one key per setting, and none that exists only to be refused."""
 
     tp_size: int = 1  # the server's tensor parallelism (1 under TOP: no TP>1 contract)
     host: str = "127.0.0.1"  # the address the server binds
@@ -55,7 +55,9 @@ class SglangSettings:
     weights_dir: str = ""  # disk: where versions are written (must be visible to the server); "": run_dir/engines/<i>
     keep_weight_versions: int = 2  # disk: older version dirs are deleted
     flattened_buckets: bool = True  # ipc / broadcast: one uint8 buffer per bucket (SGLang's FlattenedTensorBucket)
-    weight_group_name: str = "top_rl_weight_sync"  # broadcast: the process group's name
+    # broadcast: the process groups' name, each connection's `<this>_<engine index>_<port>` (rank 0 holds one group per
+    # engine, and an engine restarted joins a new one)
+    weight_group_name: str = "top_rl_weight_sync"
     startup_timeout_s: float = 900.0  # model load + CUDA graph capture
     request_timeout_s: float = 1800.0  # one HTTP call (a whole generate batch)
     max_retries: int = 3  # transient failures of idempotent calls (5xx, connection reset)
@@ -78,13 +80,15 @@ class SglangSettings:
     validate_with_parser: bool = True  # parse the command with SGLang's own parser before launching
 
 
-# The fields an engine takes from the run (sglang_plan.run_defaults), not from rollout.sglang.
+# The fields an engine takes from the run (plan.run_defaults), not from rollout.sglang.
 FROM_THE_RUN = ("model_path", "attention_backend", "logprob_source", "top")
 
 
 @dataclass(kw_only=True)
 class SglangEngineConfig(SglangSettings):
-    """One engine's server config: its settings plus what it takes from the run (no defaults: a caller names each)."""
+    """One engine's server config: its settings plus what it takes from the run (no defaults: a caller names each).
+    Frozen once built (a dataclass cannot be frozen over the mutable SglangSettings Hydra types, so assignment is
+    refused here): what a run resolves, the plan resolves (plan.engine_config); a change is `replace(...)`."""
 
     model_path: str  # HF checkpoint dir (or hub id) the server loads at start: model.path
     attention_backend: str  # fa3 | flashinfer | triton: top.attention_backend (the trainer's)
@@ -96,7 +100,18 @@ class SglangEngineConfig(SglangSettings):
 
     def __post_init__(self):
         if not self.python:  # resolved where the config is built, so the resolved config names the interpreter
-            self.python = sys.executable
+            object.__setattr__(self, "python", sys.executable)
+        object.__setattr__(self, "_frozen", True)
+
+    def __setattr__(self, name, value):
+        if getattr(self, "_frozen", False):
+            raise dataclasses.FrozenInstanceError(
+                f"cannot assign to field {name!r}: an engine's config is resolved once, by the run plan "
+                "(top_rl/rollout/sglang/plan.py); build another with .replace(...)")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name):
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}: an engine's config is frozen")
 
     @property
     def url(self) -> str:

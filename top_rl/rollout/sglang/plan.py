@@ -1,6 +1,6 @@
 """From the run config (Hydra's `rollout.sglang` plus run-level settings) to engine configs and the
 dry-run plan. One rule lives here: the engine's attention backend defaults to the trainer's
-(`top.attention_backend`), so a user sets it once; setting a different one is refused (sglang_config)."""
+(`top.attention_backend`), so a user sets it once; setting a different one is refused (config.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from top_rl import contract
-from top_rl.rollout.sglang_config import (FROM_THE_RUN, SglangEngineConfig, SglangSettings, TopConfigError,
+from top_rl.rollout.sglang.config import (FROM_THE_RUN, SglangEngineConfig, SglangSettings, TopConfigError,
                                          check_config, check_sglang_version, installed_sglang_version)
-from top_rl.rollout.sglang_launch import build_launch, check_extra_args
+from top_rl.rollout.sglang.launch import build_launch, check_extra_args
 
 _FIELDS = {f.name for f in dataclasses.fields(SglangEngineConfig)}
 
@@ -33,7 +33,7 @@ def config_from_dict(d: Mapping[str, Any] | Any | None, index: int = 0, **run) -
     missing = [k for k in FROM_THE_RUN if merged.get(k) is None]
     if missing:
         raise TopConfigError(f"an SGLang engine takes {missing} from the run (model.path, top.attention_backend, "
-                             f"rollout.logprob_source, top.enabled): pass them (sglang_plan.run_defaults)")
+                             f"rollout.logprob_source, top.enabled): pass them (plan.run_defaults)")
     for key in ("extra_args",):
         if key in merged:
             merged[key] = [str(a) for a in merged[key]]
@@ -98,7 +98,7 @@ def run_defaults(run_cfg) -> dict:
 def engine_config(run_cfg, index: int = 0) -> SglangEngineConfig:
     """Engine `index`'s server config, built once from the run config (rollout.sglang over run_defaults) and put
     through every refusal except the installed-version check (the planning machine need not have SGLang), extra_args
-    included (top_rl.rollout.sglang_launch.check_extra_args). The run plan carries it to the engine's actor."""
+    included (top_rl.rollout.sglang.launch.check_extra_args). The run plan carries it to the engine's actor."""
     cfg = config_from_dict(run_cfg.rollout.sglang, index, **run_defaults(run_cfg))
     if not cfg.weights_dir:  # "" left the engine a mkdtemp in /tmp, never removed (issue 54)
         cfg = dataclasses.replace(cfg, weights_dir=str(engine_weights_dir(run_cfg.run_dir, index)))

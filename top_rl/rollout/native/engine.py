@@ -17,7 +17,7 @@ import torch
 
 from top_rl import kernels
 from top_rl.model.packing import PREFILL_TOKENS_PER_CALL, pack, sequence_logprobs, token_budget_chunks
-from top_rl.rollout import decode_graph, seeded_sampler
+from top_rl.rollout.native import decode_graph, seeded_sampler
 from top_rl.rollout.base import LogprobSource, RolloutEngine, RolloutSample, SamplingParams
 
 CHECK_EVERY = 8  # decode steps between the host's "all rows stopped?" reads
@@ -132,6 +132,9 @@ class NativeEngine(RolloutEngine):
             at += len(r)
         return out
 
+    # ------------------------------------------------------------------ weights (rollout/base.py's EngineWeights)
     @torch.no_grad()
-    def update_weights(self, hf_state_dict: dict) -> None:
-        self.model.load_hf(hf_state_dict, source="weight update")
+    def load_named_tensors(self, named: dict, version: int | None = None) -> None:
+        """The native engine's one way in: every transport that reaches it (object store, broadcast, CUDA IPC) ends
+        in whole HF-named tensors. `version` is the actor's to record (EngineActor stamps samples with it)."""
+        self.model.load_hf(named, source="weight update")

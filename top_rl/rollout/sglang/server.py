@@ -14,8 +14,8 @@ import time
 from collections import deque
 from pathlib import Path
 
-from top_rl.rollout.sglang_client import SglangClient, SglangError
-from top_rl.rollout.sglang_launch import LaunchSpec
+from top_rl.rollout.sglang.client import SglangClient, SglangError
+from top_rl.rollout.sglang.launch import LaunchSpec
 
 
 # The server gets the default signal mask back before it execs: a local run starts Ray's processes (this engine's

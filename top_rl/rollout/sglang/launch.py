@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from top_rl import contract
-from top_rl.rollout.sglang_config import SglangEngineConfig, TopConfigError, check_config
+from top_rl.rollout.sglang.config import SglangEngineConfig, TopConfigError, check_config
 
 MODULE = "sglang.launch_server"
 # Flags the config owns: set them through SglangEngineConfig, never through extra_args.

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from top_rl.rollout.sglang_client import SglangHTTPError, SglangProtocolError
+from top_rl.rollout.sglang.client import SglangHTTPError, SglangProtocolError
 from top_rl.sglang_release import RELEASES
 
 _RETRACTIONS = tuple(dict.fromkeys(r.retractions_key for r in RELEASES.values()))  # the key each release names it by

@@ -3,19 +3,22 @@
 A plain class, so a caller can place it with Ray: `ray.remote(num_gpus=1)(SglangEngine).remote(cfg, "fa3")`, then
 `start`. Without `start()` it talks to a server already listening at cfg.url (restart is then impossible).
 
-- Refusals (sglang_config.check_config) run in the constructor, the installed-version check in `start()`: all
+- Refusals (config.check_config) run in the constructor, the installed-version check in `start()`: all
   before the server process, which is what touches the GPU, exists. `start()` also parses the command with
   SGLang's own parser and, once the server is up, checks its /server_info against the contract.
 - generate: one batch /generate with a distinct `sampling_seed` per sample and the contract's sampling; the
   gate's log-probs come from prefill re-scoring (default) or the sampler's output_token_logprobs.
-- Weights: the server's three ways in, each the receiving end of one variant of top_rl.weights (chosen there by
-  cluster.weight_transport): CUDA IPC handles (update_weights_from_tensor_buckets), bucket receives of a broadcast
-  (update_weights_from_distributed), or a whole state dict written next to the server and reloaded
-  (update_weights: disk). Each update carries a weight_version and every later answer must report it, so a server
-  that restarted with its initial weights cannot pass silently.
+- Weights: the engine side of the weight seam (top_rl/rollout/base.py's EngineWeights), each way the receiving end
+  of one variant of top_rl.weights (chosen there by cluster.weight_transport): CUDA IPC handles (load_ipc_buckets),
+  a group joined (join_weight_group) and bucket receives of rank 0's broadcast (receive_bucket), or whole tensors
+  written next to the server and reloaded (load_named_tensors, load_directory: disk). Each update carries a
+  weight_version and every later answer must report it, so a server that restarted with its initial weights cannot
+  pass silently. What the engine knows of its server's weights is one WeightState (weight_state.py).
 - A failed idempotent call (generation with fixed seeds, re-scoring) on a dead server restarts it and retries
   once; after a restart the last disk version is reloaded, while IPC or broadcast weights cannot be restored
   here and the retry is refused (`SglangEngineRestarted`) until the trainer syncs again.
+- The config is frozen: what a run resolves (ports, weights dir) the plan did (plan.py); the group an engine joins is
+  named by the connection (top_rl.weights), and kept in the WeightState.
 """
 
 from __future__ import annotations
@@ -28,23 +31,19 @@ from pathlib import Path
 from typing import Callable
 
 from top_rl import contract
-from top_rl.rollout.sglang_weights import write_hf_checkpoint
+from top_rl.rollout.sglang.disk import write_hf_checkpoint
 from top_rl.rollout.base import RolloutEngine, RolloutSample, SamplingParams
-from top_rl.rollout.sglang_client import SglangClient, SglangError, SglangProtocolError, SglangUnavailable
-from top_rl.rollout.sglang_config import (SglangEngineConfig, TopConfigError, check_config, check_sampling,
+from top_rl.rollout.sglang.client import SglangClient, SglangError, SglangProtocolError, SglangUnavailable
+from top_rl.rollout.sglang.config import (SglangEngineConfig, TopConfigError, check_config, check_sampling,
                                           check_sglang_version)
-from top_rl.rollout.sglang_launch import build_launch, validate_argv
-from top_rl.rollout.sglang_plan import launch_plan
-from top_rl.rollout.sglang_protocol import generate_payload, items, parse_generation, parse_scores, score_payload
-from top_rl.rollout.sglang_rollout import LoadPoller, Progress, RolloutStats, run_chunks
-from top_rl.rollout.sglang_server import ServerProcess
+from top_rl.rollout.sglang.launch import build_launch, validate_argv
+from top_rl.rollout.sglang.protocol import generate_payload, items, parse_generation, parse_scores, score_payload
+from top_rl.rollout.sglang.rollout import LoadPoller, Progress, RolloutStats, run_chunks
+from top_rl.rollout.sglang.server import ServerProcess
+from top_rl.rollout.sglang.weight_state import SglangEngineRestarted, WeightState
 
 log = logging.getLogger(__name__)
-__all__ = ["SglangEngine", "SglangEngineConfig", "SglangEngineRestarted", "TopConfigError", "launch_plan"]
-
-
-class SglangEngineRestarted(SglangError):
-    """The server was restarted and holds its initial weights; sync weights again before the next request."""
+__all__ = ["SglangEngine", "SglangEngineConfig", "SglangEngineRestarted", "TopConfigError"]
 
 
 class SglangEngine(RolloutEngine):
@@ -57,14 +56,10 @@ class SglangEngine(RolloutEngine):
         log_path = cfg.log_path or str(Path(cfg.weights_dir or tempfile.gettempdir()) / f"sglang-{cfg.port}.log")
         self.server = ServerProcess(self.spec, self.client, log_path)
         self.vocab_size = _vocab_size(cfg.model_path)
-        self.version = 0  # weight updates done
-        self.expected_weight_version: str | None = None  # what every answer must report after an update
-        self.last_disk_path: str | None = None
-        self._disk_version: str | None = None  # the version last_disk_path holds
-        self.needs_sync = False  # a restart lost weights the engine cannot replay
-        self.in_group = False  # joined trainer rank 0's broadcast group (lost on a restart)
-        self.released = False  # its GPU memory given back (release_memory)
-        self.resumed_empty = False  # taken back, its weights not yet pushed again
+        self.weights = WeightState()
+        # disk: where versions are written; the plan resolves run_dir/engines/<i>, a bare engine (tests, bench) a
+        # temp dir made on first use
+        self.weights_dir: str | None = cfg.weights_dir or None
         self.progress: Progress | None = None  # the rollout in flight (or the last one)
         self.last_stats: RolloutStats | None = None
 
@@ -92,7 +87,7 @@ class SglangEngine(RolloutEngine):
         bad = [f"{k}={info.get(k)!r} (need {v!r})" for k, v in want.items() if info.get(k) != v]
         if bad:
             raise TopConfigError(f"the server at {self.cfg.url} does not run the TOP contract: {'; '.join(bad)}. "
-                                 f"Relaunch it with the command from top_rl.rollout.sglang_launch.build_launch")
+                                 f"Relaunch it with the command from top_rl.rollout.sglang.launch.build_launch")
         return info
 
     def health(self) -> bool:
@@ -105,28 +100,21 @@ class SglangEngine(RolloutEngine):
         self.server.stop()
         self.server.start(self.cfg.startup_timeout_s)
         self.verify_server()
-        if self.version == 0:
-            return
-        if self.last_disk_path and self.expected_weight_version == self._disk_version:
-            self.client.update_weights_from_disk(self.last_disk_path, weight_version=self.expected_weight_version)
-            return
-        self.needs_sync = True
-        self._refuse_stale()
+        replay = self.weights.restarted()
+        if replay is not None:
+            self.client.update_weights_from_disk(replay, weight_version=self.weights.expected)
+        elif self.weights.version:  # a version it cannot replay was lost: refused until the trainer syncs again
+            self._refuse_stale()
+
+    @property
+    def version(self) -> int:
+        """The weight version the server holds (the trainer's number of the last update; 0: its launch checkpoint)."""
+        return self.weights.version
 
     def _refuse_stale(self) -> None:
-        if self.released:
-            raise SglangError(f"the SGLang server on {self.cfg.url} has released its GPU memory (cluster.gpu_handoff): "
-                              "resume_memory() and push the weights before the next request")
-        if self.needs_sync and self.resumed_empty:
-            raise SglangError(f"the SGLang server on {self.cfg.url} took its GPU memory back without weights "
-                              f"(cluster.gpu_handoff): push weight version {self.version + 1} before the next request; "
-                              "sync the trainer's weights again")
-        if self.needs_sync:
-            group = (" (its ranks left the broadcast group: call init_weights_update_group with the trainer again)"
-                     if self.in_group else "")
-            raise SglangEngineRestarted(
-                f"the SGLang server on {self.cfg.url} was restarted and holds the weights of {self.cfg.model_path}, "
-                f"not weight version {self.version}{group}: sync the trainer's weights again, then retry")
+        refusal = self.weights.refusal(self.cfg.url, self.cfg.model_path)
+        if refusal is not None:
+            raise refusal
 
     def shutdown(self) -> None:
         self.server.stop()
@@ -165,14 +153,14 @@ class SglangEngine(RolloutEngine):
         return [range(i, min(i + step, n)) for i in range(0, n, step)]
 
     def _check_version(self, meta: dict, i: int) -> None:
-        have = meta.get("weight_version")
-        if self.expected_weight_version is not None and have is not None and have != self.expected_weight_version:
+        have, expected = meta.get("weight_version"), self.weights.expected
+        if expected is not None and have is not None and have != expected:
             raise SglangProtocolError(
                 f"POST /generate: sample {i} was produced with weight_version {have!r}, expected "
-                f"{self.expected_weight_version!r} (did the server restart or miss a weight update?)", "POST /generate")
+                f"{expected!r} (did the server restart or miss a weight update?)", "POST /generate")
 
     def generate(self, prompts, seeds, params: SamplingParams) -> list[RolloutSample]:
-        """The samples as concurrent calls, each re-scored as it returns (sglang_rollout.run_chunks). A dead server is
+        """The samples as concurrent calls, each re-scored as it returns (rollout.run_chunks). A dead server is
         restarted and the whole rollout repeated once (fixed seeds: the same answer)."""
         self._refuse_stale()
         if len(prompts) != len(seeds):
@@ -202,7 +190,7 @@ class SglangEngine(RolloutEngine):
                 for p, g, lp, s in zip(prompts, gens, gate, seeds)]
 
     def rollout_metrics(self) -> dict:
-        """The last rollout's timings and the server's peaks (sglang_rollout.RolloutStats)."""
+        """The last rollout's timings and the server's peaks (rollout.RolloutStats)."""
         return self.last_stats.metrics() if self.last_stats is not None else {}
 
     def score(self, prompts, responses) -> list[list[float]]:
@@ -228,75 +216,69 @@ class SglangEngine(RolloutEngine):
             self._check_version(item.get("meta_info", {}), first + i)
         return out
 
-    # ------------------------------------------------------------------------------------ weights
-    def _after_sync(self, version: str) -> None:
-        self.expected_weight_version, self.resumed_empty = version, False
-        self.version = int(version) if version.isdigit() else self.version + 1
-        self.needs_sync = False
+    # ------------------------------------------------------------------------------------ weights (EngineWeights)
+    def _synced(self, version: str) -> None:
+        self.weights.synced(version)
         self.client.flush_cache(timeout_s=30.0)  # the update flushed already; this also covers a busy scheduler
 
-    def _load_disk(self, path: str, version: str | None) -> None:
-        self._call(lambda: self.client.update_weights_from_disk(path, weight_version=version), idempotent=True)
-        self.last_disk_path, self._disk_version = path, version
-        if version is not None:
-            self._after_sync(version)
-
-    def update_weights_from_disk(self, path: str, version: int | None = None) -> str:
+    def load_directory(self, path: str, version: int | None = None) -> str:
         """Load an HF checkpoint the trainer wrote (visible to the server at `path`) as weight version `version`
         (default: the one after this engine's last); returns the weight_version the server now reports."""
-        version = str(self.version + 1 if version is None else version)
-        self._load_disk(str(path), version)
+        path, version = str(path), str(self.weights.next_version(version))
+        self._call(lambda: self.client.update_weights_from_disk(path, weight_version=version), idempotent=True)
+        self.weights.loaded_from_disk(path, version)
+        self._synced(version)
         return version
 
-    def update_weights(self, hf_state_dict: dict, version: int | None = None) -> None:
+    def load_named_tensors(self, named: dict, version: int | None = None) -> None:
         """A whole version (cluster.weight_transport=disk, top_rl.weights.native.SglangDisk): written as an HF
         checkpoint next to the server and reloaded as weight version `version`, the trainer's (a resumed run or a
         replaced engine pushes 1 then 4: numbering them here would stamp samples with a version the loop does not
         expect); without one, the next after this engine's last. The older version directories are deleted."""
-        if not self.cfg.weights_dir:  # the engine writes next to its server: a local temp dir is visible to it
-            self.cfg.weights_dir = tempfile.mkdtemp(prefix=f"top_rl_sglang_{self.cfg.port}_")
-        version = self.version + 1 if version is None else int(version)
-        root = Path(self.cfg.weights_dir)
-        path = write_hf_checkpoint(hf_state_dict, root / f"v{version:06d}", self.cfg.model_path)
-        self.update_weights_from_disk(str(path), version)
+        if self.weights_dir is None:  # the engine writes next to its server: a local temp dir is visible to it
+            self.weights_dir = tempfile.mkdtemp(prefix=f"top_rl_sglang_{self.cfg.port}_")
+        version = self.weights.next_version(version)
+        root = Path(self.weights_dir)
+        path = write_hf_checkpoint(named, root / f"v{version:06d}", self.cfg.model_path)
+        self.load_directory(str(path), version)
         # the newest written are kept, never the one loaded: versions need not rise (a resume may push a lower one)
         older = sorted((p for p in root.glob("v[0-9]*") if p != path), key=lambda p: p.stat().st_mtime_ns)
         for old in older[:max(len(older) - max(self.cfg.keep_weight_versions, 1) + 1, 0)]:
             shutil.rmtree(old, ignore_errors=True)
 
-    def update_weights_from_tensor_buckets(self, buckets: list[tuple[list[str], str | None]], version: str) -> None:
+    def load_ipc_buckets(self, buckets: list[tuple[list[str], str | None]], version: int) -> None:
         """Version `version` as IPC-serialised buckets (top_rl.weights.sglang_ipc: one (serialized_named_tensors,
         load_format) per bucket, made by trainer rank 0): one POST each; the last flushes the cache and flips the
         server's weight_version."""
+        version = str(version)
         for k, (serialized, fmt) in enumerate(buckets):
             last = k == len(buckets) - 1
             self.client.update_weights_from_tensor(serialized, load_format=fmt, flush_cache=last,
                                                    weight_version=version if last else None)
-        self._after_sync(version)
+        self._synced(version)
 
-    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
-                                  backend: str = "nccl") -> dict:
-        """This server's ranks join the trainer's broadcast group (blocks until rank 0 joins: call it
-        concurrently with top_rl.weights.sglang_distributed.init_trainer_group)."""
-        out = self.client.init_weights_update_group(master_address, master_port, rank_offset, world_size,
-                                                    self.cfg.weight_group_name, backend)
-        self.in_group = True
-        return out
+    def join_weight_group(self, host: str, port: int, backend: str, name: str) -> None:
+        """This server's ranks join trainer rank 0's broadcast group `name` (unique per engine and connection: rank 0
+        holds one group per engine) as ranks 1..tp_size of it. Blocks until rank 0 joins: call it concurrently with
+        top_rl.weights.sglang_distributed.init_trainer_group."""
+        self.client.init_weights_update_group(host, port, 1, 1 + self.cfg.tp_size, name, backend)
+        self.weights.joined(name)
 
-    def join_trainer_group(self, host: str, port: int, backend: str, name: str) -> dict:
-        """Join trainer rank 0's broadcast group `name` (unique per engine: rank 0 holds one group per engine) as ranks
-        1..tp_size of it."""
-        self.cfg.weight_group_name = name
-        return self.init_weights_update_group(host, port, 1, 1 + self.cfg.tp_size, backend)
-
-    def update_weights_from_distributed(self, names, dtypes, shapes, weight_version: str | None = None) -> dict:
-        """One bucket's receive (returns after the trainer's broadcast). `weight_version` marks the last bucket."""
-        out = self.client.update_weights_from_distributed(
-            names, dtypes, shapes, self.cfg.weight_group_name, weight_version=weight_version,
+    def receive_bucket(self, names, dtypes, shapes, weight_version: str | None = None) -> None:
+        """One bucket's receive over the joined group (returns after the trainer's broadcast). `weight_version` marks
+        the last bucket."""
+        if self.weights.group is None:
+            raise SglangError(f"the SGLang server on {self.cfg.url} was sent a bucket before joining a weight group: "
+                              "join_weight_group first")
+        self.client.update_weights_from_distributed(
+            names, dtypes, shapes, self.weights.group, weight_version=weight_version,
             flush_cache=weight_version is not None, load_format="flattened_bucket" if self.cfg.flattened_buckets else None)
         if weight_version is not None:
-            self._after_sync(weight_version)
-        return out
+            self._synced(weight_version)
+
+    def leave_weight_group(self) -> dict:
+        name, _ = self.weights.group, self.weights.left_group()
+        return self.client.destroy_weights_update_group(name)
 
     # ------------------------------------------------------------------------------------ the GPU handed over
     def release_memory(self) -> None:
@@ -306,20 +288,16 @@ class SglangEngine(RolloutEngine):
         pool and flushes itself (radix tree, request and token pools; scheduler_update_weights_mixin.py), and the
         push after the resume flushes again."""
         self._call(self.client.release_memory_occupation, idempotent=False)  # no restart: the step would lose it
-        self.released, self.needs_sync = True, True
+        self.weights.released_memory()
 
     def resume_memory(self) -> None:
         """Take the memory back, empty: the KV cache holds nothing and the weights come by the push that follows."""
         self._call(self.client.resume_memory_occupation, idempotent=False)
-        self.released, self.resumed_empty = False, True
-
-    def destroy_weights_update_group(self) -> dict:
-        self.in_group = False
-        return self.client.destroy_weights_update_group(self.cfg.weight_group_name)
+        self.weights.resumed_memory()
 
 
 def _vocab_size(model_path: str) -> int | None:
-    """For the pinned scheduler's token-id quirk (sglang_protocol.same_token); None for a hub id."""
+    """For the pinned scheduler's token-id quirk (protocol.same_token); None for a hub id."""
     try:
         return int(json.loads((Path(model_path) / "config.json").read_text())["vocab_size"])
     except (OSError, ValueError, KeyError, TypeError):

@@ -72,7 +72,7 @@ class SglangClient:
         self.backoff_s = backoff_s
         self.session = requests.Session()
         self.session.trust_env = False  # never route a cluster-local server through an HTTP proxy
-        # a rollout's calls run concurrently (top_rl.rollout.sglang_rollout): one kept connection each
+        # a rollout's calls run concurrently (top_rl.rollout.sglang.rollout): one kept connection each
         adapter = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=POOL_SIZE)
         self.session.mount("http://", adapter)
 
