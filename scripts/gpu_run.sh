@@ -199,17 +199,26 @@ if [[ "$WHAT" == e2e ]]; then
   JOB=("$PY" -m top_rl.cli tracking.wandb_mode=disabled tracking.console=true)
   NATIVE=(+experiment=one_node_qwen3_0.6b_arith)
   B=(trainer.dp=2 cluster.colocate=true cluster.engine_gpus=0.5 cluster.trainer_gpus=0.5)
-  # (g) hands the GPU between server and trainer (cluster.gpu_handoff: the server takes 0.6 of the GPU while
-  # it generates, the trainer takes it back for its step) with CUDA graphs and running requests up to the whole batch
-  G=(+experiment=gsm8k_qwen3_0.6b model.path=null rollout.num_engines=1 cluster.colocate=true cluster.engine_gpus=0.5
-     cluster.trainer_gpus=0.5 cluster.gpu_handoff=true rollout.sglang.mem_fraction_static=0.6
-     rollout.sglang.cuda_graph_max_bs=512 rollout.sglang.max_running_requests=512 "checkpoint.every=${E2E_G_EVERY:-0}")
+  # (g) the shipped one-GPU GSM8K recipe as README gives it (conf/experiment/gsm8k_qwen3_0.6b_one_gpu.yaml): the GPU
+  # handed between server and trainer (cluster.gpu_handoff), CUDA graphs and running requests up to the whole batch,
+  # the server's share sized for the card at start (rollout.sglang.mem_fraction_static=auto)
+  G=(+experiment=gsm8k_qwen3_0.6b_one_gpu model.path=null "checkpoint.every=${E2E_G_EVERY:-0}")
   # (g4b) G on the Qwen3-4B shape, the optimizer state offloaded during the rollout (the server at 0.7 of the GPU beside
   # the trainer's weights only; the estimate: top_rl/rollout/sglang_memory.py, OFFLOADED_RESIDENT_BYTES_PER_PARAM)
   G4B=(+experiment=gsm8k_qwen3_0.6b model=qwen3_4b model.path=null rollout.num_engines=1 cluster.colocate=true
        cluster.engine_gpus=0.5 cluster.trainer_gpus=0.5 cluster.gpu_handoff=true trainer.offload_during_rollout=true
        rollout.sglang.mem_fraction_static=0.7 rollout.sglang.cuda_graph_max_bs=512
        rollout.sglang.max_running_requests=512 checkpoint.enabled=false)
+  # (dapo) the DAPO task at a small shape on ONE GPU with DAPO's dynamic sampling and overlong shaping on
+  # (conf/experiment/dapo_qwen3_4b.yaml on a random Qwen3-0.6B shape, 16 prompts x 8 samples x 512 new tokens, the
+  # overlong buffer 128): the device has no network for DAPO-Math-17k, so its rows are written in DAPO's published
+  # format (the instruction, reward_model.ground_truth) from the shipped GSM8K questions and their final numbers
+  DAPO=(+experiment=dapo_qwen3_4b model=qwen3_0.6b model.path=null "task.path=$E2E_ROOT/dapo_rows.jsonl"
+        task.tokenizer=qwen3 model.max_position_embeddings=1024 trainer.tp=1 trainer.cp=1 rollout.num_engines=1
+        rollout.prompts_per_step=16 rollout.n_samples=8 rollout.max_new_tokens=512 algo.overlong.buffer=128
+        rollout.sglang.mem_fraction_static=auto rollout.sglang.startup_timeout_s=900 cluster.colocate=true
+        cluster.engine_gpus=0.5 cluster.trainer_gpus=0.5 cluster.gpu_handoff=true cluster.engine_cpus=4
+        cluster.trainer_cpus=4 checkpoint.enabled=false)
   : >"$OUT/e2e.log"
   for run in ${E2E_RUNS:-a b c}; do
     keep=""
@@ -227,6 +236,19 @@ if [[ "$WHAT" == e2e ]]; then
       g2) args=("${G[@]}" steps="${E2E_G2_STEPS:-5}" ${E2E_G2_ARGS:-}) ;;  # (g) again from step 0 with other settings,
                                                                       # e.g. the triton + prefill baseline beside auto
       g4b) args=("${G4B[@]}" steps="${E2E_G4B_STEPS:-3}" ${E2E_G4B_ARGS:-}) ;;
+      dapo) "$PY" - "$E2E_ROOT/dapo_rows.jsonl" <<'PYEOF'
+import gzip, json, sys
+from top_rl.tasks import sources
+instr = ("Solve the following math problem step by step. The last line of your response should be of the form "
+         "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{q}\n\n"
+         "Remember to put your answer on its own line after \"Answer:\".")
+with gzip.open(sources.gsm8k_split("train"), "rt") as f, open(sys.argv[1], "w") as out:
+    for line in list(f)[:512]:
+        row = json.loads(line)
+        out.write(json.dumps({"data_source": "math_dapo", "prompt": [{"role": "user", "content": instr.format(
+            q=row["question"])}], "reward_model": {"ground_truth": row["answer"].split("####")[-1].strip()}}) + "\n")
+PYEOF
+         args=("${DAPO[@]}" steps="${E2E_DAPO_STEPS:-4}" ${E2E_DAPO_ARGS:-}) ;;
     esac
     if still_running "$run"; then
       echo "e2e $run: a job an earlier call started is still running (pid $(cat "$E2E_ROOT/e2e_$run.pid")): nothing" \

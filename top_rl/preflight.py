@@ -64,6 +64,8 @@ class Ready:
     placement: placement.Placement | None = None
     faults: FaultPlan = NO_FAULTS  # test-only: what TOP_RL_FAULT names (top_rl.run.fault_injection)
     backend: Any = None  # what `auto` chose (top_rl.driver.backend_choice.BackendChoice); None: nothing was auto
+    longest_prompt: int = 0  # the longest prompt a rollout can see (prompt_lengths)
+    memory: Any = None  # what mem_fraction_static=auto chose (top_rl.driver.memory_choice.MemoryChoice)
     eval_set: Any = None  # eval.every > 0: the eval's prompts and sampling (top_rl.eval.run.EvalSet)
 
 
@@ -232,17 +234,33 @@ def host_memory(cfg, ready: Ready) -> None:
         raise Refused(refusal)
 
 
-def shared_gpu_memory(cfg, ready: Ready) -> None:
-    """SGLang servers sharing a trainer rank's GPU (cluster.colocate=true) leave it room: their static pool, their
-    per-batch memory and the trainer rank fit the GPU (top_rl/rollout/sglang_memory.py). Local runs only (a
-    running cluster's GPUs are not visible here). Reads model_fits_task's model_cfg."""
-    if cfg.rollout.engine != "sglang" or not cfg.cluster.colocate or cfg.cluster.address or os.environ.get("RAY_ADDRESS"):
-        return
+def shared_gpu_memory(cfg, ready: Ready) -> dict | None:
+    """`rollout.sglang.mem_fraction_static=auto` decided (top_rl/driver/memory_choice.py: sized from the GPU, the model,
+    the batch's KV need and the trainer beside it; offload turned on where that lets the batch run), then SGLang
+    servers sharing a trainer rank's GPU (cluster.colocate=true) leave it room: their static pool, their per-batch
+    memory and the trainer rank fit the GPU (top_rl/rollout/sglang_memory.py). Local runs only (a running cluster's
+    GPUs are not visible here). Reads model_fits_task's model_cfg and prompt_lengths' longest_prompt; its part is the
+    choice and the engines' configs with its number (sglang_engines' part, replaced)."""
+    if cfg.rollout.engine != "sglang":
+        return None
+    from top_rl.driver import memory_choice
     from top_rl.rollout import sglang_memory
 
-    gpu = sglang_memory.local_gpu_bytes()
-    if gpu is None:
-        return
+    try:
+        memory = memory_choice.resolve(cfg, ready.model_cfg, ready.longest_prompt or ready.max_prompt_len)
+    except ValueError as e:
+        raise Refused(str(e)) from None
+    part = None
+    if memory is not None:  # the engines' configs take the number (and the plan records it)
+        part = {"memory": memory, "sglang": tuple(dataclasses.replace(s, mem_fraction_static=memory.mem_fraction_static)
+                                                  for s in ready.sglang)}
+        print(f"[top-rl] rollout.sglang.mem_fraction_static=auto: {memory.why}", flush=True)
+    if not cfg.cluster.colocate or cfg.cluster.address or os.environ.get("RAY_ADDRESS"):
+        return part
+    seen = memory_choice.local_gpu()  # GPU 0 as the driver sees it (NVML), the GPU auto was sized for
+    if seen is None:
+        return part
+    gpu = seen.total_bytes
     t = cfg.trainer
     world = t.world
     servers = -(-cfg.rollout.num_engines // world)
@@ -252,17 +270,19 @@ def shared_gpu_memory(cfg, ready: Ready) -> None:
                                  handoff=cfg.cluster.gpu_handoff, offload=t.offload_during_rollout)
     if est.needed > gpu:
         best = est.best_fraction()
-        fix = (f"set rollout.sglang.mem_fraction_static <= {best:.2f}" if best > 0.05 else
+        fix = (f"set rollout.sglang.mem_fraction_static <= {best:.2f} (or auto)" if best > 0.05 else
                "the trainer alone leaves no room for a server")
         raise Refused(f"the GPU shared by the trainer and SGLang (cluster.colocate=true) cannot hold both: "
                       f"{est.describe()}. {fix}, or lower trainer.micro_batch_tokens, or give the engines their own "
                       f"GPUs (cluster.colocate=false)")
+    return part
 
 
-def prompt_lengths(cfg, ready: Ready) -> None:
+def prompt_lengths(cfg, ready: Ready) -> dict:
     """Under rollout.on_long_prompt=error no prompt may be too long; under skip at least one must fit. Reads
-    task_data's task and model_fits_task's max_prompt_len."""
-    prompts.check_lengths(ready.task, ready.max_prompt_len, cfg.rollout.on_long_prompt)
+    task_data's task and model_fits_task's max_prompt_len; its part is the longest prompt a rollout can see (what
+    sizes rollout.sglang.mem_fraction_static=auto)."""
+    return {"longest_prompt": prompts.check_lengths(ready.task, ready.max_prompt_len, cfg.rollout.on_long_prompt)}
 
 
 def eval_data(cfg, ready: Ready) -> dict | None:
@@ -288,10 +308,11 @@ def resume_state(cfg, ready: Ready) -> dict:
 
 # The order is the only link between checks: backend_choice writes `auto`'s choice into cfg before any later check
 # reads it; config_values makes run_dir absolute for the rest; resources reads trainer_layout's shape; model_fits_task
-# reads task_data's task; host_memory, shared_gpu_memory, prompt_lengths and eval_data read model_fits_task's part.
+# reads task_data's task; host_memory, prompt_lengths, shared_gpu_memory and eval_data read model_fits_task's part;
+# shared_gpu_memory reads prompt_lengths' longest prompt and replaces sglang_engines' engine configs.
 CONFIG_CHECKS = (fault_plan, backend_choice, config_values, task_config, sglang_engines, trainer_layout)
 CHECKS = CONFIG_CHECKS + (resources, run_dir_writable, run_dir_entries, task_data, model_fits_task, host_memory,
-                          shared_gpu_memory, prompt_lengths, eval_data, resume_state)
+                          prompt_lengths, shared_gpu_memory, eval_data, resume_state)
 # What a sweep checks for every job before its first job starts (top_rl.cli): the config's refusals, run_dir's, the
 # job's data and model (task.path=good.jsonl,/dev/zero trained job 0, then refused job 1, leaving both behind), its
 # eval data, and memory; not the checkpoints' (a resumed sweep's jobs verify theirs when each starts).

@@ -191,7 +191,9 @@ def test_an_experiment_states_only_the_model_keys_it_changes(experiment):
     from omegaconf import OmegaConf
 
     body = OmegaConf.to_container(OmegaConf.load(CONF / "experiment" / f"{experiment}.yaml"))
-    groups = [f"{k.split()[-1].lstrip('/')}={v}" for d in body.get("defaults", []) for k, v in d.items()]
+    # a group override is a mapping; a plain name is another experiment this one builds on (gsm8k_qwen3_0.6b_one_gpu)
+    groups = [f"{k.split()[-1].lstrip('/')}={v}" if isinstance(d, dict) else f"+experiment={d}"
+              for d in body.get("defaults", []) for k, v in (d.items() if isinstance(d, dict) else [(d, d)])]
     base = compose(groups).model
     same = [f"model.{key}={v}" for key, v in _leaves(body.get("model") or {})
             if getattr(getattr(base, key), "value", getattr(base, key)) == v]

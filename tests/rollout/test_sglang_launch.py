@@ -149,13 +149,13 @@ def _sglang_experiments():
 @pytest.mark.parametrize("experiment", _sglang_experiments())
 def test_shipped_experiments_plan_commands_sglang_accepts(experiment):
     from top_rl.cli import compose
-    from top_rl.rollout.sglang_plan import config_from_dict, initial_policy_dir, launch_plan, run_defaults
+    from top_rl.rollout.sglang_plan import engine_config, initial_policy_dir, launch_plan
 
     run = compose([f"+experiment={experiment}"])
     ports = set()
     for i in range(run.rollout.num_engines):
         plan = launch_plan(run, index=i)
-        cfg = config_from_dict(run.rollout.sglang, i, **run_defaults(run))
+        cfg = engine_config(run, i)  # as the run plans it (cluster.gpu_handoff sets the memory saver)
         ns = validate_argv(plan["argv"], cfg, top=C)
         # without model.path the servers start from the run's random initial policy (written at start)
         want_model = run.model.path or str(initial_policy_dir(run.run_dir))

@@ -39,7 +39,11 @@ class SglangSettings:
     tp_size: int = 1  # the server's tensor parallelism (1 under TOP: no TP>1 contract)
     host: str = "127.0.0.1"  # the address the server binds
     port: int = 30000  # engine i's server listens on port + i (<= 55535: SGLang adds 10000 for gRPC)
-    mem_fraction_static: float | None = 0.7  # None: SGLang's own default
+    # The share of the GPU the server takes for its weights and KV pool (of the memory free when it starts). auto: sized
+    # on the driver from the GPU, the model, the batch's KV need and a trainer sharing the GPU, turning
+    # trainer.offload_during_rollout on where that lets the whole batch run (top_rl/driver/memory_choice.py); None:
+    # SGLang's own
+    mem_fraction_static: float | str | None = 0.7
     disable_radix_cache: bool = True  # the contract's flag; False only outside flashinfer
     extra_args: list[str] = field(default_factory=list)  # more `sglang.launch_server` flags
     env: dict[str, str] = field(default_factory=dict)  # extra env for the server process

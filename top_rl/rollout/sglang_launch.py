@@ -84,7 +84,10 @@ def build_launch(cfg: SglangEngineConfig, trainer_attention_backend: str, base_e
     _check_extra_args(cfg.extra_args)
     argv = [cfg.python, "-m", MODULE, "--model-path", cfg.model_path, "--host", cfg.host, "--port", str(cfg.port),
             "--tp-size", str(cfg.tp_size), "--attention-backend", cfg.attention_backend]
-    if cfg.mem_fraction_static is not None:
+    if cfg.mem_fraction_static == "auto" and check:  # decided before start (top_rl/driver/memory_choice.py)
+        raise TopConfigError("rollout.sglang.mem_fraction_static=auto reached a server's launch undecided: the run's "
+                             "pre-start checks decide it (top_rl.preflight.shared_gpu_memory)")
+    if cfg.mem_fraction_static not in (None, "auto"):  # auto in a plan or dry run: decided at start
         argv += ["--mem-fraction-static", repr(float(cfg.mem_fraction_static))]
     for flag, key in _SIZE_FLAGS:
         if getattr(cfg, key) is not None:

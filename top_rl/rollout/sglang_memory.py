@@ -18,8 +18,6 @@ only its weights beside the servers (OFFLOADED_RESIDENT_BYTES_PER_PARAM).
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from dataclasses import dataclass
 
 GIB = 1 << 30
@@ -31,12 +29,15 @@ SGLANG_DEFAULT_CHUNK = 8192  # chunked_prefill_size SGLang picks on a large GPU 
 # live tensors (perf/trainer/gpu_allocated_gib; what holds the extra ~20 GiB is not found yet: a CPU run of the same
 # steps keeps none). The estimate takes the largest seen, so a layout that ran out of memory there is refused here.
 RESIDENT_BYTES_PER_PARAM = 64  # 35.2 GiB / 596,049,920 parameters = 63.4
-# What stays between steps with trainer.offload_during_rollout: the model's weights only (2 B a parameter in the compute
-# dtype, 4 for the fp32 embedding and norms), counted at 4 B for every parameter. A formula, NOT yet measured on a GPU
-# (the e2e g4b case reports perf/trainer/gpu_resident_gib): the ~20 GiB of live tensors the 0.6B job kept after step 2
-# (above) are not counted here, and the step is counted by the formula (trainer_bytes), not by the measured 64 B.
+# What stays between steps with trainer.offload_during_rollout: the model's weights (2 B a parameter in the compute
+# dtype, 4 for the fp32 embedding and norms; counted at 4 B for every parameter) and what the step leaves allocated that
+# is not a parameter's. Measured on an H200 for the Qwen3-4B shape (4,022,468,096 parameters, micro_batch_tokens=16384,
+# the GSM8K job, bench/RESULTS.md session 14): 18.1 GiB allocated after steps 2-3 (perf/trainer/gpu_allocated_gib)
+# against 15.0 GiB of weights. The rest is counted as one micro-batch's fp32 logits (micro_batch_tokens x vocab x 4 B,
+# 9.3 GiB there: STEP_LEFTOVER_BYTES_PER_LOGIT), which covers that measurement (24.3 GiB >= 18.1); not yet measured for
+# other shapes.
 OFFLOADED_RESIDENT_BYTES_PER_PARAM = 4
-
+STEP_LEFTOVER_BYTES_PER_LOGIT = 4
 
 def param_count(arch) -> int:
     """Parameters of a dense Qwen3-shaped config (embedding, lm_head unless tied, layers, final norm)."""
@@ -104,8 +105,8 @@ def estimate(arch, micro_batch_tokens: int, recompute: bool, mem_fraction_static
              offload: bool = False) -> SharedGpuEstimate:
     """`offload`: trainer.offload_during_rollout (with `handoff` only; config.validate refuses it otherwise)."""
     offload = offload and handoff
-    if offload:  # the weights only between steps; the step by the formula (OFFLOADED_RESIDENT_BYTES_PER_PARAM)
-        resident = OFFLOADED_RESIDENT_BYTES_PER_PARAM * param_count(arch)
+    if offload:  # the weights and the step's leftovers between steps; the step by the formula (module doc)
+        resident = offloaded_resident_bytes(arch, micro_batch_tokens)
         step = trainer_bytes(arch, micro_batch_tokens, recompute)
     else:
         resident = RESIDENT_BYTES_PER_PARAM * param_count(arch)
@@ -116,24 +117,18 @@ def estimate(arch, micro_batch_tokens: int, recompute: bool, mem_fraction_static
                              trainer_bytes=step, trainer_resident_bytes=resident, handoff=handoff, offload=offload)
 
 
-def local_gpu_bytes() -> int | None:
-    """GPU 0's memory on this machine, read without creating a CUDA context (NVML, else nvidia-smi); None if no
-    GPU can be seen (the check then runs where the actors are: not before start)."""
-    try:
-        import pynvml
+def offloaded_resident_bytes(arch, micro_batch_tokens: int) -> int:
+    """What a trainer rank keeps on the GPU between steps with trainer.offload_during_rollout (the constants above)."""
+    return OFFLOADED_RESIDENT_BYTES_PER_PARAM * param_count(arch) + STEP_LEFTOVER_BYTES_PER_LOGIT * micro_batch_tokens * \
+        arch.vocab_size
 
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total)
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no NVML library, no driver, no GPU: try the command line
-        pass
-    if shutil.which("nvidia-smi"):
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
-                                 capture_output=True, text=True, timeout=30).stdout.strip()
-            return int(float(out.splitlines()[0])) << 20 if out else None
-        except (OSError, ValueError, subprocess.TimeoutExpired):
-            return None
-    return None
+
+def weights_bytes(arch) -> int:
+    """The server's copy of the model (bf16: 2 B a parameter)."""
+    return 2 * param_count(arch)
+
+
+def kv_bytes_per_token(arch) -> int:
+    """One token's K and V in every layer of the server's KV pool (bf16, SGLang's kv_cache_dtype=auto for a bf16
+    model): layers x 2 x kv_heads x head_dim x 2 B (112 KiB for Qwen3-0.6B, 144 KiB for Qwen3-4B)."""
+    return arch.num_hidden_layers * 2 * arch.kv_size * 2

@@ -22,6 +22,7 @@ def config_from_dict(d: Mapping[str, Any] | Any | None, index: int = 0, **run) -
     index, so several engines can share a node."""
     if dataclasses.is_dataclass(d):  # Hydra's typed rollout.sglang (SglangSettings: keys and kinds checked)
         d = dataclasses.asdict(d)
+        _check_types({"mem_fraction_static": d["mem_fraction_static"]})  # a number or a string: the range and `auto`
     else:
         d = dict(d or {})
         unknown = set(d) - _FIELDS
@@ -74,7 +75,11 @@ def _check_types(d: Mapping[str, Any]) -> None:
                                          f"strings; quote it (\"{value[bad[0]]}\")")
         elif isinstance(default, bool):
             ok, kind = isinstance(value, bool), "true or false"
-        elif isinstance(default, (int, float)) and not (key == "mem_fraction_static" and value is None):
+        elif key == "mem_fraction_static":  # a share of the GPU, `auto` (top_rl/driver/memory_choice.py) or null
+            ok = value is None or value == "auto" or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                                     and 0 < value < 1)
+            kind = "a number between 0 and 1, auto (sized from the GPU at start) or null (SGLang's own)"
+        elif isinstance(default, (int, float)):
             ok, kind = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
             ok = ok and (isinstance(value, int) or not isinstance(default, int))
         else:
@@ -118,4 +123,6 @@ def launch_plan(run_cfg, index: int = 0) -> dict:
         check_sglang_version(cfg, top)  # (a planning machine without SGLang plans; the engine's start() checks)
     spec = build_launch(cfg, run_cfg.top.attention_backend, top=top, check=False)
     return {"kind": "sglang", "url": cfg.url, **spec.describe(),
-            "logprob_source": cfg.logprob_source, "attention_backend": cfg.attention_backend, "top": cfg.top}
+            "logprob_source": cfg.logprob_source, "attention_backend": cfg.attention_backend, "top": cfg.top,
+            # auto: decided at start from the GPU, the model and the task's prompts (top_rl/driver/memory_choice.py)
+            "mem_fraction_static": cfg.mem_fraction_static}

@@ -20,7 +20,11 @@ RESUME_FREE_KEYS = {"steps", "run_dir", "resume", "resume_allow_changes", "dry_r
                         "host", "port", "python", "log_path", "startup_timeout_s", "request_timeout_s", "max_retries",
                         "retry_backoff_s", "restart_on_failure", "validate_with_parser", "weights_dir",
                         "keep_weight_versions", "flattened_buckets", "weight_group_name",
-                        "weight_sync", "bucket_mb"))}  # the last two: recorded by runs before cluster.weight_transport
+                        "weight_sync", "bucket_mb")),  # the last two: recorded by runs before cluster.weight_transport
+                    # where the trainer parks its optimizer state while the server generates: it comes back bitwise
+                    # (mem_fraction_static=auto may turn it on or off anew on another card; the KV pool's size stays
+                    # a change, refused: a smaller pool can retract requests)
+                    "trainer.offload_during_rollout"}
 # Keys whose value a resume takes from the checkpoint, so a change could not take effect: refused even under
 # resume_allow_changes=true (every other change it allows is applied: rollout, algo, task, top, seed, and the
 # trainer's optimizer settings, which top_rl.train.optim puts into the loaded optimizer).

@@ -93,25 +93,28 @@ def _no_room(max_prompt_len: int) -> PromptTooLong:
                          "the model's context (max_position_embeddings)")
 
 
-def check_lengths(task: Task, max_prompt_len: int, on_long: str) -> None:
+def check_lengths(task: Task, max_prompt_len: int, on_long: str) -> int:
     """At start (top_rl.preflight), over the whole dataset: under `error` the first prompt too long is refused
-    now, not hours into the run; under `skip` at least one prompt must fit. One pass of the task's tokenizer."""
+    now, not hours into the run; under `skip` at least one prompt must fit. One pass of the task's tokenizer.
+    Returns the longest prompt a rollout can see: the dataset's longest under `error` (the pass read them all),
+    else max_prompt_len (what sizes the servers' KV pool: top_rl/driver/memory_choice.py)."""
     if max_prompt_len < 1:
         raise _no_room(max_prompt_len)
     if on_long == "truncate":
-        return
-    fits = False
+        return max_prompt_len
+    fits, longest = False, 0
     for uid in range(len(task)):
         item = task.item(uid)
         if len(item.prompt_ids) <= max_prompt_len:
-            fits = True
+            fits, longest = True, max(longest, len(item.prompt_ids))
             if on_long == "skip":
-                return
+                return max_prompt_len
         elif on_long == "error":
             raise _too_long(item, task, max_prompt_len)
     if not fits:
         raise PromptTooLong(f"every prompt of task {task.name!r} is longer than {max_prompt_len} tokens: "
                             "nothing left to train on after rollout.on_long_prompt=skip")
+    return longest
 
 
 def next_prompts(task: Task, n: int, seed: int, position: DataPosition, max_prompt_len: int,
