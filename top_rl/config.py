@@ -243,21 +243,25 @@ def validate(cfg: RunConfig) -> RunConfig:
 
 
 def _policy_lag_errors(cfg: RunConfig) -> list[str]:
-    """rollout.policy_lag: 0 or 1 (one rollout in flight: the push of the next version waits for it, so a larger lag
-    would need several versions on the engines at once), and what it cannot run with."""
+    """rollout.policy_lag: 0, 1 or 2, one schedule each (top_rl.driver.schedule: one rollout in flight, the push of
+    the next version waits for it), and what a lag cannot run with."""
     lag = cfg.rollout.policy_lag
-    if lag not in (0, 1):
-        return [f"rollout.policy_lag={lag} must be 0 (synchronous) or 1 (the next rollout generates while this step "
-                "trains): one rollout is in flight at a time"]
+    if lag not in (0, 1, 2):
+        return [f"rollout.policy_lag={lag} must be 0 (synchronous), 1 (the next rollout generates while this step "
+                "trains) or 2 (the rollout two steps ahead generates while this step trains)"]
     errors = []
     if lag and cfg.cluster.gpu_handoff:
-        errors.append("rollout.policy_lag=1 with cluster.gpu_handoff=true: the server must stay resident to generate "
-                      "the next batch while the trainer trains, and the handoff gives its GPU memory to the trainer "
-                      "for the step; set cluster.gpu_handoff=false or rollout.policy_lag=0")
+        errors.append(f"rollout.policy_lag={lag} with cluster.gpu_handoff=true: the server must stay resident to "
+                      "generate the next batch while the trainer trains, and the handoff gives its GPU memory to the "
+                      "trainer for the step; set cluster.gpu_handoff=false or rollout.policy_lag=0")
     if lag and cfg.algo.old_logprobs == "recompute":
-        errors.append("rollout.policy_lag=1 with algo.old_logprobs=recompute: under a lag PPO's old policy is the "
+        errors.append(f"rollout.policy_lag={lag} with algo.old_logprobs=recompute: under a lag PPO's old policy is the "
                       "behaviour policy's log-probs, computed and proven by the gate's forward under its weights; "
                       "recompute would take the current weights' instead; set algo.old_logprobs=rollout")
+    if lag == 2 and cfg.algo.dynamic_sampling.enabled:
+        errors.append("rollout.policy_lag=2 with algo.dynamic_sampling.enabled=true: a step's extra rounds must be "
+                      "generated under its batch's version, and the engines hold the next batch's by then; set "
+                      "algo.dynamic_sampling.enabled=false or rollout.policy_lag=1")
     return errors
 
 

@@ -176,7 +176,7 @@ def test_resume_restores_wandb_history_from_jsonl_and_never_logs_a_step_twice(tm
 def test_rollout_metrics_and_their_console_line(capsys):
     """Issue 23: what any engine's rollout gave (lengths, the share finished by max_new_tokens, tokens per second of the
     rollout call), from its samples alone, and shown on the console line."""
-    from top_rl.loop import rollout_metrics
+    from top_rl.observe.step_row import rollout_metrics
     from top_rl.rollout.base import RolloutSample
 
     def sample(n, finish):

@@ -3,7 +3,7 @@ naming the versions, before the trainer sees it."""
 
 import pytest
 
-from top_rl.loop import behaviour_version
+from top_rl.driver.schedule import SCHEDULES
 from top_rl.rl.gate import ParityViolation
 from top_rl.rl.versions import VersionMismatch, check_batch
 
@@ -25,6 +25,11 @@ def test_samples_without_a_version_or_of_several_versions_are_refused():
     assert issubclass(VersionMismatch, ParityViolation)  # it stops the run as a parity failure does (one line)
 
 
-def test_the_loop_expects_one_version_behind_the_trainer_with_a_lag():
-    assert [behaviour_version(k, 0) for k in range(4)] == [1, 2, 3, 4]  # the trainer's own version, synchronously
-    assert [behaviour_version(k, 1) for k in range(4)] == [1, 1, 2, 3]  # the first batch has no older version
+def _behaviour_versions(lag: int, steps: int = 4) -> list[int]:
+    return [SCHEDULES[lag].behaviour_version(k) for k in range(steps)]
+
+
+def test_the_schedule_expects_lag_versions_behind_the_trainer():
+    assert _behaviour_versions(0) == [1, 2, 3, 4]  # the trainer's own version, synchronously
+    assert _behaviour_versions(1) == [1, 1, 2, 3]  # the first batch has no older version
+    assert _behaviour_versions(2) == [1, 1, 1, 2]  # the first two batches have none two versions older

@@ -160,7 +160,7 @@ def test_auto_without_a_gpu_to_size_from(tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
     with pytest.raises(preflight.Refused, match=r"mem_fraction_static=auto: the driver sees no GPU .* name the "):
         preflight.check(compose([f"run_dir={tmp_path / 'c'}", "+experiment=gsm8k_qwen3_0.6b_one_gpu",
-                                 "model.path=null"]))
+                                 "model.path=null", "top.attention_backend=triton", "rollout.logprob_source=prefill"]))
 
 
 def test_a_fraction_outside_0_1_is_refused_by_name(tmp_path):

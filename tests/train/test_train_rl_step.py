@@ -150,3 +150,17 @@ def test_recomputed_old_log_probs_are_the_rollouts_under_top(source, tmp_path):
         assert same == (old == "recompute"), old
         if old == "recompute":
             assert report.losses == exact.losses and report.timings["old_logprobs"] > 0
+
+
+def test_the_gate_source_is_decided_once_per_batch():
+    """A lagged batch's gate numbers all come from the snapshot forward, none from a training forward; otherwise
+    mini-batch 1's from its training forward and the later ones' from the scoring forward (top_rl.train.rl_step)."""
+    from top_rl.rl.batch import RLBatch
+    from top_rl.train.rl_step import GateSource
+
+    parts = [[0, 1], [2, 3], [4]]
+    lagged = RLBatch([], 1.0, "prefill", 3, 3, behaviour_version=1)
+    assert GateSource.of(lagged, 2, parts) == GateSource(snapshot=1, trained=(), scored=())
+    own = GateSource(None, trained=(0, 1), scored=(2, 3, 4))
+    assert GateSource.of(RLBatch([], 1.0, "prefill", 3, 3), 2, parts) == own
+    assert GateSource.of(RLBatch([], 1.0, "prefill", 3, 3, behaviour_version=2), 2, parts) == own  # lag 0 at step 1

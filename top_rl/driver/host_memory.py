@@ -3,8 +3,8 @@ numbers are lower bounds of what the run allocates, counted from the objects it 
 never have run (it would have grown until the machine killed it, deep in a step); one that passes may still not fit.
 
 - The step's batch, on the driver. Every step the driver holds all rollout.prompts_per_step x rollout.n_samples
-  samples at once: the engines' RolloutSamples and the RLBatch built from them (top_rl/loop.py). Each token is a
-  64-bit slot in both (its id, prompt and response alike), and each response token also has two log-probs (the
+  samples at once: the engines' RolloutSamples and the RLBatch built from them (top_rl/driver/step_batch.py). Each
+  token is a 64-bit slot in both (its id, prompt and response alike), and each response token also has two log-probs (the
   gate's and the sampler's), Python floats of 24 bytes, each held by a slot in both. A prompt has at least one token;
   a response may run to rollout.max_new_tokens, and the run must hold the step where every response does. Object
   headers, token ids above 256 (Python caches only the small ones) and the lists' spare room are not counted.

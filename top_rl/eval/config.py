@@ -35,6 +35,6 @@ def errors(cfg) -> list[str]:
         out.append(f"eval.temperature={e.temperature} {contract.temperature_refusal(e.temperature)} (the eval samples "
                    "with the engines' seeded sampler; a low temperature such as 0.01 is near greedy)")
     if e.every > 0 and cfg.rollout.policy_lag:
-        out.append("eval.every with rollout.policy_lag=1: the next step's rollout is in flight when a step ends, and "
+        out.append(f"eval.every with rollout.policy_lag={cfg.rollout.policy_lag}: the next step's rollout is in flight when a step ends, and "
                    "the eval would share the engines with it; set rollout.policy_lag=0 or eval.every=0")
     return out

@@ -35,6 +35,11 @@ def due(every: int, step: int) -> bool:
     return every > 0 and step % every == 0
 
 
+def if_due(cluster, es: EvalSet | None, cfg, step: int) -> dict:
+    """The eval's metrics after step `step` when eval.every makes it due (under the weights just pushed), else none."""
+    return run(cluster, es, cfg.seed, step) if es is not None and due(cfg.eval.every, step) else {}
+
+
 def build(cfg, task, max_position_embeddings: int) -> EvalSet:
     """The eval set of a run's config (cfg.eval), from the training task's config with eval.path / eval.split put in
     (the same task, tokenizer and reward), or the training task itself when neither is set."""

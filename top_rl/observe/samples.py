@@ -40,6 +40,18 @@ def rows(step: int, items, samples, texts: list[str], response_texts: list[str],
     return out
 
 
+def save_if_due(run_dir: Path, rollout_cfg, step: int, batch, task) -> list[dict]:
+    """Step `step`'s rows, written when rollout.save_samples_every makes it due (else none): `batch` the step's
+    samples with their prompt items, rewards and advantages (top_rl.driver.step_batch), `task` its tokenizer's text."""
+    if not due(rollout_cfg.save_samples_every, step):
+        return []
+    sample_rows = rows(step, batch.items, batch.samples, [it.prompt for it in batch.items],
+                       [task.response_text(s.response_ids) for s in batch.samples], batch.rewards, batch.advantages,
+                       rollout_cfg.n_samples, rollout_cfg.save_samples_rows)
+    write(run_dir, step, sample_rows)
+    return sample_rows
+
+
 def write(run_dir: Path, step: int, sample_rows: list[dict]) -> Path:
     target = path(run_dir, step)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 (all right or all wrong) has GRPO advantage 0 everywhere and gives no gradient, so it is dropped, and more prompts are
 sampled until the step holds rollout.prompts_per_step groups with a signal.
 
-How it runs here (the loop: top_rl/loop.py), and why:
+How it runs here (the fill: top_rl/driver/step_batch.py), and why:
 - A step's first round is the step's ordinary rollout, its seeds the ordinary ones: a run with dynamic sampling on
   samples round 0 exactly as a run without it.
 - Each extra round draws the next rollout.prompts_per_step prompts from the data stream (verl's gen batch, over-sampled

@@ -1,9 +1,10 @@
 """Weight versions: which policy sampled a batch, checked before the trainer sees it.
 
 A weight version names one policy the trainer pushed: 1 is the initial policy, and step k's update (1-based) makes
-version k + 1. Every sample carries the version its engine held when it generated it (RolloutSample.weight_version).
-Under `rollout.policy_lag=1` the batch step k trains was generated under version k - 1 (one update behind the
-trainer's version k); the trainer proves it against a snapshot of that version's weights (top_rl.train.snapshots).
+version k + 1; the schedule mints them (top_rl.driver.schedule). Every sample carries the version its engine held
+when it generated it (RolloutSample.weight_version). Under `rollout.policy_lag=K` the batch step k trains was generated
+under version k - K (K updates behind the trainer's version k, or version 1 where nothing is that old); the trainer
+proves it against a snapshot of that version's weights (top_rl.train.snapshots).
 A batch of any other version (an engine that missed a push, pushes out of order, a repeat under the wrong weights)
 is refused here, naming both versions: the gate would catch most of them too, but a batch that happens to match
 under the wrong weights must never train as if it came from the right ones.

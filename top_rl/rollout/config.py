@@ -46,7 +46,8 @@ class RolloutConfig:
     on_long_prompt: OnLongPrompt = OnLongPrompt.error
     # 0: synchronous (the rollout of step k+1 starts after step k's weights are pushed). 1: one step off: the rollout
     # of step k+1 is generated under the weights before step k's update while step k trains; the trainer proves it
-    # against those weights (a snapshot of them) and uses their log-probs as PPO's old policy (docs/architecture.md)
+    # against those weights (a snapshot of them) and uses their log-probs as PPO's old policy (docs/architecture.md).
+    # 2: two steps off, the same with copies of two versions (top_rl/driver/schedule.py)
     policy_lag: int = 0
     # every K steps, the step's generations to run_dir/samples/step_NNNNNN.jsonl.gz (top_rl/observe/samples.py); 0: off
     save_samples_every: int = 0

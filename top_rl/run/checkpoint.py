@@ -10,9 +10,9 @@
                        tokenizer), written by trainer rank 0: the exact weights the engines sample
                        with, so `top-rl-export` is a copy and needs neither the trainer nor its layout
   state.json           step, data position, wandb run id, resolved config, and the weight version the next step's
-                       rollout is generated under (rollout.policy_lag=1: the version before the trainer's, whose
+                       rollout is generated under (rollout.policy_lag > 0: a version before the trainer's, whose
                        copy the trainer shards hold; the data position is the one before that rollout, which a
-                       resume generates again rather than storing it)
+                       resume generates again, with any after it, rather than storing them)
   metrics_tail.jsonl   the metrics.jsonl lines logged since the checkpoint before it, as written: a resume rewrites
                        a damaged row of a kept step from them (top_rl.observe.metrics_resume)
   manifest.json        size and SHA-256 of every file above (top_rl.run.manifest); written last

@@ -9,10 +9,11 @@ Order (top_rl/rl/batch.py says what goes in and out):
   3. the gate, on every rank from the same gathered numbers, before any `optimizer.step()`: a violation
      under `halt` applies no update;
   4. the optimizer step, then mini-batches 2.. (forward, backward, step each).
-A lagged batch (rollout.policy_lag=1: `batch.behaviour_version` older than the trainer's version) replaces 1 and the
-gate's half of 2 with one forward without gradients under the behaviour version's weights (top_rl.train.snapshots):
-it gives every sample's gate numbers and its sampler log-probs, and those proven numbers are PPO's old policy, so the
-ratio is pi_theta / pi_v exactly. The training forwards then run under the live weights and feed only the loss.
+Where the gate's numbers come from is decided once (GateSource). A lagged batch (rollout.policy_lag > 0:
+`batch.behaviour_version` older than the trainer's version) replaces 1 and the gate's half of 2 with one forward
+without gradients under the behaviour version's weights (top_rl.train.snapshots): it gives every sample's gate
+numbers and its sampler log-probs, and those proven numbers are PPO's old policy, so the ratio is pi_theta / pi_v
+exactly. The training forwards then run under the live weights and feed only the loss.
 Loss metrics are reduced over ranks: summed / token-weighted over DP, taken where the logits are (last PP
 stage, TP and CP rank 0), so every layout reports them.
 """
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 
@@ -41,6 +44,24 @@ def minibatches(n: int, updates: int) -> list[list[int]]:
         raise ValueError(f"{updates} updates need at least as many samples (got {n})")
     bounds = [round(k * n / updates) for k in range(updates + 1)]
     return [list(range(bounds[k], bounds[k + 1])) for k in range(updates)]
+
+
+@dataclass(frozen=True)
+class GateSource:
+    """Where every sample's gate numbers come from, decided once per step: a lagged batch's all from one forward
+    without gradients under the snapshot of the version that sampled it (`snapshot`); otherwise mini-batch 1's from
+    its training forward (`trained`) and the later mini-batches' from a scoring forward under the same, not yet
+    updated, weights (`scored`)."""
+
+    snapshot: int | None
+    trained: tuple[int, ...] = ()
+    scored: tuple[int, ...] = ()
+
+    @staticmethod
+    def of(batch: RLBatch, policy_version: int, parts: list[list[int]]) -> "GateSource":
+        if batch.behaviour_version is not None and batch.behaviour_version != policy_version:
+            return GateSource(snapshot=batch.behaviour_version)
+        return GateSource(None, tuple(parts[0]), tuple(i for part in parts[1:] for i in part))
 
 
 class _Clock:
@@ -68,35 +89,33 @@ def run(trainer, batch: RLBatch, cfg: RLStepConfig) -> StepReport | None:
     policy_version = versions.current
     versions.record(trainer.model)  # the live weights, for the batches sampled under them (none without a lag)
 
-    # 1. Gate values of later mini-batches, under the weights the engine sampled with.
+    # 1. The gate's numbers that no training forward gives, before any update.
+    source = GateSource.of(batch, policy_version, parts)
     gate_lps: list[torch.Tensor | None] = [None] * len(samples)
     old = [torch.tensor(s.old_logprobs, dtype=torch.float32) for s in samples]
-    later = [i for part in parts[1:] for i in part]
-    lagged = batch.behaviour_version is not None and batch.behaviour_version != policy_version
-    if lagged:  # every sample's gate numbers and old log-probs: one forward under the behaviour version's weights
-        with versions.swapped_in(trainer.model, batch.behaviour_version, f"the batch of step {batch.step}"):
+    if source.snapshot is not None:  # every sample's gate numbers and old log-probs, under the behaviour weights
+        with versions.swapped_in(trainer.model, source.snapshot, f"the batch of step {batch.step}"):
             behaviour, gate_lps = trainer.logprobs_and_gate(seqs)
         old = [lp.float() for lp in behaviour]
         t = clock.lap("behaviour_forward", t)
-    elif later:
+    if source.scored:
         scored = trainer.logprobs([TrainSequence(seqs[i].tokens, seqs[i].prompt_len, None if prefill_gate else T)
-                                   for i in later])
-        for i, lp in zip(later, scored):
+                                   for i in source.scored])
+        for i, lp in zip(source.scored, scored):
             gate_lps[i] = lp
         t = clock.lap("scoring", t)
 
     # algo.old_logprobs=recompute: PPO's old policy from one forward-only pass under the weights that sampled
-    if cfg.old_logprobs == "recompute" and not lagged:  # (config.validate refuses it with a lag)
+    if cfg.old_logprobs == "recompute" and source.snapshot is None:  # (config.validate refuses it with a lag)
         old = [lp.float() for lp in trainer.logprobs([TrainSequence(s.tokens, s.prompt_len, T) for s in samples])]
         t = clock.lap("old_logprobs", t)
 
-    # 2. Mini-batch 1: its training forward gives its gate values.
+    # 2. Mini-batch 1: its training forward gives its gate values (none of a lagged batch's: see GateSource).
     meter = _LossMeter(trainer.device)
     first = _forward_backward(trainer, seqs, old, samples, parts[0], cfg.loss, meter)
     t = clock.lap("forward_backward", t)
-    if not lagged:  # the training forward is the gate's recompute (a lagged batch's came from its behaviour forward)
-        for i, lp in zip(parts[0], first):
-            gate_lps[i] = lp
+    for i, lp in zip(source.trained, first):
+        gate_lps[i] = lp
 
     # 3. The gate, before any optimizer step.
     trainer_side = [lp.to(torch.float32 if prefill_gate else trainer.compute_dtype) for lp in gate_lps]
