@@ -18,6 +18,7 @@ Rows:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import random
 import sys
@@ -109,7 +110,7 @@ def main(argv=None) -> None:
         attention = os.environ.get(plan.ATTENTION_ENV, "triton")  # the variable kernels/plan.py reads
         sglang_attention.set_attention_backend(attention)
         model = device_model(seed=0)
-    with kernels.use_backend(backend):
+    with kernels.use_plan(dataclasses.replace(plan.current(), backend=backend)):
         rows = [gemm_drift(s, device), decode_vs_prefill(s, device), rope(s, device), sampler(s, device, model)]
     print(table(f"probes: {backend} kernels on {device}, attention {attention}",
                 ["probe", "shape", "result", "claim asserted by"], rows))

@@ -6,6 +6,7 @@ kernels at their best. Run on the GPU: python bench/step_time.py"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -45,7 +46,7 @@ def main():
     for name in ("sglang", "plain", "plain+flash"):
         if name == "plain+flash":
             plain.attention = _flash_attention  # the backend is the module: kernels.attention calls plain.attention
-        with kernels.use_backend(name.split("+")[0]):
+        with kernels.use_plan(dataclasses.replace(plan.current(), backend=name.split("+")[0])):
             def fwd():
                 with torch.no_grad():
                     kernels.prefill_logprobs(model(ids, pos, cu)[:-1], ids[1:])

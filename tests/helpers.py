@@ -71,6 +71,17 @@ def with_plan(monkeypatch, **changes):
     return new
 
 
+def use_backend(name: str):
+    """Compute under the installed KernelPlan with another backend, for a `with` block (kernels.use_plan restores the
+    plan before). A test's switch, not the product's: a run's plan comes from its config (kernels.install)."""
+    import dataclasses
+
+    from top_rl import kernels
+    from top_rl.kernels import plan
+
+    return kernels.use_plan(dataclasses.replace(plan.current(), backend=name))
+
+
 def push_by_ipc(monkeypatch, eng, sd: dict, version: int, bucket_bytes: int) -> None:
     """SglangIpc's two ends without Ray: rank 0's send (its payload, kept alive until the answer) straight into the
     engine actor's end of the link (what EngineActor.receive_weights hands each request to)."""

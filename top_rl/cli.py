@@ -238,9 +238,9 @@ def launch_plan(cfg, resolution=None) -> dict:
 
 def _installed_sglang(cfg) -> str | None:
     """The sglang release the run's SGLang engines would import (their python's), or this interpreter's."""
-    from top_rl.rollout.sglang.config import installed_sglang_version
+    from top_rl import sglang_release
 
-    return installed_sglang_version(cfg.rollout.sglang.python if cfg.rollout.engine == "sglang" else None)
+    return sglang_release.installed_version(cfg.rollout.sglang.python if cfg.rollout.engine == "sglang" else None)
 
 
 def _hydra_entry():

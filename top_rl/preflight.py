@@ -1,10 +1,12 @@
 """Every refusal a config or its inputs can cause, checked once at the very start of a run: before Ray,
 wandb or any file write. A refused run costs no GPU time and leaves nothing behind, not even run_dir.
 
-Each check is a function `(cfg, ready) -> None` that raises with a message naming the key, file:line
+Each check is a function `(cfg, ready) -> part` that raises with a message naming the key, file:line
 or prompt and the fix; CHECKS runs them in order (cheap config checks first, the dataset scan and the
-checkpoint verification last). `ready` collects what the checks loaded (task, model config, resume
-state), so the run does not load it twice. A new refusal is one function and one line in CHECKS.
+checkpoint verification last). A check that loads something the run needs (task, model config, resume state) returns
+it as its part of `Ready` (a dict of Ready's fields; None: nothing), so the run does not load it twice; `ready` is
+what the checks before it returned, read-only, and `check` alone builds the frozen result. A new refusal is one
+function and one line in CHECKS.
 Reading is all they do: the lock (top_rl.run.lock) is the run's first write, right after.
 `dry_run=true` runs CONFIG_CHECKS, those that need only the config (and model.path's config.json where this
 machine has it): the planning machine need not hold the data, the weights or the run's resources. A sweep runs
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +52,15 @@ REFUSALS = (Refused, ConfigError, TopConfigError, BadInput, UnsupportedModel, Re
             PlacementError, LayoutError, BadFaultSpec, RunDirNotShared)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Ready:
-    """What the checks loaded, for the run to use."""
+    """What the checks loaded, for the run to use: built by `check` alone, from the parts the checks return in order
+    (a check reads only what an earlier one returned: CHECKS' comment says which)."""
     task: Any = None
     model_cfg: Any = None
     max_prompt_len: int = 0
     state: dict | None = None  # the verified checkpoint state to resume from (None: step 0)
-    checkpoints_seen: list[str] = field(default_factory=list)
+    checkpoints_seen: tuple[str, ...] = ()
     shape: layout_rules.ModelShape | None = None  # the model's sizes the trainer layout splits
     sglang: tuple = ()  # rollout=sglang: each engine's checked SglangEngineConfig
     placement: placement.Placement | None = None
@@ -70,27 +73,27 @@ class Ready:
     eval_set: Any = None  # eval.every > 0: the eval's prompts and sampling (top_rl.eval.run.EvalSet)
 
 
-def fault_plan(cfg, ready: Ready) -> None:
+def fault_plan(cfg, ready: Ready) -> dict:
     """Test-only: TOP_RL_FAULT, read here once into the run plan (top_rl.run.fault_injection); a malformed one is
     refused naming the bad part."""
-    ready.faults = FaultPlan.from_env()
+    return {"faults": FaultPlan.from_env()}
 
 
-def resolution(cfg, ready: Ready) -> None:
+def resolution(cfg, ready: Ready) -> dict:
     """The run's one resolution step (top_rl/driver/resolution.py): the installed release's contract, where Ray runs
     (cluster.address or $RAY_ADDRESS), `auto` for top.attention_backend / rollout.logprob_source (fa3 with the decode
     source on Hopper where the contract proves it), a bench's $TOP_RL_<SWITCH> overrides; written into cfg before any
     other check reads it, recorded in the run plan."""
     try:
-        ready.resolution = run_resolution.resolve(cfg)
+        resolved = run_resolution.resolve(cfg)
     except run_resolution.Unresolvable as e:
         raise Refused(str(e)) from None
-    ready.backend = ready.resolution.backend
     if not cfg.dry_run:  # a dry run prints them in its plan (stdout is the JSON)
-        if ready.backend is not None:
-            print(f"[top-rl] attention backend: {ready.backend.why}", flush=True)
-        for o in ready.resolution.overrides:
+        if resolved.backend is not None:
+            print(f"[top-rl] attention backend: {resolved.backend.why}", flush=True)
+        for o in resolved.overrides:
             print(f"[top-rl] {o.variable} overrides {o.key}={o.config}: {o.value}", flush=True)
+    return {"resolution": resolved, "backend": resolved.backend}
 
 
 def _on_cluster(cfg, ready: Ready) -> bool:
@@ -120,34 +123,35 @@ def _k_chunk(cfg) -> int | None:
     return contract.get(cfg.top.contract).tiling.k_chunk if kernel_backend(cfg) == "reference" else None
 
 
-def trainer_layout(cfg, ready: Ready) -> None:
+def trainer_layout(cfg, ready: Ready) -> dict | None:
     """trainer.tp / pp / cp split the model (top_rl.train.layout_rules): model.path's config.json where this machine
     has it (else model_fits_task refuses the path), or the model.* fields; a random model's vocabulary, its
     task tokenizer's, is checked once the task is loaded (model_fits_task)."""
     path = cfg.model.path
     if path and not (Path(path) / "config.json").is_file():
         return
-    ready.shape = layout_rules.ModelShape.of(family.config_from_dir(path) if path else cfg.model)
+    shape = layout_rules.ModelShape.of(family.config_from_dir(path) if path else cfg.model)
     t = cfg.trainer
-    layout_rules.check(ready.shape, t.tp, t.pp, t.cp, _k_chunk(cfg))
+    layout_rules.check(shape, t.tp, t.pp, t.cp, _k_chunk(cfg))
+    return {"shape": shape}
 
 
-def sglang_engines(cfg, ready: Ready) -> None:
+def sglang_engines(cfg, ready: Ready) -> dict | None:
     """Every SGLang engine's refusals that need no server: port, flags, extra_args, attention backend, env (a run
     without model.path starts its servers from its random initial policy, written at start)."""
     if cfg.rollout.engine != "sglang":
         return
     from top_rl.rollout.sglang.plan import engine_config
 
-    ready.sglang = tuple(engine_config(cfg, index=i) for i in range(cfg.rollout.num_engines))
+    return {"sglang": tuple(engine_config(cfg, index=i) for i in range(cfg.rollout.num_engines))}
 
 
-def resources(cfg, ready: Ready) -> None:
+def resources(cfg, ready: Ready) -> dict:
     """The placement (engines, trainer ranks, their GPUs and CPUs) fits this machine (local runs; a running
-    cluster is checked once connected, top_rl.driver.cluster)."""
+    cluster is checked once connected, top_rl.driver.cluster). Reads trainer_layout's shape."""
     hint = layout_rules.hint(ready.shape, _k_chunk(cfg)) if ready.shape else ""
-    ready.placement = placement.check_before_start(cfg.rollout.num_engines, cfg.trainer, cfg.cluster, hint,
-                                                   on_cluster=_on_cluster(cfg, ready))
+    return {"placement": placement.check_before_start(cfg.rollout.num_engines, cfg.trainer, cfg.cluster, hint,
+                                                      on_cluster=_on_cluster(cfg, ready))}
 
 
 def run_dir_writable(cfg, ready: Ready) -> None:
@@ -179,30 +183,31 @@ def run_dir_entries(cfg, ready: Ready) -> None:
         raise Refused(refusal)
 
 
-def task_data(cfg, ready: Ready) -> None:
+def task_data(cfg, ready: Ready) -> dict:
     """The dataset loads (bad rows named file:line) and is not empty."""
-    ready.task = task = prompts.load_task(cfg.task)
+    task = prompts.load_task(cfg.task)
     if len(task) == 0:
         where = getattr(cfg.task, "path", None) or "its data"
         skipped = getattr(task, "skipped", 0)
         raise BadInput(f"task {task.name!r}: {where} holds no usable rows"
                        + (f" ({skipped} bad rows skipped under task.on_bad_row=skip)" if skipped else "")
                        + ": nothing to train on")
+    return {"task": task}
 
 
-def model_fits_task(cfg, ready: Ready) -> None:
+def model_fits_task(cfg, ready: Ready) -> dict:
     """The model is one a TOP contract covers (model.path's config.json, its weight files present), the task's
-    tokenizer fits it and the trainer layout splits its vocabulary."""
+    tokenizer fits it and the trainer layout splits its vocabulary. Reads task_data's task."""
     task = ready.task
-    ready.model_cfg = cfg.model.arch_config(task.vocab_size, task.eos_token_id)
-    prompts.check_tokenizer(task, ready.model_cfg)
+    model_cfg = cfg.model.arch_config(task.vocab_size, task.eos_token_id)
+    prompts.check_tokenizer(task, model_cfg)
     if cfg.model.path:
         from top_rl.model.hf_io import weight_files
 
         weight_files(cfg.model.path)
     t = cfg.trainer
-    layout_rules.check(layout_rules.ModelShape.of(ready.model_cfg), t.tp, t.pp, t.cp, _k_chunk(cfg))
-    ready.max_prompt_len = ready.model_cfg.max_position_embeddings - cfg.rollout.max_new_tokens
+    layout_rules.check(layout_rules.ModelShape.of(model_cfg), t.tp, t.pp, t.cp, _k_chunk(cfg))
+    return {"model_cfg": model_cfg, "max_prompt_len": model_cfg.max_position_embeddings - cfg.rollout.max_new_tokens}
 
 
 def _arch_before_the_task(cfg):
@@ -216,8 +221,8 @@ def _arch_before_the_task(cfg):
 
 def host_memory(cfg, ready: Ready) -> None:
     """The step's batch and, on a local run, the models of the actors computing on the CPU and the native CPU engines'
-    generate calls fit this host's memory
-    (lower bounds: top_rl/driver/host_memory.py); a sweep's check runs it before the task is loaded."""
+    generate calls fit this host's memory (lower bounds: top_rl/driver/host_memory.py). Reads model_fits_task's
+    model_cfg where it ran (a dry run's checks do not load the task)."""
     from top_rl.driver import host_memory as host
 
     r, c = cfg.rollout, cfg.cluster
@@ -241,31 +246,33 @@ def host_memory(cfg, ready: Ready) -> None:
         raise Refused(refusal)
 
 
-def shared_gpu_memory(cfg, ready: Ready) -> None:
+def shared_gpu_memory(cfg, ready: Ready) -> dict | None:
     """`rollout.sglang.mem_fraction_static=auto` decided (top_rl/driver/memory_choice.py: sized from the GPU, the model,
     the batch's KV need and the trainer beside it; offload turned on where that lets the batch run), then SGLang
     servers sharing a trainer rank's GPU (cluster.colocate=true) leave it room: their static pool, their per-batch
     memory and the trainer rank fit the GPU (top_rl/rollout/sglang/memory.py). Local runs only (a running cluster's
-    GPUs are not visible here)."""
+    GPUs are not visible here). Reads model_fits_task's model_cfg and prompt_lengths' longest_prompt; its part is the
+    choice and the engines' configs with its number (sglang_engines' part, replaced)."""
     if cfg.rollout.engine != "sglang":
-        return
+        return None
     from top_rl.driver import memory_choice
     from top_rl.rollout.sglang import memory as sglang_memory
 
     try:
-        ready.memory = memory_choice.resolve(cfg, ready.model_cfg, ready.longest_prompt or ready.max_prompt_len,
-                                             on_cluster=_on_cluster(cfg, ready))
+        memory = memory_choice.resolve(cfg, ready.model_cfg, ready.longest_prompt or ready.max_prompt_len,
+                                       on_cluster=_on_cluster(cfg, ready))
     except ValueError as e:
         raise Refused(str(e)) from None
-    if ready.memory is not None:  # the engines' configs take the number (and the plan records it)
-        ready.sglang = tuple(dataclasses.replace(s, mem_fraction_static=ready.memory.mem_fraction_static)
-                             for s in ready.sglang)
-        print(f"[top-rl] rollout.sglang.mem_fraction_static=auto: {ready.memory.why}", flush=True)
+    part = None
+    if memory is not None:  # the engines' configs take the number (and the plan records it)
+        part = {"memory": memory, "sglang": tuple(dataclasses.replace(s, mem_fraction_static=memory.mem_fraction_static)
+                                                  for s in ready.sglang)}
+        print(f"[top-rl] rollout.sglang.mem_fraction_static=auto: {memory.why}", flush=True)
     if not cfg.cluster.colocate or _on_cluster(cfg, ready):
-        return
+        return part
     seen = memory_choice.local_gpu()  # GPU 0 as the driver sees it (NVML), the GPU auto was sized for
     if seen is None:
-        return
+        return part
     gpu = seen.total_bytes
     t = cfg.trainer
     world = t.world
@@ -281,34 +288,42 @@ def shared_gpu_memory(cfg, ready: Ready) -> None:
         raise Refused(f"the GPU shared by the trainer and SGLang (cluster.colocate=true) cannot hold both: "
                       f"{est.describe()}. {fix}, or lower trainer.micro_batch_tokens, or give the engines their own "
                       f"GPUs (cluster.colocate=false)")
+    return part
 
 
-def prompt_lengths(cfg, ready: Ready) -> None:
-    """Under rollout.on_long_prompt=error no prompt may be too long; under skip at least one must fit. Keeps the
-    longest prompt a rollout can see (what sizes rollout.sglang.mem_fraction_static=auto)."""
-    ready.longest_prompt = prompts.check_lengths(ready.task, ready.max_prompt_len, cfg.rollout.on_long_prompt)
+def prompt_lengths(cfg, ready: Ready) -> dict:
+    """Under rollout.on_long_prompt=error no prompt may be too long; under skip at least one must fit. Reads
+    task_data's task and model_fits_task's max_prompt_len; its part is the longest prompt a rollout can see (what
+    sizes rollout.sglang.mem_fraction_static=auto)."""
+    return {"longest_prompt": prompts.check_lengths(ready.task, ready.max_prompt_len, cfg.rollout.on_long_prompt)}
 
 
-def eval_data(cfg, ready: Ready) -> None:
+def eval_data(cfg, ready: Ready) -> dict | None:
     """eval.every > 0: the eval set loads (eval.path / eval.split) and holds a prompt that fits, before anything
-    starts (top_rl.eval.run.build)."""
+    starts (top_rl.eval.run.build). Reads task_data's task and model_fits_task's model_cfg."""
     if cfg.eval.every > 0:
         from top_rl.eval import run as eval_run
 
-        ready.eval_set = eval_run.build(cfg, ready.task, ready.model_cfg.max_position_embeddings)
+        return {"eval_set": eval_run.build(cfg, ready.task, ready.model_cfg.max_position_embeddings)}
+    return None
 
 
-def resume_state(cfg, ready: Ready) -> None:
+def resume_state(cfg, ready: Ready) -> dict:
     """A fresh run never overwrites checkpoints; a resume takes the newest checkpoint that verifies and
     refuses changed determinism-relevant settings (top_rl.run.checkpoint.prepare)."""
-    ready.checkpoints_seen = [p.name for p in checkpoint.complete_checkpoints(Path(cfg.run_dir))]
+    seen = tuple(p.name for p in checkpoint.complete_checkpoints(Path(cfg.run_dir)))
     try:
-        ready.state = checkpoint.prepare(Path(cfg.run_dir), cfg)
+        return {"checkpoints_seen": seen, "state": checkpoint.prepare(Path(cfg.run_dir), cfg)}
     except ResumeRefused:  # judged on a run_dir a live run is writing: that run is the story (RunLock says it)
         run_lock.refuse_if_held(cfg.run_dir)
         raise
 
 
+# The order is the only link between checks: resolution writes the contract, `auto`'s choice and the overrides into
+# cfg before any later check reads them (and says whether Ray runs on a cluster); config_values makes run_dir absolute
+# for the rest; resources reads trainer_layout's shape; model_fits_task reads task_data's task; host_memory,
+# prompt_lengths, shared_gpu_memory and eval_data read model_fits_task's part; shared_gpu_memory reads prompt_lengths'
+# longest prompt and replaces sglang_engines' engine configs.
 CONFIG_CHECKS = (fault_plan, resolution, config_values, task_config, sglang_engines, trainer_layout)
 CHECKS = CONFIG_CHECKS + (resources, run_dir_writable, run_dir_entries, task_data, model_fits_task, host_memory,
                           prompt_lengths, shared_gpu_memory, eval_data, resume_state)
@@ -320,16 +335,19 @@ SWEEP_CHECKS = CONFIG_CHECKS + (run_dir_writable, run_dir_entries, task_data, mo
 
 
 def check(cfg, checks=CHECKS) -> Ready:
+    """Run `checks` in order; the one place a Ready is built: each check's part over what came before."""
     ready = Ready()
     for run_check in checks:
-        run_check(cfg, ready)
+        part = run_check(cfg, ready)
+        if part:
+            ready = dataclasses.replace(ready, **part)
     return ready
 
 
 def confirm_under_lock(cfg, ready: Ready) -> dict | None:
     """The resume state, re-read if another run changed the checkpoints between the checks and the lock."""
-    if [p.name for p in checkpoint.complete_checkpoints(Path(cfg.run_dir))] != ready.checkpoints_seen:
-        resume_state(cfg, ready)
+    if tuple(p.name for p in checkpoint.complete_checkpoints(Path(cfg.run_dir))) != ready.checkpoints_seen:
+        return resume_state(cfg, ready)["state"]
     return ready.state
 
 

@@ -4,18 +4,15 @@ bounds that are honest: below what the run really allocates, measured here on th
 from __future__ import annotations
 
 import pickle
-import sys
 import tracemalloc
 import weakref
-from pathlib import Path
 
 import pytest
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import tiny_model  # noqa: E402
+from tests.helpers import tiny_model, use_backend
 
 from top_rl import kernels  # noqa: E402
 from top_rl.driver import host_memory  # noqa: E402
@@ -29,7 +26,7 @@ def test_the_batch_bound_is_below_what_the_driver_holds(n_samples, max_new_token
     """Samples from the real engine, delivered as Ray delivers them (pickled), and the RLBatch the loop builds from them:
     together they take more memory than the bound counts for a step of one-token prompts whose responses all run to
     max_new_tokens (the step the bound describes)."""
-    with kernels.use_backend("reference"):
+    with use_backend("reference"):
         engine = NativeEngine(tiny_model(), "decode", eos_token_id=-1)  # no eos: every response runs to the limit
         raw = engine.generate([[5]] * n_samples, list(range(n_samples)), SamplingParams(max_new_tokens, 1.0))
     assert all(len(s.response_ids) == max_new_tokens for s in raw)
@@ -81,7 +78,7 @@ def test_the_engine_call_bound_is_below_the_kv_cache_the_native_engine_allocates
         return cache
     monkeypatch.setattr(type(model), "new_kv_cache", recorded)
     rows = 24
-    with kernels.use_backend("reference"):
+    with use_backend("reference"):
         NativeEngine(model, "decode", eos_token_id=-1).generate([[5]] * rows, list(range(rows)),
                                                                 SamplingParams(max_new_tokens, 1.0))
     calls = host_memory.cpu_engine_calls(model.cfg, dtype, engines=1, samples=rows, rollout_chunk=0,
@@ -136,7 +133,7 @@ def test_the_engine_call_bound_is_below_what_the_native_engine_holds_at_its_peak
 
     rows = 512
     model = tiny_model(dtype, vocab_size=vocab, max_position_embeddings=64)
-    with kernels.use_backend(backend):
+    with use_backend(backend):
         engine = NativeEngine(model, "decode", eos_token_id=-1)
         with _PeakTensorBytes([*model.parameters(), *model.buffers()]) as peak:
             engine.generate([[5]] * rows, list(range(rows)), SamplingParams(2, 1.0))

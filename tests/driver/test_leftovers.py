@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import rl_runs  # noqa: E402
-from rl_runs import BASE  # noqa: E402
+from tests import rl_runs
+from tests.rl_runs import BASE
 
 # What a local run starts (include_dashboard=False still starts the raylet's two agents)
 EXPECTED = ("gcs_server", "raylet", "ray::DashboardAgent", "ray::RuntimeEnvAgent", "ray::TrainerActor",

@@ -7,18 +7,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import rl_runs  # noqa: E402
-from rl_runs import BASE  # noqa: E402
+from tests import rl_runs
+from tests.rl_runs import BASE
 
-from top_rl.tasks import prompts  # noqa: E402
-from top_rl.model import Qwen3Config, UnsupportedModel  # noqa: E402
-from top_rl.tasks import ArithConfig, ArithTask, DataPosition  # noqa: E402
+from top_rl.tasks import prompts
+from top_rl.model import Qwen3Config, UnsupportedModel
+from top_rl.tasks import ArithConfig, ArithTask, DataPosition
 
 # gsm8k rows tokenized by the arith tokenizer (one token per character, <unk> for letters): a 64-token
 # context minus 3 new tokens leaves 61 for "Question: {q}\nAnswer:" (18 characters + the question).
@@ -69,13 +67,13 @@ def _refusal(run_dir, *overrides, base=BASE) -> str:
     from top_rl import kernels, loop
     from top_rl.cli import compose
 
-    backend = kernels.backend_name()
+    before = kernels.current_plan()
     try:
         with pytest.raises((prompts.BadInput, UnsupportedModel)) as e:
             loop.run(compose([f"run_dir={run_dir}", *base, "steps=8", "resume=true", "resume_allow_changes=true",
                               *overrides]))
     finally:
-        kernels.set_backend(backend)
+        kernels.install(before)  # the run installed its own plan
     return str(e.value)
 
 

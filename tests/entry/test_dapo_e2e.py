@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-import rl_runs
+from tests import rl_runs
 from top_rl.run import checkpoint
 
 pytestmark = pytest.mark.slow

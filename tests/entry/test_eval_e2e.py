@@ -4,8 +4,8 @@ numbers, each step's row once."""
 
 import pytest
 
-import rl_runs
-from rl_runs import BASE
+from tests import rl_runs
+from tests.rl_runs import BASE
 
 pytestmark = pytest.mark.slow
 EVAL = ["eval.every=2", "eval.n_samples=4", "eval.max_prompts=5", "steps=4"]

@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-import rl_runs
-from rl_runs import BASE
+from tests import rl_runs
+from tests.rl_runs import BASE
 
 from top_rl.observe import samples, wandb_history
 

@@ -4,14 +4,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from top_rl.observe.tracking import REQUIRED_KEYS
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from startup_lines import assert_started  # noqa: E402
+from tests.startup_lines import assert_started
 
 pytestmark = pytest.mark.slow
 SMALL = ["rollout.prompts_per_step=4", "rollout.n_samples=4", "cluster.torch_threads=1"]

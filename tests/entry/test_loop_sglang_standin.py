@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import sglang_cpu  # noqa: E402
-from startup_lines import assert_started  # noqa: E402
+from tests import sglang_cpu
+from tests.startup_lines import assert_started
 
 _ERR = sglang_cpu.import_error()
 pytestmark = [pytest.mark.skipif(_ERR is not None, reason=_ERR or ""), pytest.mark.slow]

@@ -6,18 +6,16 @@ starts."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import rl_runs  # noqa: E402
-from rl_runs import BASE, STEPS  # noqa: E402
+from tests import rl_runs
+from tests.rl_runs import BASE, STEPS
 
-from top_rl.cli import compose  # noqa: E402
-from top_rl.config import ConfigError  # noqa: E402
-from top_rl.run import checkpoint  # noqa: E402
+from top_rl.cli import compose
+from top_rl.config import ConfigError
+from top_rl.run import checkpoint
 
 LAG2 = "rollout.policy_lag=2"
 

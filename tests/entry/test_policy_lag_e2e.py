@@ -4,18 +4,16 @@ bitwise the run that never stopped; the GPU handoff is refused with a lag before
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import rl_runs  # noqa: E402
-from rl_runs import BASE, STEPS  # noqa: E402
+from tests import rl_runs
+from tests.rl_runs import BASE, STEPS
 
-from top_rl.cli import compose  # noqa: E402
-from top_rl.config import ConfigError  # noqa: E402
-from top_rl.run import checkpoint  # noqa: E402
+from top_rl.cli import compose
+from top_rl.config import ConfigError
+from top_rl.run import checkpoint
 
 LAG = "rollout.policy_lag=1"
 

@@ -33,9 +33,9 @@ def nothing_starts(monkeypatch):
 
     monkeypatch.setattr(loop, "Cluster", started("Ray (the cluster)"))
     monkeypatch.setattr(loop, "Tracker", started("wandb (the tracker)"))
-    backend = kernels.backend_name()
+    before = kernels.current_plan()
     yield
-    kernels.set_backend(backend)
+    kernels.install(before)  # the run installed its own plan
 
 
 def _refused(run_dir: Path, *overrides: str) -> str:
@@ -175,8 +175,7 @@ def test_a_model_safetensors_of_zeros_and_an_unreadable_task_path_are_named(tmp_
     actor; task.path=/proc/self/mem (EIO on read) was refused without naming the file."""
     from top_rl.model import save_model
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from helpers import tiny_model
+    from tests.helpers import tiny_model
 
     model = tmp_path / "model"
     save_model(tiny_model(vocab_size=32), model)
@@ -355,8 +354,7 @@ def test_cli_refuses_a_malformed_fault_spec_in_one_line_before_ray(tmp_path):
 
 
 # ------------------------------------------------------------------ issue 24: SGLang extra_args before Ray
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import sglang_cpu  # noqa: E402
+from tests import sglang_cpu
 
 from top_rl import contract  # noqa: E402
 from top_rl.rollout.sglang import launch as sglang_launch  # noqa: E402

@@ -71,8 +71,7 @@ def test_dry_run_refuses_config_errors_in_one_line(tmp_path, overrides, rc, part
 def test_contract_breaking_extra_args_in_one_line(tmp_path):
     """SGLang's parser imported on this CPU driver (tests/entry/test_preflight.py covers the refusal itself) adds no
     import-time notices to the one line."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import sglang_cpu
+    from tests import sglang_cpu
 
     if sglang_cpu.import_error():
         pytest.skip(sglang_cpu.import_error())

@@ -20,6 +20,7 @@ from top_rl.model import KVCache, Qwen3, Qwen3Config, load_model, pack, save_mod
 from top_rl.rollout.base import SamplingParams
 from top_rl.rollout.native.engine import NativeEngine
 from tests.gpu._common import decode_equals_extend_claimed, needs_cuda
+from tests.helpers import use_backend
 
 pytestmark = [needs_cuda, pytest.mark.gpu]
 
@@ -93,7 +94,7 @@ def setup(request, tmp_path_factory):
     before = sglang_attention.attention_backend()
     sglang_attention.set_attention_backend("triton")
     try:
-        with kernels.use_backend("sglang"):
+        with use_backend("sglang"):
             # built before SGLang's groups: SGLang reuses Megatron's default process group
             trainers = {mbs: train.Trainer(model.cfg, train.TrainerSettings(tp=1, dtype="bfloat16", micro_batch_size=mbs))
                         for mbs in (1, 3)}
@@ -257,7 +258,7 @@ def test_plain_backend_differs_from_sglang(setup):
     ids, pos, cu = pack(prompts, "cuda")
     rows = _scored_rows(cu)
     theirs = out.input_token_logprobs.float().to(rows.device)[rows]
-    with torch.no_grad(), kernels.use_backend("plain"):
+    with torch.no_grad(), use_backend("plain"):
         plain = kernels.prefill_logprobs(model(ids, pos, cu)[rows], ids[rows + 1]).float()
     with torch.no_grad():
         top = kernels.prefill_logprobs(model(ids, pos, cu)[rows], ids[rows + 1]).float()

@@ -23,11 +23,12 @@ M, K, N = 300, 3072, 1024  # down_proj's shape
 
 def _worker(rank: int, world: int, init: str, out_dir: str):
     from top_rl import kernels
+    from top_rl.kernels import plan
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world)
     try:
-        kernels.set_backend("sglang")
+        kernels.install(plan.build("sglang"))
         g = torch.Generator(device="cuda").manual_seed(0)  # same data on every rank
         x = torch.randn(M, K, generator=g, device="cuda").bfloat16()
         w = (torch.randn(N, K, generator=g, device="cuda") * 0.02).bfloat16()

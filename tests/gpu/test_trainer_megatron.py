@@ -12,6 +12,7 @@ from top_rl.model import hf_state_dict
 from top_rl.rollout.base import SamplingParams
 from top_rl.rollout.native.engine import NativeEngine
 from tests.gpu._common import QWEN3_06B, device_model, needs_cuda
+from tests.train.common import export_hf_weights
 
 pytestmark = [needs_cuda, pytest.mark.gpu]
 
@@ -59,4 +60,4 @@ def _run(steps):
 
         metrics = trainer.train_step(batch, loss_fn)
         assert all(v == v for v in metrics.values() if isinstance(v, float)), metrics  # no NaN
-        engine.load_named_tensors(trainer.export_hf_weights())
+        engine.load_named_tensors(export_hf_weights(trainer))

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import sglang_cpu  # noqa: E402
+from tests import sglang_cpu
 
-from top_rl import contract  # noqa: E402
+from top_rl import contract
 
 _ERR = sglang_cpu.import_error()
 pytestmark = pytest.mark.skipif(_ERR is not None, reason=_ERR or "")

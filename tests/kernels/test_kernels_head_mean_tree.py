@@ -47,7 +47,7 @@ def _compile(fn, signature, constexprs, attrs):
 
 @pytest.fixture(scope="module")
 def mean_bi():
-    from sglang_cpu import import_error
+    from tests.sglang_cpu import import_error
 
     if import_error():
         pytest.skip(import_error())

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from top_rl import kernels
-from tests.helpers import set_threads
+from tests.helpers import set_threads, use_backend
 
 DTYPES = [torch.float32, torch.bfloat16]
 BATCH_SIZES = list(range(1, 65))
@@ -14,7 +14,7 @@ BATCH_SIZES = list(range(1, 65))
 
 @pytest.fixture(autouse=True)
 def reference_backend():
-    with kernels.use_backend("reference"):
+    with use_backend("reference"):
         yield
 
 
@@ -131,7 +131,7 @@ def test_plain_backend_linear_is_not_batch_invariant():
     """The property is real on this CPU: stock torch GEMM rows change with the batch size."""
     torch.manual_seed(0)
     w, x = torch.randn(512, 256), torch.randn(64, 256)
-    with kernels.use_backend("plain"):
+    with use_backend("plain"):
         full = kernels.linear(x, w)
         differs = [m for m in range(1, 17) if not torch.equal(kernels.linear(x[:m], w)[0], full[0])]
     assert differs, "plain GEMM unexpectedly batch-invariant here"

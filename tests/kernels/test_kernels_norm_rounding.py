@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import with_plan
+from tests.helpers import use_backend, with_plan
 
 from top_rl import kernels
 from top_rl.kernels.sglang import fused_forward as ff
@@ -47,7 +47,7 @@ def test_rounded_output_and_grads_equal_a_cast_after(backend, residual):
         return kernels.rms_norm(a[0], a[1], EPS, a[2] if residual else None, out_dtype=torch.float32,
                                 result_dtype=torch.bfloat16)
 
-    with kernels.use_backend(backend):
+    with use_backend(backend):
         (want_out, want_g), (got_out, got_g) = (_run(f, x, w, r, grads) for f in (cast_after, rounded))
     assert got_out[0].dtype == torch.bfloat16
     for a, b in zip(got_out + got_g, want_out + want_g):

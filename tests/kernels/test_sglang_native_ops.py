@@ -13,16 +13,14 @@ with Inductor's CPU C++ backend (needs gcc; first call ~20 s per dtype). Both th
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import sglang_cpu  # noqa: E402
+from tests import sglang_cpu
+from tests.helpers import use_backend
 
-import top_rl.kernels as K  # noqa: E402
+import top_rl.kernels as K
 
 _ERR = sglang_cpu.import_error()
 pytestmark = pytest.mark.skipif(_ERR is not None, reason=_ERR or "")
@@ -34,7 +32,7 @@ T = 37  # deliberately not a multiple of any tile
 
 @pytest.fixture(autouse=True)
 def _reference_backend():
-    with K.use_backend("reference"):
+    with use_backend("reference"):
         yield
 
 

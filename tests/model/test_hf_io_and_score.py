@@ -7,9 +7,8 @@ import sys
 import pytest
 import torch
 
-from top_rl import kernels
 from top_rl.model import NotDenseQwen3, Qwen3Config, load_model, pack, save_model
-from tests.helpers import tiny_model
+from tests.helpers import tiny_model, use_backend
 
 transformers = pytest.importorskip("transformers")
 
@@ -37,7 +36,7 @@ SEQS = [[1, 5, 7, 9, 11, 3], [4, 2], [8, 8, 8, 1, 2, 3, 4, 5, 6, 7, 60, 61, 90]]
 @pytest.mark.parametrize("gqa", [1, 2])
 def test_logits_match_transformers_fp32(tmp_path, tied, gqa):
     hf = _hf_checkpoint(tmp_path, tied, gqa)
-    with kernels.use_backend("reference"), torch.no_grad():
+    with use_backend("reference"), torch.no_grad():
         ours = load_model(tmp_path, "float32")
         ids, pos, cu = pack(SEQS)
         logits = ours(ids, pos, cu)

@@ -6,11 +6,10 @@ import random
 import pytest
 import torch
 
-from top_rl import kernels
 from top_rl.model import sequence_logprobs
 from top_rl.rollout.base import SamplingParams
 from top_rl.rollout.native.engine import NativeEngine
-from tests.helpers import random_sequences, tiny_model
+from tests.helpers import random_sequences, tiny_model, use_backend
 
 CASES = [(gqa, tied, dtype) for gqa in (1, 2, 4) for tied in (True, False) for dtype in ("float32", "bfloat16")]
 
@@ -23,7 +22,7 @@ def _rollout(model, temperature, n=6, max_new=12, seed=0):
 
 @pytest.mark.parametrize("gqa,tied,dtype", CASES)
 def test_decode_prefill_packed_agree(gqa, tied, dtype):
-    with kernels.use_backend("reference"):
+    with use_backend("reference"):
         model = tiny_model(dtype, seed=gqa, gqa=gqa, tied=tied)
         for temperature in (1.0, 0.7):
             samples = _rollout(model, temperature)
@@ -46,7 +45,7 @@ def test_decode_prefill_packed_agree(gqa, tied, dtype):
 
 
 def test_engine_sample_does_not_depend_on_its_batch():
-    with kernels.use_backend("reference"):
+    with use_backend("reference"):
         model = tiny_model("bfloat16", seed=3)
         engine = NativeEngine(model, "decode")
         prompts = random_sequences(7, 2, 9, model.cfg.vocab_size, 5)
@@ -62,7 +61,7 @@ def test_plain_backend_decode_and_prefill_differ():
     """Without TOP kernels the same model gives decode and prefill different bits on this CPU, so the
     property the reference backend provides is real. (fp32: most samples differ; CPU bf16 GEMMs differ
     only occasionally at these sizes, so fp32 is the case shown.)"""
-    with kernels.use_backend("plain"):
+    with use_backend("plain"):
         model = tiny_model("float32", seed=0)
         diffs = 0
         for n in (1, 3, 8):
@@ -82,7 +81,7 @@ def test_scoring_in_token_budget_chunks_and_logits_of_chosen_rows_change_no_bit(
 
     assert token_budget_chunks([3, 4, 2, 9, 1], 7) == [range(0, 2), range(2, 3), range(3, 4), range(4, 5)]
     assert token_budget_chunks([3, 4], 100) == [range(0, 2)] and token_budget_chunks([], 5) == []
-    with kernels.use_backend("reference"):
+    with use_backend("reference"):
         model = tiny_model("bfloat16", seed=4)
         seqs = random_sequences(9, 3, 20, model.cfg.vocab_size, 8)
         starts = [2] * len(seqs)

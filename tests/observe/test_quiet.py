@@ -4,16 +4,13 @@ in the driver and in every Ray actor; TOP-RL's own warnings and other third-part
 from __future__ import annotations
 
 import logging
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import rl_runs  # noqa: E402
+from tests import rl_runs
 
-from top_rl.observe import quiet  # noqa: E402
+from top_rl.observe import quiet
 
 # What a run printed before top_rl.observe.quiet (driver and every actor), written out here rather than read from
 # quiet.py so the test checks the console, not the table.

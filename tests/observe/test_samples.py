@@ -2,16 +2,13 @@
 by whole groups, bytes that depend on the rows alone, and a SIGKILL + resume that leaves every step's file exactly
 as the uninterrupted run wrote it."""
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from top_rl.observe import samples
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import rl_runs  # noqa: E402
+from tests import rl_runs
 
 
 def _fake(n):

@@ -50,8 +50,7 @@ def test_the_triton_scan_survives_a_dead_weak_proxy_in_the_gc():
     ReferenceError and the trace stopped after its first call."""
     import weakref
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    import decode_repeat_probe as probe
+    from bench import decode_repeat_probe as probe
 
     class Thing:
         pass

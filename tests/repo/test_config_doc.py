@@ -9,10 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+from scripts import config_doc
 
-import config_doc  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_docs_config_md_is_current():

@@ -20,10 +20,9 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import sglang_cpu  # noqa: E402
+from tests import sglang_cpu
 
-from top_rl import sglang_release  # noqa: E402
+from top_rl import sglang_release
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts/gpu_bundle.sh"

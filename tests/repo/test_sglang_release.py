@@ -5,6 +5,7 @@ SGLang-internal module path top_rl/ imports is a release's (an adapter's) or sta
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,12 +56,27 @@ def test_the_installed_release_picks_the_contract_where_none_is_named(monkeypatc
 
 @pytest.mark.parametrize("have", ["0.5.12", "0.5.17"])
 def test_the_engine_refuses_another_release_before_a_server_starts(monkeypatch, have):
-    monkeypatch.setattr(sglang_config, "installed_sglang_version", lambda python: have)
+    monkeypatch.setattr(sglang_release, "installed_version", lambda python: have)
     with pytest.raises(TopConfigError) as e:
         sglang_config.check_sglang_version(sglang_engine_config(), V11)
     msg = str(e.value)
     assert f"sglang {have} is installed" in msg and "The releases with a TOP contract: 0.5.11" in msg
     assert (f"top.contract={V17.name}" in msg) == (have == "0.5.17")
+
+
+def test_one_reader_of_the_installed_release():
+    """sglang_release.installed_version is the only place that asks which sglang is installed (the contract's fallback,
+    the engine's refusal and the dry run all call it), so the three can never disagree about the release."""
+    readers = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "top_rl").rglob("*.py")
+                     if re.search(r"""version\((['"])sglang\1\)""", p.read_text()))
+    assert readers == ["top_rl/sglang_release/__init__.py"]
+
+
+def test_an_interpreter_that_cannot_run_is_one_top_rl_line(tmp_path):
+    missing = tmp_path / "no-python"
+    with pytest.raises(ValueError, match=rf"^top-rl: cannot run the configured python '{missing}'.*rollout.sglang.python"):
+        sglang_release.installed_version(str(missing))
+    assert sglang_release.installed_version(None) == sglang_release.installed_version(sys.executable)
 
 
 # Module paths under sglang.* that top_rl/ may spell out: the same in every release with a contract (checked against
@@ -96,10 +112,8 @@ def _sglang_run(*overrides):
 @pytest.mark.parametrize("installed", ["0.5.17", None])
 def test_the_dry_run_names_the_contract_and_release_it_runs(monkeypatch, installed):
     from top_rl import cli
-    from top_rl.rollout.sglang import plan as sglang_plan
 
-    monkeypatch.setattr(sglang_config, "installed_sglang_version", lambda python=None: installed)
-    monkeypatch.setattr(sglang_plan, "installed_sglang_version", lambda python=None: installed)
+    monkeypatch.setattr(sglang_release, "installed_version", lambda python=None: installed)
     plan = cli.launch_plan(_sglang_run(f"top.contract={V17.name}"))
     assert plan["runs"] == {"contract": V17.name, "sglang_release": "0.5.17", "sglang_installed": installed}
     assert plan["top"]["contract"]["release"] == {"sglang": "0.5.17", "status": "proven",
@@ -111,10 +125,8 @@ def test_the_dry_run_names_the_contract_and_release_it_runs(monkeypatch, install
 
 def test_the_dry_run_refuses_a_contract_of_another_release_than_the_engines(monkeypatch):
     from top_rl import cli
-    from top_rl.rollout.sglang import plan as sglang_plan
 
-    monkeypatch.setattr(sglang_plan, "installed_sglang_version", lambda python=None: "0.5.17")
-    monkeypatch.setattr(sglang_config, "installed_sglang_version", lambda python=None: "0.5.17")
+    monkeypatch.setattr(sglang_release, "installed_version", lambda python=None: "0.5.17")
     with pytest.raises(TopConfigError, match=f"sglang 0.5.17 is installed.*top.contract={V17.name}"):
         cli.launch_plan(_sglang_run(f"top.contract={V11.name}"))
 

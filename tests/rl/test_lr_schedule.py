@@ -4,8 +4,6 @@ refusals, and a run that follows it, logs it as train/lr and resumes bitwise."""
 import json
 import math
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -13,8 +11,7 @@ from top_rl.config import ConfigError
 from top_rl.rl.lr_schedule import LrSchedule
 from top_rl.run import checkpoint
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import rl_runs  # noqa: E402
+from tests import rl_runs
 
 
 def test_warmup_then_linear_and_cosine_decay_to_the_floor():

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from top_rl import kernels
 from top_rl.rollout.native import engine as native
 from top_rl.rollout.base import SamplingParams
 from top_rl.rollout.native.engine import NativeEngine
-from tests.helpers import random_sequences, tiny_model
+from tests.helpers import random_sequences, tiny_model, use_backend
 
 
 @pytest.fixture(autouse=True)
 def _reference():
-    with kernels.use_backend("reference"):
+    with use_backend("reference"):
         yield
 
 

@@ -9,21 +9,19 @@ from __future__ import annotations
 
 import importlib.util
 import random
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import sglang_cpu  # noqa: E402
+from tests import sglang_cpu
 
 from top_rl import kernels  # noqa: E402
 from top_rl.model import pack  # noqa: E402
 from top_rl.rollout.native import seeded_sampler as ss  # noqa: E402
 from top_rl.rollout.base import SamplingParams  # noqa: E402
 from top_rl.rollout.native.engine import NativeEngine  # noqa: E402
-from tests.helpers import random_sequences, tiny_model  # noqa: E402
+from tests.helpers import random_sequences, tiny_model, use_backend  # noqa: E402
 
 _ERR = sglang_cpu.import_error()
 pytestmark = pytest.mark.skipif(_ERR is not None, reason=_ERR or "")
@@ -86,7 +84,7 @@ def _logprobs(n, vocab, seed, scale=3.0, dtype=torch.bfloat16):
     g = torch.Generator().manual_seed(seed)
     logits = (torch.randn(n, vocab, generator=g) * scale).to(dtype)
     logits[torch.rand(n, vocab, generator=g) < 0.01] = float("-inf")
-    with kernels.use_backend("reference"):
+    with use_backend("reference"):
         return kernels.sampler_log_softmax(logits, 0.8)
 
 
@@ -133,7 +131,7 @@ def test_engine_tokens_are_sglangs_choice_at_every_step(sglang_code, dtype):
     """Teacher-forced: for every sample and step k, SGLang's multinomial_with_seed over the sampler's log-probs of the
     model's logits after prompt + response[:k], with the sample's seed at position len(prompt) + k - 1, picks
     response[k], and the engine's sample log-prob is that distribution's."""
-    with kernels.use_backend("reference"):
+    with use_backend("reference"):
         model = tiny_model(dtype, seed=5)
         prompts = random_sequences(6, 2, 9, model.cfg.vocab_size, 3)
         seeds = [11, 2**40 + 3, 0, 2**63 - 1, 77, 5]

@@ -8,15 +8,12 @@ numbers. tests/rollout/test_sglang_standin_protocol.py checks the behaviours tha
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import sglang_cpu  # noqa: E402
-from helpers import tiny_model  # noqa: E402
+from tests import sglang_cpu
+from tests.helpers import tiny_model
 
 from top_rl import contract  # noqa: E402
 from top_rl.model import save_model, sequence_logprobs  # noqa: E402

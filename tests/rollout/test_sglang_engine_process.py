@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import sglang_cpu  # noqa: E402
-from helpers import in_thread, tiny_model  # noqa: E402
+from tests import sglang_cpu
+from tests.helpers import in_thread, tiny_model
 
 from top_rl.model import hf_state_dict, save_model  # noqa: E402
 from top_rl.weights import sglang_distributed  # noqa: E402

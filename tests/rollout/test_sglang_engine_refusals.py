@@ -4,13 +4,13 @@ what to change (TopConfigError, a ValueError)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import sys
 
 import pytest
 
 from top_rl import contract
 
-from top_rl.rollout.sglang import config as sglang_config
 from top_rl.rollout.base import SamplingParams
 from top_rl.rollout.sglang.engine import SglangEngine
 from top_rl.rollout.sglang.config import SglangEngineConfig, TopConfigError, check_config, check_sampling
@@ -34,15 +34,15 @@ def test_a_good_config_passes():
 
 
 def test_installed_version_must_be_the_pin(monkeypatch):
-    monkeypatch.setattr(sglang_config.importlib.metadata, "version", lambda name: "0.5.9")
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.5.9")
     with pytest.raises(TopConfigError,
                        match=rf"sglang 0.5.9 is installed.*sglang=={V1.sglang_version}.*skip_version_check"):
         check_config(_cfg(), "fa3", base_env=ENV, top=V1)
     check_config(_cfg(skip_version_check=True), "fa3", base_env=ENV, top=V1)  # only an explicit skip passes
 
     def absent(name):
-        raise sglang_config.importlib.metadata.PackageNotFoundError(name)
-    monkeypatch.setattr(sglang_config.importlib.metadata, "version", absent)
+        raise importlib.metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(importlib.metadata, "version", absent)
     with pytest.raises(TopConfigError, match="sglang is not installed"):
         check_config(_cfg(), "fa3", base_env=ENV, top=V1)
 

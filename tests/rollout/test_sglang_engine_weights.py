@@ -5,15 +5,12 @@ handles into trainer rank 0's memory, tests/gpu/test_sglang_live.py)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import sglang_cpu  # noqa: E402
-from helpers import push_by_ipc, sglang_engine_config, tiny_model  # noqa: E402
+from tests import sglang_cpu
+from tests.helpers import push_by_ipc, sglang_engine_config, tiny_model
 
 from top_rl import contract  # noqa: E402
 from top_rl.model import hf_state_dict, save_model  # noqa: E402

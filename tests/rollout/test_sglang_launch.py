@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import sglang_cpu  # noqa: E402
+from tests import sglang_cpu
 
 from top_rl import contract  # noqa: E402
 from top_rl.rollout.sglang.config import SglangEngineConfig, TopConfigError, check_config  # noqa: E402

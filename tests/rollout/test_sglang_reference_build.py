@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import sglang_cpu  # noqa: E402
+from tests import sglang_cpu
 
-from tests.doubles import sgl_kernel_standin as standin  # noqa: E402
+from tests.doubles import sgl_kernel_standin as standin
 
 ROOT = Path(__file__).resolve().parents[2]
 _ERR = sglang_cpu.import_error()
@@ -57,9 +56,8 @@ def test_standin_defines_the_torch_ops_sglang_registers_fakes_for():
 
 _BUILD = r"""
 import json, sys, torch
-sys.path.insert(0, "tests")
-import sglang_cpu
-from helpers import tiny_model
+from tests import sglang_cpu
+from tests.helpers import tiny_model
 from top_rl.model import hf_state_dict, save_model
 from tests.doubles import sgl_kernel_standin
 ckpt = sys.argv[1]

@@ -6,18 +6,15 @@ read tensor entry 0 for every TP rank, and lacked several meta_info keys)."""
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import requests
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import sglang_cpu  # noqa: E402
-from helpers import push_by_ipc, sglang_engine_config, tiny_model  # noqa: E402
+from tests import sglang_cpu
+from tests.helpers import push_by_ipc, sglang_engine_config, tiny_model
 
 from top_rl import contract, kernels  # noqa: E402
 from top_rl.model import hf_state_dict, pack, save_model  # noqa: E402

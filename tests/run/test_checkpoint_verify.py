@@ -8,21 +8,19 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import rl_runs  # noqa: E402
-from rl_runs import BASE, STEPS  # noqa: E402
+from tests import rl_runs
+from tests.rl_runs import BASE, STEPS
 
-from top_rl.run import checkpoint  # noqa: E402
-from top_rl.run.checkpoint import ResumeRefused  # noqa: E402
-from top_rl.cli import compose  # noqa: E402
-from top_rl.tools.export import main as export_main  # noqa: E402
+from top_rl.run import checkpoint
+from top_rl.run.checkpoint import ResumeRefused
+from top_rl.cli import compose
+from top_rl.tools.export import main as export_main
 
 
 @pytest.fixture()

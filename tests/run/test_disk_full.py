@@ -11,22 +11,20 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import rl_runs  # noqa: E402
-from rl_runs import BASE, STEPS  # noqa: E402
+from tests import rl_runs
+from tests.rl_runs import BASE, STEPS
 
-from top_rl import loop  # noqa: E402
+from top_rl import loop
 from top_rl.run import checkpoint
 from top_rl.run import manifest as checkpoint_manifest
 from top_rl.run import disk_full
-from top_rl.run import faults  # noqa: E402
-from top_rl.run.fault_injection import NO_FAULTS, FaultPlan  # noqa: E402
-from top_rl.tasks import ArithTask, DataPosition  # noqa: E402
+from top_rl.run import faults
+from top_rl.run.fault_injection import NO_FAULTS, FaultPlan
+from top_rl.tasks import ArithTask, DataPosition
 
 
 class _StandInCluster:

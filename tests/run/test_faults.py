@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import rl_runs  # noqa: E402
-from rl_runs import BASE, STEPS  # noqa: E402
+from tests import rl_runs
+from tests.rl_runs import BASE, STEPS
 
 from top_rl.run import checkpoint
-from top_rl.run import faults  # noqa: E402
+from top_rl.run import faults
 
 
 def _with(overrides, **kv):

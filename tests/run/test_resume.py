@@ -6,19 +6,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import rl_runs  # noqa: E402
-from rl_runs import BASE, STEPS  # noqa: E402
+from tests import rl_runs
+from tests.rl_runs import BASE, STEPS
 
 from top_rl.run import checkpoint
-from top_rl.observe import wandb_history  # noqa: E402
-from top_rl.run.checkpoint import ResumeRefused  # noqa: E402
-from top_rl.tasks import ArithConfig, ArithTask, DataPosition  # noqa: E402
+from top_rl.observe import wandb_history
+from top_rl.run.checkpoint import ResumeRefused
+from top_rl.tasks import ArithConfig, ArithTask, DataPosition
 
 
 @pytest.fixture

@@ -77,9 +77,8 @@ def test_lock_of_a_killed_process_is_taken_over_with_a_message(tmp_path, capsys)
 def test_top_rl_on_a_run_dir_the_test_holds_is_refused_and_leaves_the_lock(tmp_path):
     """The CLI end to end, with no race: the lock is held here for the whole test, so the run must be refused
     whatever the machine's speed; the refusal writes nothing and leaves the holder's lock as it was."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import rl_runs
-    from rl_runs import BASE
+    from tests import rl_runs
+    from tests.rl_runs import BASE
 
     with RunLock(tmp_path):
         held = (tmp_path / NAME).read_text()
@@ -112,9 +111,8 @@ def test_a_run_lock_that_is_a_symlink_is_never_written_through(tmp_path):
 
 def test_top_rl_refuses_a_run_lock_symlink_in_one_line_before_anything_starts(tmp_path):
     """The same with the CLI: one `top-rl:` line naming the link and the fix; the file it points to untouched."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import rl_runs
-    from rl_runs import BASE
+    from tests import rl_runs
+    from tests.rl_runs import BASE
 
     victim, run_dir = tmp_path / "victim", tmp_path / "run"
     victim.write_text("precious\n")
@@ -140,9 +138,8 @@ def _holder_pid(run_dir: Path) -> int | None:
 def test_a_second_top_rl_on_a_running_run_dir_is_refused_and_the_first_goes_on(tmp_path):
     """Two real runs. The first's driver is frozen (SIGSTOP) once it has logged step 1, so it holds the lock, and
     cannot finish, for as long as the second takes to start and be refused, whatever the machine's speed."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import rl_runs
-    from rl_runs import BASE
+    from tests import rl_runs
+    from tests.rl_runs import BASE
 
     first = rl_runs.start(tmp_path, *BASE, "steps=1000", "checkpoint.every=0")
     held, stopped = False, False

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import rl_runs  # noqa: E402
+from tests import rl_runs
 
-from top_rl.tools.export import main as export_main  # noqa: E402
+from top_rl.tools.export import main as export_main
 
 
 def _refused(args: list[str], capsys, *needles: str) -> str:

@@ -5,19 +5,16 @@ name the first differing token for another one. On a GPU cluster the same comman
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import sglang_cpu  # noqa: E402
-from helpers import tiny_model  # noqa: E402
+from tests import sglang_cpu
+from tests.helpers import tiny_model
 
-from top_rl.model import save_model  # noqa: E402
-from top_rl.tools.parity_probe import compare, main  # noqa: E402
-from tests.doubles.sglang_standin import StandinServer  # noqa: E402
+from top_rl.model import save_model
+from top_rl.tools.parity_probe import compare, main
+from tests.doubles.sglang_standin import StandinServer
 
 _ERR = sglang_cpu.import_error()
 needs_sglang = pytest.mark.skipif(_ERR is not None, reason=_ERR or "")

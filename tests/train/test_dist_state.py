@@ -13,7 +13,7 @@ import json
 import torch
 import torch.distributed as dist
 
-from test_train_common import both_kinds, pg_loss, reference_model, rollouts, tiny_config
+from tests.train.common import both_kinds, pg_loss, reference_model, rollouts, tiny_config
 from top_rl.model import hf_state_dict
 from top_rl.run import dist_state
 from top_rl.train import Trainer, TrainerSettings

@@ -104,3 +104,25 @@ def test_state_round_trip_is_bitwise():
     for n in a_params:
         assert torch.equal(a.master[n], b.master[n]), n
         assert torch.equal(a_params[n], b_params[n]), n
+
+
+def test_both_optimizers_build_their_parameter_groups_in_one_place(monkeypatch):
+    """CpuAdamW and FusedMasterAdamW differ only in the AdamW kernel: masters and groups come from optim.adamw."""
+    from top_rl.train import optim
+
+    kernels, real = [], optim.adamw
+    monkeypatch.setattr(optim, "adamw", lambda named, master, cfg, **kernel: kernels.append(kernel) or
+                        real(named, master, cfg, **kernel))
+    monkeypatch.setattr(optim, "groups", lambda: {})  # CpuAdamW reads the process groups only when it steps
+    model = torch.nn.Module()
+    for n, p in _model().items():
+        model.register_parameter(n.replace(".", "_"), p)
+    model.share_embeddings_and_output_weights = False
+    params, cfg = _model(), _cfg()
+    built = [optim.CpuAdamW(model, cfg, ONE_RANK), FusedMasterAdamW(list(params.items()), _grads(params, 1.0), cfg,
+                                                                     ONE_RANK)]
+    assert kernels == [{"foreach": False}, {"fused": True}]
+    for opt in built:
+        assert [(g["weight_decay"], [tuple(p.shape) for p in g["params"]]) for g in opt.opt.param_groups] == \
+            [(0.1, [(16, 8), (12, 8)]), (0.0, [(8,)])]
+        assert all(p.dtype == torch.float32 for g in opt.opt.param_groups for p in g["params"])

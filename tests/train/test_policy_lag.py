@@ -16,7 +16,7 @@ import dataclasses
 import pytest
 import torch
 
-from test_train_common import TEMPERATURE, reference_model, tiny_config
+from tests.train.common import TEMPERATURE, reference_model, tiny_config
 from top_rl.model import hf_state_dict
 from top_rl.rl.batch import RLBatch, RLSample, RLStepConfig
 from top_rl.rl.config import GateConfig

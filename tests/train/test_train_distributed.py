@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from test_train_common import assert_parity, both_kinds, expected, pg_loss, reference_model, rollouts, tiny_config
+from tests.train.common import (assert_parity, both_kinds, expected, export_hf_weights,
+                                pg_loss, reference_model, rollouts, tiny_config)
 from top_rl.contract import as_dtype
 from top_rl.model import hf_state_dict
 from top_rl.rollout.native.engine import NativeEngine
@@ -58,7 +59,7 @@ def _check_layout(rank, p):
     assert_parity(trainer.logprobs(batch), expected(samples), c)
     trainer.cfg.micro_batch_size, trainer.cfg.micro_batch_tokens = None, 19  # another packing
     assert_parity(trainer.logprobs(batch), expected(samples), c)
-    exported = trainer.export_hf_weights()
+    exported = export_hf_weights(trainer)
     assert set(exported) == set(hf) and all(torch.equal(exported[k], hf[k]) for k in hf), name
 
     trainer.cfg.micro_batch_size, trainer.cfg.micro_batch_tokens = 3, None
@@ -71,7 +72,7 @@ def _check_layout(rank, p):
     # Gradients are reduced in another order than at TP=1 (bf16 partials), so only close.
     assert math.isclose(metrics["grad_norm"], ref["grad_norm"], rel_tol=1e-3 if dtype == "bfloat16" else 1e-5), \
         (name, metrics, ref)
-    after = trainer.export_hf_weights()
+    after = export_hf_weights(trainer)
     assert all(not torch.equal(after[k], hf[k]) for k in hf), name
 
     box = [None]

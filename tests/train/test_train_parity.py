@@ -12,7 +12,8 @@ import random
 import pytest
 import torch
 
-from test_train_common import assert_parity, both_kinds, expected, pg_loss, reference_model, rollouts, tiny_config
+from tests.train.common import (assert_parity, both_kinds, expected, export_hf_weights, gradients,
+                                pg_loss, reference_model, rollouts, set_lr, tiny_config)
 from top_rl.contract import as_dtype
 from top_rl.model import hf_state_dict
 from top_rl.rollout.native.engine import NativeEngine
@@ -63,12 +64,12 @@ def test_micro_batch_invariance(setup):
 
 def test_step_changes_weights_and_keeps_parity_after_handover(setup):
     cfg, model, samples, trainer, c = setup
-    before = trainer.export_hf_weights()
+    before = export_hf_weights(trainer)
     batch = both_kinds(samples)
     trainer.cfg.micro_batch_size, trainer.cfg.micro_batch_tokens = 3, None
     metrics = trainer.train_step(batch, pg_loss(batch))
     assert all(torch.isfinite(torch.tensor(v)) for v in (metrics["loss"], metrics["grad_norm"]))
-    after = trainer.export_hf_weights()
+    after = export_hf_weights(trainer)
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert len(changed) == len(before), f"unchanged after a step: {sorted(set(before) - set(changed))}"
 
@@ -90,9 +91,9 @@ def test_recompute_on_off_identical_loss_and_grads(dtype):
         trainer = Trainer(cfg, TrainerSettings(dtype=dtype, recompute=recompute, micro_batch_size=2))
         trainer.load_hf(hf_state_dict(model))
         assert (trainer.tc.recompute_granularity == "full") == recompute
-        grads = trainer.gradients(batch, loss_fn)
+        grads = gradients(trainer, batch, loss_fn)
         metrics = trainer.train_step(batch, loss_fn)
-        out[recompute] = (grads, metrics, trainer.export_hf_weights())
+        out[recompute] = (grads, metrics, export_hf_weights(trainer))
     (g0, m0, w0), (g1, m1, w1) = out[False], out[True]
     assert set(g0) == set(g1)
     for n in g0:
@@ -145,7 +146,7 @@ def test_checkpoint_round_trip():
     assert b.step == 1
     ma, mb = a.train_step(batch, loss_fn), b.train_step(batch, loss_fn)
     assert ma == mb
-    wa, wb = a.export_hf_weights(), b.export_hf_weights()
+    wa, wb = export_hf_weights(a), export_hf_weights(b)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
@@ -167,10 +168,10 @@ def test_a_resumed_trainer_steps_with_its_configs_lr_not_the_checkpoints():
         Trainer(cfg, old)
     resumed.load_state_dict(sd)
     unchanged.load_state_dict(sd)
-    straight.set_lr(5e-2)  # the run that never stopped, switching lr at this step
+    set_lr(straight, 5e-2)  # the run that never stopped, switching lr at this step
     for t in (straight, resumed, unchanged):
         t.train_step(batch, loss_fn)
-    w_straight, w_resumed, w_unchanged = (t.export_hf_weights() for t in (straight, resumed, unchanged))
+    w_straight, w_resumed, w_unchanged = (export_hf_weights(t) for t in (straight, resumed, unchanged))
     assert all(torch.equal(w_straight[k], w_resumed[k]) for k in w_straight)
     assert not all(torch.equal(w_straight[k], w_unchanged[k]) for k in w_straight), "the lr must matter here"
 

@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 import torch
 
-from test_train_common import TEMPERATURE, reference_model, tiny_config
+from tests.train.common import TEMPERATURE, export_hf_weights, reference_model, tiny_config
 from top_rl.model import hf_state_dict
 from top_rl.rl import gate
 from top_rl.rl.batch import RLBatch, RLSample, RLStepConfig
@@ -43,7 +43,7 @@ def _batch(samples, advantages, source, updates=1, step=1):
 
 
 def _weights(trainer):
-    return {k: v.clone() for k, v in trainer.export_hf_weights().items()}
+    return {k: v.clone() for k, v in export_hf_weights(trainer).items()}
 
 
 @pytest.mark.parametrize("source", ["prefill", "decode"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_train_common import reference_model, tiny_config
+from tests.train.common import export_hf_weights, reference_model, tiny_config
 from top_rl.model import hf_state_dict, load_model, save_model
 from top_rl.train import Trainer, TrainerSettings
 from top_rl.model.qwen3 import hf_names as F  # the family's HF <-> Megatron maps
@@ -66,7 +66,7 @@ def test_trainer_load_and_export_exact(tmp_path, tied, dtype):
     save_model(model, tmp_path)
     trainer = Trainer(cfg, TrainerSettings(dtype=dtype))
     trainer.load_hf(tmp_path)
-    out = trainer.export_hf_weights()
+    out = export_hf_weights(trainer)
     want = hf_state_dict(load_model(tmp_path, dtype))
     assert set(out) == set(want)
     for k in want:

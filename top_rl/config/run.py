@@ -41,7 +41,7 @@ class TopConfig(GateConfig):
     # = the SGLang engines' --attention-backend. auto: decided on the driver from its GPU (top_rl/driver/backend_choice.py):
     # fa3 on Hopper where the contract proves fa3's decode equal to its extend, else triton
     attention_backend: AttentionBackend = AttentionBackend.triton
-    fast_paths: FastPaths = field(default_factory=FastPaths)  # speed switches, same numbers (plan.py)
+    fast_paths: FastPaths = field(default_factory=FastPaths)  # speed switches (plan.py: 3 change the gradients)
 
 
 # RunConfig() is the run `top-rl` makes without overrides: every default is stated once, here and in the sections'

@@ -27,7 +27,6 @@ Op semantics (shapes use T tokens, H hidden, heads Hq / Hkv of size d):
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib
 from typing import Any
 
@@ -91,11 +90,6 @@ def use_plan(new: _plan.KernelPlan):
             install(prev)
 
 
-def set_backend(name: str) -> None:
-    """Compatibility: install the current plan with another backend."""
-    install(dataclasses.replace(_plan.current(), backend=name))
-
-
 def backend_name() -> str:
     return current_plan().backend
 
@@ -104,11 +98,6 @@ def _b():
     if _active is None:
         install(_plan.current())
     return _active
-
-
-def use_backend(name: str):
-    """Temporarily switch backend (tests, the baseline comparison)."""
-    return use_plan(dataclasses.replace(_plan.current(), backend=name))
 
 
 def linear(x, w):

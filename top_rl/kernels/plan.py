@@ -9,7 +9,11 @@ installed plan, never the environment.
 
 `build` is the one place in the package that reads a `TOP_RL_*` kernel variable: a test or bench that runs kernels
 without a run config (or a run started under such a variable, as scripts/gpu_run.sh does) gets the same switches as
-before. A fast path switched off runs its slower equal: the same forward bits, the same gradients.
+before. A fast path switched either way keeps the forward's bits (the log-probs the gate compares). Six of the nine
+keep the gradients too (fused_forward, fused_sampler, fused_head_mean, fused_backward, flashinfer_lse, decode_graphs:
+off runs their slower equal); the three in CHANGES_GRADIENTS (attention_backward, recompute_attention, recompute_gemm)
+choose the backward's attention kernel or the recompute's forward, so they change the gradients and the run's numbers
+from the first update on.
 """
 
 from __future__ import annotations

@@ -20,6 +20,15 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RLSample:
+    """One sample of an RL step as the driver hands it to the trainer: its tokens and the RL labels its loss and gate
+    need (the engine's log-probs, the sampler's, the advantage, a name for reports).
+
+    Not a TrainSequence (top_rl/train/sequence.py), though both hold tokens and a prompt length: a TrainSequence says
+    only what the trainer scores and by which log-prob kind, and Trainer.logprobs scores sequences with no RL labels
+    at all (the library use top_rl/train/__init__.py shows). train/rl_step.py makes up to three TrainSequences of one RLSample (the
+    training forward at the rollout temperature, the gate's re-score of a later mini-batch, PPO's old policy), each
+    with its own kind. Plain data in the rl layer, so the driver builds it without importing the trainer."""
+
     tokens: tuple[int, ...]  # prompt + response
     prompt_len: int
     rollout_logprobs: tuple[float, ...]  # what the engine reported for the gate (its log-prob source)

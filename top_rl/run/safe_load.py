@@ -5,11 +5,12 @@ A `.pt` file is a pickle, and unpickling can call any function the file names: a
 signature) could run code when a run resumes. So driver.pt and the trainer shards are read with
 `torch.load(weights_only=True)`, which builds only tensors, numbers, strings and containers, plus the few
 types named in ALLOWED: numpy's ndarray (the RNG state `np.random.get_state()` returns) and the compute-dtype
-enum of the model config. Anything else in a file is refused by name before it is loaded (`refuse_unsafe`,
-used by checkpoint verification before Ray starts) and could not be built by `load` either. The names are read from
-the very pickles `torch.load` would unpickle (the zip's data.pkl, as torch's own reader finds it, or the pickles of a
-legacy non-zip file), whatever opcodes name them (top_rl.run.pickle_scan): a payload that hides its callable from
-torch's GLOBAL-only scan is named and refused like any other, never taken for an unreadable file.
+enum of the model config. Anything else in a file is refused by name before it is loaded (`unsafe_globals`, which
+checkpoint verification runs before Ray starts: top_rl/run/trainer_files.py, dcp_safe.py) and could not be built by
+`load` either. The names are read from the very pickles `torch.load` would unpickle (the zip's data.pkl, as torch's
+own reader finds it, or the pickles of a legacy non-zip file), whatever opcodes name them (top_rl.run.pickle_scan): a
+payload that hides its callable from torch's GLOBAL-only scan is named and refused like any other, never taken for an
+unreadable file.
 
 Saving checks the same list (`check_saved`): a state that resume could not load is a bug found at the
 first checkpoint, not at the resume that needs it.
@@ -30,15 +31,6 @@ def _allowed() -> list:
     reconstruct = np.zeros(1).__reduce__()[0]  # numpy._core.multiarray._reconstruct (numpy.core before 2.0)
     # np.random.get_state(): ("MT19937", uint32 array, int, int, float)
     return [np.ndarray, np.dtype, type(np.dtype(np.uint32)), reconstruct, ComputeDtype]
-
-
-class UnsafeCheckpointFile(ValueError):
-    """A checkpoint file that names Python objects beyond tensors and plain data; `names` lists them."""
-
-    def __init__(self, path: Path, names: list[str]):
-        self.path, self.names = Path(path), sorted(names)
-        super().__init__(f"{self.path} holds Python objects other than tensors and plain data ({', '.join(self.names)}): "
-                         "top-rl loads no code from a checkpoint")
 
 
 # A legacy (non-zip) torch.save file: magic number, protocol, sys info, the object, its storage keys, then raw bytes.
@@ -83,12 +75,6 @@ def unsafe_globals(path) -> list[str]:
     if unreadable is not None and not unsafe:
         raise ValueError(unreadable)
     return unsafe
-
-
-def refuse_unsafe(path: str | Path) -> None:
-    names = unsafe_globals(path)
-    if names:
-        raise UnsafeCheckpointFile(Path(path), names)
 
 
 def load(path: str | Path):

@@ -13,6 +13,8 @@ Plain data (no torch, no sglang import): the config and the entry layer read it 
 from __future__ import annotations
 
 import importlib.metadata
+import subprocess
+import sys
 
 from top_rl.sglang_release import sglang_0_5_11, sglang_0_5_17
 from top_rl.sglang_release.base import SglangRelease
@@ -38,12 +40,22 @@ def get(version: str) -> SglangRelease:
                          ) from None
 
 
-def installed_version() -> str | None:
-    """The sglang release this interpreter imports (its first distribution on sys.path); None when absent."""
+def installed_version(python: str | None = None) -> str | None:
+    """The sglang release `python` imports (this interpreter when None or the same: its first distribution on
+    sys.path; another one is asked in a subprocess); None when absent. The one reader of the installed release: the
+    contract's fallback, the engine's version refusal and the dry run all ask here."""
+    if python in (None, "", sys.executable):
+        try:
+            return importlib.metadata.version("sglang")
+        except importlib.metadata.PackageNotFoundError:
+            return None
+    code = "import importlib.metadata as m\ntry: print(m.version('sglang'))\nexcept m.PackageNotFoundError: pass"
     try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ValueError(f"top-rl: cannot run the configured python {python!r} to read its sglang version: {e}; "
+                         f"set rollout.sglang.python to an interpreter that runs") from None
+    return out.stdout.strip() or None
 
 
 def installed() -> SglangRelease:

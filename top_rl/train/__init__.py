@@ -5,7 +5,7 @@
     trainer.load_hf(path_or_hf_state_dict)
     lps = trainer.logprobs([TrainSequence(tokens, prompt_len, temperature=None)])
     metrics = trainer.train_step(batch, loss_fn)      # loss_fn(list[Tensor], list[int]) -> Tensor
-    engine.load_named_tensors(trainer.export_hf_weights())
+    engine.load_named_tensors({name: t.cpu() for name, t in trainer.iter_hf_weights()})
 
 Files: trainer (API), rl_step (the RL step, gate in the training forward), layers (seam modules; the family's
 GPTModel + layer spec is top_rl/train/qwen3_megatron.py), logprobs (engine

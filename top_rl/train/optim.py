@@ -48,6 +48,23 @@ def counted_once(param, layout: Layout) -> bool:
     return not (getattr(param, "top_tied_copy", False) or (_is_tp_replicated(param) and layout.tp_rank != 0))
 
 
+def fp32_masters(named: list[tuple[str, torch.nn.Parameter]]) -> dict[str, torch.Tensor]:
+    """An fp32 master of each parameter, from its current value; a parameter already in fp32 is its own master."""
+    return {n: p if p.dtype == torch.float32 else torch.nn.Parameter(p.detach().float().clone()) for n, p in named}
+
+
+def adamw(named: list[tuple[str, torch.nn.Parameter]], master: dict[str, torch.Tensor], cfg,
+          **kernel) -> torch.optim.AdamW:
+    """torch's AdamW over the masters, in the two parameter groups both optimizers step: matrices decayed by
+    cfg.weight_decay, norm weights (1-D) not, as in Megatron's default parameter groups. `kernel`: foreach=False
+    (CpuAdamW's for-loop) or fused=True (FusedMasterAdamW), the one thing the two differ in."""
+    decay = [master[n] for n, p in named if p.dim() >= 2]
+    no_decay = [master[n] for n, p in named if p.dim() < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, **kernel)
+
+
 # Per-group hyperparameters the run's config sets. An optimizer's saved state carries them too (torch and
 # Megatron save param_groups whole), but they belong to this run's config: a resume with
 # resume_allow_changes=true trainer.lr=... must train at the new lr, not the checkpoint's.
@@ -81,16 +98,8 @@ class CpuAdamW(_ConfigHyperparameters):
     def reset(self) -> None:
         """Fresh fp32 master weights from the model's current values and empty AdamW state
         (after loading new weights)."""
-        cfg = self.cfg
-        self.master: dict[str, torch.Tensor] = {}
-        for n, p in self.named:
-            self.master[n] = p if p.dtype == torch.float32 else torch.nn.Parameter(p.detach().float().clone())
-        decay = [self.master[n] for n, p in self.named if p.dim() >= 2]
-        no_decay = [self.master[n] for n, p in self.named if p.dim() < 2]
-        # Norm weights (1-D) are not decayed, as in Megatron's default parameter groups.
-        self.opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, foreach=False)
+        self.master = fp32_masters(self.named)
+        self.opt = adamw(self.named, self.master, self.cfg, foreach=False)
 
     @property
     def forward_module(self):
@@ -190,8 +199,8 @@ class CpuAdamW(_ConfigHyperparameters):
 class FusedMasterAdamW:
     """fp32 master weights of a model's parameters stepped by torch's fused AdamW with no host sync (module doc).
     `grads`: parameter name -> the fp32 tensor holding its summed gradient (DDP's main_grad on GPU; any fp32 tensor
-    in the CPU tests). Parameters already in fp32 are their own master. Norm weights (1-D) are not decayed, as in
-    Megatron's default parameter groups and CpuAdamW."""
+    in the CPU tests). Parameters already in fp32 are their own master; the parameter groups are adamw()'s, as
+    CpuAdamW's."""
 
     def __init__(self, named: list[tuple[str, torch.nn.Parameter]], grads: dict[str, torch.Tensor], cfg,
                  layout: Layout, norm_group=None):
@@ -203,16 +212,10 @@ class FusedMasterAdamW:
     def reset(self) -> None:
         """Fresh fp32 masters from the model's current values and empty AdamW state (after loading new weights).
         Parked copies of the old ones are dropped with them."""
-        cfg = self.cfg
         self.host = HostCopies()
-        self.master = {n: p if p.dtype == torch.float32 else torch.nn.Parameter(p.detach().float().clone())
-                       for n, p in self.named}
+        self.master = fp32_masters(self.named)
         self.rounded = [(p, self.master[n]) for n, p in self.named if self.master[n] is not p]
-        decay = [self.master[n] for n, p in self.named if p.dim() >= 2]
-        no_decay = [self.master[n] for n, p in self.named if p.dim() < 2]
-        self.opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=True)
+        self.opt = adamw(self.named, self.master, self.cfg, fused=True)
 
     @property
     def offloaded(self) -> bool:

@@ -11,6 +11,14 @@ from top_rl import contract
 
 @dataclass(frozen=True)
 class TrainSequence:
+    """One sequence the trainer scores (Trainer.logprobs, the RL step's forwards): its tokens, its prompt length and
+    the log-prob kind of its scored tokens (temperature None: the fp32 prefill kind; T: the sampler path at T).
+
+    Not an RLSample (top_rl/rl/batch.py), which carries what one RL sample is labelled with (advantage, the engine's
+    and the sampler's log-probs): scoring needs none of that, and Trainer.logprobs scores sequences outside RL too
+    (the library use top_rl/train/__init__.py shows). The RL step turns one RLSample into up to three TrainSequences of different kinds
+    (train/rl_step.py), so the kind belongs here and not on the sample."""
+
     tokens: Sequence[int]
     prompt_len: int
     temperature: float | None = None

@@ -125,10 +125,6 @@ class Trainer:
         for name in self.family.megatron_names(cfg):
             yield from self.family.iter_megatron_to_hf([(name, full_tensor(name))], cfg)
 
-    def export_hf_weights(self) -> dict[str, torch.Tensor]:
-        """HF-named full weights for `NativeEngine.load_named_tensors` / `save_model` (CPU tensors)."""
-        return {k: v.cpu() for k, v in self.iter_hf_weights()}
-
     def _dtype_of(self, name: str) -> torch.dtype:
         fp32 = name.endswith("layernorm.weight") or name == "embedding.word_embeddings.weight"
         return torch.float32 if fp32 else self.compute_dtype
@@ -239,19 +235,6 @@ class Trainer:
         self.optimizer.zero_grad()
         mbs = list(self._micro_batches(batch))
         return self.runner.forward_backward(mbs, loss_of, self.optimizer.accumulate), len(mbs)
-
-    def set_lr(self, lr: float) -> None:
-        """Learning rate for the following steps (schedules live in the RL loop)."""
-        self.cfg.lr = lr
-        self.optimizer.set_lr(lr)
-
-    def gradients(self, batch: Sequence[TrainSequence], loss_fn: LossFn) -> dict[str, torch.Tensor]:
-        """This rank's fp32 gradient of the summed loss per local parameter (before any cross-rank
-        reduction), without stepping: for recompute/parity checks and probes."""
-        self._backward(batch, loss_fn)
-        grads = self.optimizer.local_grads()
-        self.optimizer.zero_grad()
-        return grads
 
     def _backward(self, batch, loss_fn) -> tuple[list[float], int]:
         def loss_of(mb, out):

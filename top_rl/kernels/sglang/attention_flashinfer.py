@@ -127,10 +127,3 @@ class FlashinferState:
         kv = kv_buffers(k_cache.reshape(b * max_len, hkv, d), v_cache.reshape(b * max_len, hkv, d))
         return self.decode.forward(q.contiguous(), kv, sm_scale=scale, logits_soft_cap=0.0, k_scale=None, v_scale=None)
 
-
-def _flashinfer_prefill(q, k, v, batch: PackedBatch, scale, want_lse):
-    return FlashinferState.get(q.device).run_prefill(q, k, v, batch, scale, want_lse)
-
-
-def _flashinfer_decode(q, k_cache, v_cache, lengths, scale):
-    return FlashinferState.get(q.device).run_decode(q, k_cache, v_cache, lengths, scale)

@@ -13,16 +13,12 @@ forbids (§1.2-§1.3).
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import os
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-from top_rl import contract
-
-
+from top_rl import contract, sglang_release
 
 # SGLang 0.5.11's ServerArgs puts a gRPC port at port + 10000 and refuses a server whose gRPC port would pass 65535
 # (sglang/srt/server_args.py, _handle_grpc... in __post_init__), so a server's HTTP port must stay at or below this.
@@ -123,28 +119,11 @@ class SglangEngineConfig(SglangSettings):
 
 
 # ------------------------------------------------------------------------------------------ refusals
-def installed_sglang_version(python: str | None = None) -> str | None:
-    """The sglang version installed for `python` (this interpreter when None or the same); None if absent."""
-    if python in (None, "", sys.executable):
-        try:
-            return importlib.metadata.version("sglang")
-        except importlib.metadata.PackageNotFoundError:
-            return None
-    code = "import importlib.metadata as m\ntry: print(m.version('sglang'))\nexcept m.PackageNotFoundError: pass"
-    try:
-        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise TopConfigError(f"cannot run the configured python {python!r} to read its sglang version: {e}") from None
-    return out.stdout.strip() or None
-
-
 def check_sglang_version(cfg: SglangEngineConfig, top: contract.TopContract) -> None:
     if cfg.skip_version_check:
         return
-    have = installed_sglang_version(cfg.python)
+    have = sglang_release.installed_version(cfg.python)
     if have != top.sglang_version:
-        from top_rl import sglang_release
-
         found = "sglang is not installed" if have is None else f"sglang {have} is installed"
         other = contract.RELEASE_DEFAULTS.get(have or "")
         pick = (f"top.contract={other.name} (sglang {have}'s contract), or " if other else "")

@@ -11,12 +11,11 @@ before Ray starts (preflight, dry runs) where this interpreter holds the pinned 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from top_rl import contract
+from top_rl import contract, sglang_release
 from top_rl.rollout.sglang.config import SglangEngineConfig, TopConfigError, check_config
 
 MODULE = "sglang.launch_server"
@@ -164,9 +163,8 @@ def validate_argv(argv: list[str], cfg: SglangEngineConfig, top: contract.TopCon
 
 def pinned_parser_missing(top: contract.TopContract) -> str | None:
     """None when this interpreter holds SGLang's parser at the contract's pinned release; else why not."""
-    try:
-        have = importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
+    have = sglang_release.installed_version()
+    if have is None:
         return "SGLang is not installed here"
     if have != top.sglang_version:
         return f"SGLang {have} is installed here, the contract {top.name!r} pins {top.sglang_version}"

@@ -8,9 +8,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
-from top_rl import contract
+from top_rl import contract, sglang_release
 from top_rl.rollout.sglang.config import (FROM_THE_RUN, SglangEngineConfig, SglangSettings, TopConfigError,
-                                         check_config, check_sglang_version, installed_sglang_version)
+                                         check_config, check_sglang_version)
 from top_rl.rollout.sglang.launch import build_launch, check_extra_args
 
 _FIELDS = {f.name for f in dataclasses.fields(SglangEngineConfig)}
@@ -115,7 +115,7 @@ def launch_plan(run_cfg, index: int = 0) -> dict:
     random initial policy, written by trainer rank 0 at start."""
     cfg = engine_config(run_cfg, index)
     top = contract.get(run_cfg.top.contract)
-    if installed_sglang_version(cfg.python) is not None:  # another release where the server would start: refused
+    if sglang_release.installed_version(cfg.python) is not None:  # another release where the server would start: refused
         check_sglang_version(cfg, top)  # (a planning machine without SGLang plans; the engine's start() checks)
     spec = build_launch(cfg, run_cfg.top.attention_backend, top=top, check=False)
     return {"kind": "sglang", "url": cfg.url, **spec.describe(),

@@ -79,3 +79,30 @@ def pg_loss(batch: list[TrainSequence], seed: int = 0):
         return sum(-weights[i] * lp.float().sum() for lp, i in zip(lps, indices)) / total
 
     return loss_fn
+
+
+# What a test reads from or sets on a Trainer that the run never does (the run pushes weights through
+# Trainer.iter_hf_weights, and its lr comes from the schedule, top_rl/rl/lr_schedule.py).
+def export_hf_weights(trainer) -> dict[str, torch.Tensor]:
+    """The trainer's full HF-named weights as CPU tensors (every rank gets them)."""
+    return {k: v.cpu() for k, v in trainer.iter_hf_weights()}
+
+
+def gradients(trainer, batch: list[TrainSequence], loss_fn) -> dict[str, torch.Tensor]:
+    """This rank's fp32 gradient of the summed loss per local parameter (before any cross-rank reduction), with no
+    optimizer step: Trainer.train_step's backward, then the gradients read and zeroed."""
+    from top_rl.train.logprobs import split_per_sample
+
+    def loss_of(mb, out):
+        return loss_fn(split_per_sample(out[0], batch, mb.indices, trainer.compute_dtype), mb.indices)
+
+    trainer.backward_micro_batches(batch, loss_of)
+    grads = trainer.optimizer.local_grads()
+    trainer.optimizer.zero_grad()
+    return grads
+
+
+def set_lr(trainer, lr: float) -> None:
+    """The learning rate of the trainer's following steps (a constant schedule leaves the optimizer's as set here)."""
+    trainer.cfg.lr = lr
+    trainer.optimizer.set_lr(lr)
