@@ -31,6 +31,11 @@ AUTO = "auto"
 KV_MARGIN = 1.05  # SGLang's pool keeps a few pages and per-request slack beyond the tokens themselves
 MIN_FRACTION = 0.3  # a pool for a small batch still needs room for its CUDA-graph batch sizes and chunked prefills
 MAX_FRACTION = 0.9  # what SGLang itself takes at most on a large GPU (its default is ~0.88 on an H200)
+# Left free beyond the estimate's room: what a server process holds outside its static pool and the estimate's
+# prefill logits (CUDA-graph pools, memory its allocator reserved but did not use). Measured on an H100 (2026-12-06,
+# the one-GPU GSM8K job at 0.74 without it): step 3's prefill asked for 4.07 GiB with 1.18 GiB free; the server
+# process held 65.57 GiB, 4.06 GiB of it reserved but unallocated, the trainer 12.40 GiB. Twice that shortfall.
+HEADROOM_BYTES = 6 * sglang_memory.GIB
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,7 @@ def choose(arch, gpu: LocalGpu, *, requests: int, tokens_per_request: int, serve
     options = [True] if offload_set else ([False, True] if handoff else [False])
     room = {o: min(MAX_FRACTION, _floor2(sglang_memory.estimate(
                 arch, micro_batch_tokens, recompute, 0.5, servers, gpu.total_bytes, chunked_prefill_size=chunk,
-                handoff=handoff, offload=o).best_fraction()))
+                handoff=handoff, offload=o).best_fraction() - HEADROOM_BYTES / (servers * gpu.total_bytes)))
             for o in options}
     fits = [o for o in options if room[o] >= want]
     offload = fits[0] if fits else max(options, key=lambda o: (room[o], -o))
