@@ -3,7 +3,9 @@ takes (`WeightRequest`), and the shape of a variant (`WeightTransport`): one cla
 both ends and the rule of where it fits. Rank 0 makes one instance per engine when it connects to it (`connect`) and
 calls `send` on every push; the engine's actor makes the other end when it joins (`join`, the process group the
 variant needs held by that instance) and hands every request to its `receive`, which calls only the engine's weight
-protocol (top_rl.rollout.base.EngineWeights). The variants and the table that names them: top_rl.weights.senders."""
+protocol (top_rl.rollout.base.EngineWeights). The two rules more than one variant shares are bases here: CUDA IPC on
+rank 0's GPU (`SameGpuTransport`) and a process group between two devices (`GroupTransport`). The variants and the
+table that names them: top_rl.weights.senders."""
 
 from __future__ import annotations
 
@@ -113,3 +115,39 @@ class WeightTransport:
         """Load `request` into `engine` through its weight protocol; the version it now holds (None: a bucket that is
         not the last)."""
         raise NotImplementedError
+
+
+class SameGpuTransport(WeightTransport):
+    """The rule of a variant over CUDA IPC (native Ipc, SglangIpc): the engine shares rank 0's GPU, where NCCL cannot
+    join the two ends, so auto picks it there and only there."""
+
+    @classmethod
+    def refusal(cls, where: Placement) -> str | None:
+        if where.same_gpu:
+            return None
+        return (f"cluster.weight_transport=ipc, but a rollout engine ({where.engine.gpu or 'CPU'}) does not share "
+                f"trainer rank 0's GPU ({where.trainer.gpu or 'CPU'}): CUDA IPC needs one device; use auto")
+
+    @classmethod
+    def auto_fits(cls, where: Placement) -> bool:
+        return where.same_gpu
+
+
+class GroupTransport(WeightTransport):
+    """The rule of a variant over a process group of rank 0 and the engine (native Broadcast, SglangDistributed): two
+    devices of one kind (NCCL between GPUs, gloo on CPU); auto picks it between two GPUs only (on CPU: the object store
+or disk, top_rl.weights.transport's module doc)."""
+
+    @classmethod
+    def refusal(cls, where: Placement) -> str | None:
+        if where.same_gpu:
+            return ("cluster.weight_transport=broadcast, but a rollout engine shares trainer rank 0's GPU "
+                    f"({where.engine.gpu}): NCCL cannot put two ranks on one device; use auto (CUDA IPC there)")
+        if (where.trainer.gpu is None) != (where.engine.gpu is None):
+            return ("cluster.weight_transport=broadcast needs the trainer and the engines on the same kind of "
+                    "device (both GPU: NCCL, both CPU: gloo); use auto or object_store")
+        return None
+
+    @classmethod
+    def auto_fits(cls, where: Placement) -> bool:
+        return where.on_gpus and not where.same_gpu

@@ -9,10 +9,10 @@ import functools
 import torch
 
 from top_rl.rollout.base import EngineWeights
-from top_rl.weights.base import Outgoing, Wait, WeightRequest, WeightTransport
+from top_rl.weights.base import GroupTransport, Outgoing, SameGpuTransport, Wait, WeightRequest, WeightTransport
 from top_rl.weights.buckets import flatten, meta_bytes, unflatten
 from top_rl.weights.group import GROUP_TIMEOUT, Group
-from top_rl.weights.transport import Link, Placement, Transport, TransportSetting
+from top_rl.weights.transport import Link, Transport, TransportSetting
 
 
 def _ray():
@@ -21,19 +21,11 @@ def _ray():
     return ray
 
 
-class Ipc(WeightTransport):
+class Ipc(SameGpuTransport):
     """An engine on rank 0's GPU (NCCL cannot join two ranks on one device): CUDA IPC handles of rank 0's flat
     buckets; the engine copies out before rank 0 lets them go."""
 
     kind, setting, engine_kind = Transport.ipc, TransportSetting.ipc, "native"
-
-    @classmethod
-    def refusal(cls, where: Placement) -> str | None:
-        return where.ipc_refusal()
-
-    @classmethod
-    def auto_fits(cls, where: Placement) -> bool:
-        return where.same_gpu
 
     def send(self, out: Outgoing, version: int) -> Wait:
         from torch.multiprocessing.reductions import reduce_tensor
@@ -57,19 +49,11 @@ class Ipc(WeightTransport):
         return request.version
 
 
-class Broadcast(WeightTransport):
+class Broadcast(GroupTransport):
     """A process group of rank 0 and the engine (NCCL between GPUs, gloo on CPU): one flat uint8 buffer per bucket,
     the metadata first by Ray so the engine can allocate. Each end holds its own Group."""
 
     kind, setting, engine_kind = Transport.broadcast, TransportSetting.broadcast, "native"
-
-    @classmethod
-    def refusal(cls, where: Placement) -> str | None:
-        return where.group_refusal()
-
-    @classmethod
-    def auto_fits(cls, where: Placement) -> bool:
-        return where.on_gpus and not where.same_gpu
 
     @classmethod
     def connect(cls, link: Link, engine, store=None, host=None, port=None, name=None) -> "Broadcast":

@@ -13,9 +13,9 @@ from typing import Callable, Iterable
 import torch
 
 from top_rl.rollout.base import EngineWeights
-from top_rl.weights.base import WeightRequest, WeightTransport
+from top_rl.weights.base import GroupTransport, WeightRequest
 from top_rl.weights.buckets import Bucket, bucket_meta, buckets, flatten
-from top_rl.weights.transport import Link, Placement, Transport, TransportSetting
+from top_rl.weights.transport import Link, Transport, TransportSetting
 
 
 def init_trainer_group(master_address: str, master_port: int, world_size: int, group_name: str,
@@ -64,20 +64,12 @@ def sync_distributed(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: in
     return len(bks)
 
 
-class SglangDistributed(WeightTransport):
+class SglangDistributed(GroupTransport):
     """Bucket by bucket: the server's receive request (by the engine's actor, on its own thread of the call), then
     rank 0's broadcast (`sync_distributed`). Its failure is the engine's (reported like the others), not rank 0's.
     The group's engine ranks are the server's own, so the engine's end holds no group: the server does."""
 
     kind, setting, engine_kind = Transport.sglang_distributed, TransportSetting.broadcast, "sglang"
-
-    @classmethod
-    def refusal(cls, where: Placement) -> str | None:
-        return where.group_refusal()
-
-    @classmethod
-    def auto_fits(cls, where: Placement) -> bool:
-        return where.on_gpus and not where.same_gpu
 
     @classmethod
     def connect(cls, link: Link, engine, store=None, host=None, port=None, name=None) -> "SglangDistributed":

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from top_rl.rollout.base import EngineWeights
-from top_rl.weights.base import Outgoing, Wait, WeightRequest, WeightTransport
+from top_rl.weights.base import Outgoing, SameGpuTransport, Wait, WeightRequest
 from top_rl.weights.buckets import Bucket
-from top_rl.weights.transport import Placement, Transport, TransportSetting
+from top_rl.weights.transport import Transport, TransportSetting
 
 
 def tensor_payload(bucket: Bucket, tp_size: int, flattened: bool) -> tuple[list[str], str | None, list]:
@@ -36,18 +36,10 @@ def tensor_payload(bucket: Bucket, tp_size: int, flattened: bool) -> tuple[list[
     return [MultiprocessingSerializer.serialize(obj, output_str=True) for _ in range(tp_size)], fmt, keep
 
 
-class SglangIpc(WeightTransport):
+class SglangIpc(SameGpuTransport):
     """A server on rank 0's GPU: the serialised handles go to the engine, which posts them (load_ipc_buckets)."""
 
     kind, setting, engine_kind = Transport.sglang_ipc, TransportSetting.ipc, "sglang"
-
-    @classmethod
-    def refusal(cls, where: Placement) -> str | None:
-        return where.ipc_refusal()
-
-    @classmethod
-    def auto_fits(cls, where: Placement) -> bool:
-        return where.same_gpu
 
     def send(self, out: Outgoing, version: int) -> Wait:
         payloads, keep = [], []

@@ -97,23 +97,6 @@ class Placement:
     def on_gpus(self) -> bool:
         return self.trainer.gpu is not None and self.engine.gpu is not None
 
-    def ipc_refusal(self) -> str | None:
-        """CUDA IPC needs one device."""
-        if self.same_gpu:
-            return None
-        return (f"cluster.weight_transport=ipc, but a rollout engine ({self.engine.gpu or 'CPU'}) does not share "
-                f"trainer rank 0's GPU ({self.trainer.gpu or 'CPU'}): CUDA IPC needs one device; use auto")
-
-    def group_refusal(self) -> str | None:
-        """A process group needs two devices of one kind."""
-        if self.same_gpu:
-            return ("cluster.weight_transport=broadcast, but a rollout engine shares trainer rank 0's GPU "
-                    f"({self.engine.gpu}): NCCL cannot put two ranks on one device; use auto (CUDA IPC there)")
-        if (self.trainer.gpu is None) != (self.engine.gpu is None):
-            return ("cluster.weight_transport=broadcast needs the trainer and the engines on the same kind of "
-                    "device (both GPU: NCCL, both CPU: gloo); use auto or object_store")
-        return None
-
 
 @dataclass(frozen=True)
 class Link:
