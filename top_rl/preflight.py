@@ -275,10 +275,8 @@ def shared_gpu_memory(cfg, ready: Ready) -> dict | None:
         return part
     gpu = seen.total_bytes
     t = cfg.trainer
-    world = t.world
-    servers = -(-cfg.rollout.num_engines // world)
+    servers, tokens = memory_choice.shared_gpu_load(cfg, ready.model_cfg)
     fraction = cfg.rollout.sglang.mem_fraction_static or 0.88  # None: SGLang's own (~0.88 on H200)
-    tokens = t.micro_batch_tokens or (t.micro_batch_size or 1) * ready.model_cfg.max_position_embeddings
     est = sglang_memory.estimate(ready.model_cfg, tokens, t.recompute, fraction, servers, gpu,
                                  handoff=cfg.cluster.gpu_handoff, offload=t.offload_during_rollout)
     if est.needed > gpu:

@@ -86,6 +86,14 @@ def choose(arch, gpu: LocalGpu, *, requests: int, tokens_per_request: int, serve
                                            f"server ({pool}); {kept}, the trainer ~{trainer / g:.1f} GiB beside it")
 
 
+def shared_gpu_load(cfg, arch) -> tuple[int, int]:
+    """(SGLang servers per trainer GPU, the trainer's micro-batch tokens): what the shared-GPU estimate reads of the
+    config, both where `auto` is decided (`resolve`) and where a named fraction is checked (top_rl.preflight)."""
+    t = cfg.trainer
+    servers = -(-cfg.rollout.num_engines // t.world)  # engines per trainer GPU
+    return servers, t.micro_batch_tokens or (t.micro_batch_size or 1) * arch.max_position_embeddings
+
+
 def resolve(cfg, arch, max_prompt_len: int, on_cluster: bool = False) -> MemoryChoice | None:
     """Decide `auto` in cfg in place (None: the config named a number). Refuses (ValueError naming the key) a colocated
     run on a Ray cluster (`on_cluster`: top_rl.driver.resolution decides where Ray runs) whose driver sees no GPU."""
@@ -103,11 +111,10 @@ def resolve(cfg, arch, max_prompt_len: int, on_cluster: bool = False) -> MemoryC
         s.mem_fraction_static = None
         return MemoryChoice(None, bool(cfg.trainer.offload_during_rollout), why)
     t, r = cfg.trainer, cfg.rollout
-    servers = -(-r.num_engines // t.world)  # engines per trainer GPU
+    servers, tokens = shared_gpu_load(cfg, arch)
     requests = -(-(r.prompts_per_step * r.n_samples) // r.num_engines)
     if s.max_running_requests:
         requests = min(requests, s.max_running_requests)
-    tokens = t.micro_batch_tokens or (t.micro_batch_size or 1) * arch.max_position_embeddings
     choice = choose(arch, gpu, requests=requests, tokens_per_request=max_prompt_len + r.max_new_tokens,
                     servers=servers, micro_batch_tokens=tokens, recompute=t.recompute,
                     handoff=bool(cfg.cluster.gpu_handoff), offload_set=bool(t.offload_during_rollout),
