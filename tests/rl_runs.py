@@ -119,17 +119,66 @@ def tree_hash(path: Path) -> str:
     return h.hexdigest()
 
 
-_baseline: dict[str, Path] = {}
+_straight: dict[tuple[str, ...], Path] = {}
+
+
+def straight(*overrides: str) -> Path:
+    """The uninterrupted STEPS-step run of BASE and `overrides` (computed once per test session for each, shared by the
+    test modules)."""
+    if overrides not in _straight:
+        d = Path(tempfile.mkdtemp(prefix="top_rl_straight_" if overrides else "top_rl_baseline_"))
+        out = run(d, *BASE, *overrides, f"steps={STEPS}")
+        assert out.returncode == 0, out.stderr[-4000:]
+        _straight[overrides] = d
+    return _straight[overrides]
 
 
 def baseline() -> Path:
-    """The uninterrupted 6-step run (computed once per test session, shared by the test modules)."""
-    if "dir" not in _baseline:
-        d = Path(tempfile.mkdtemp(prefix="top_rl_baseline_"))
-        out = run(d, *BASE, f"steps={STEPS}")
-        assert out.returncode == 0, out.stderr[-4000:]
-        _baseline["dir"] = d
-    return _baseline["dir"]
+    """The uninterrupted 6-step run of BASE (the synchronous loop)."""
+    return straight()
+
+
+def assert_lagged_steps(got: list[dict], lags: list[int], versions: list[int]) -> None:
+    """The rows of a rollout.policy_lag run: every step, each gated bit for bit (Δ = 0, ESS 1) under the version that
+    sampled it (`versions`, trained `lags` behind), each lagged batch with its behaviour forward; its first batch is
+    the synchronous run's (version 1 either way) and later ones are not (they come from older weights)."""
+    assert [r["step"] for r in got] == list(range(1, STEPS + 1)), [r["step"] for r in got]
+    for r in got:
+        assert r["train/train_rollout_logprob_abs_diff"] == 0.0 and r["train/ess_ratio"] == 1.0, r
+    assert [r["train/policy_lag"] for r in got] == lags, [r["train/policy_lag"] for r in got]
+    assert [r["train/behaviour_version"] for r in got] == versions, [r["train/behaviour_version"] for r in got]
+    assert all(r["perf/trainer/behaviour_forward_s"] > 0 for r in got[1:]), "a lagged batch with no behaviour forward"
+    sync = rows(baseline())
+    first = without_timing(sync)[0] | {"train/policy_lag": 0, "train/behaviour_version": 1}
+    assert without_timing(got)[0] == first, (without_timing(got)[0], first)
+    assert [r["rollout/reward_mean"] for r in got[2:]] != [r["rollout/reward_mean"] for r in sync[2:]], \
+        "the lagged run's later batches are the synchronous run's: the lag did nothing"
+
+
+def kill_and_resume(run_dir: Path, *overrides: str, kill_after: int = 3) -> tuple[dict, subprocess.CompletedProcess]:
+    """Run BASE and `overrides` for STEPS steps SIGKILLed after step `kill_after` (its rows and newest checkpoint
+    end there), then resume it to the end: (what that checkpoint holds, checkpoint.load_verified; the resumed run, which
+    succeeded)."""
+    from top_rl.run import checkpoint
+
+    killed = run(run_dir, *BASE, *overrides, f"steps={STEPS}", fault=f"kill_after_step:{kill_after}")
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert [r["step"] for r in rows(run_dir)] == list(range(1, kill_after + 1)), rows(run_dir)
+    ckpt = checkpoint.latest(run_dir)
+    assert checkpoint.step_of(ckpt) == kill_after, ckpt
+    saved = checkpoint.load_verified(ckpt)
+    resumed = run(run_dir, *BASE, *overrides, f"steps={STEPS}", "resume=true")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return saved, resumed
+
+
+def assert_bitwise_the_straight_run(run_dir: Path, straight_dir: Path) -> None:
+    """A resumed run's every step once and its rows (but timings) and final checkpoint bit for bit the straight run's."""
+    got, ref = rows(run_dir), rows(straight_dir)
+    assert [r["step"] for r in got] == list(range(1, STEPS + 1)), [r["step"] for r in got]
+    assert without_timing(got) == without_timing(ref), "the resumed run's rows differ from the straight run's"
+    assert state_hash(final_checkpoint(run_dir)) == state_hash(final_checkpoint(straight_dir)), \
+        "the resumed run's final checkpoint differs from the straight run's"
 
 
 def fake_run(run_dir: Path, steps: tuple[int, ...] = (2,)) -> Path:

@@ -4,16 +4,13 @@ bitwise the run that never stopped; the GPU handoff is refused with a lag before
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from tests import rl_runs
-from tests.rl_runs import BASE, STEPS
+from tests.rl_runs import STEPS
 
 from top_rl.cli import compose
 from top_rl.config import ConfigError
-from top_rl.run import checkpoint
 
 LAG = "rollout.policy_lag=1"
 
@@ -37,58 +34,18 @@ def test_the_refusal_is_one_top_rl_line_and_nothing_starts(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-_lagged: dict[str, Path] = {}
-
-
-def _straight() -> Path:
-    """The uninterrupted 6-step run with a lag (once per session)."""
-    if "dir" not in _lagged:
-        import tempfile
-
-        d = Path(tempfile.mkdtemp(prefix="top_rl_lag1_"))
-        out = rl_runs.run(d, *BASE, LAG, f"steps={STEPS}")
-        assert out.returncode == 0, out.stderr[-4000:]
-        _lagged["dir"] = d
-    return _lagged["dir"]
-
-
 @pytest.mark.slow
 def test_every_lagged_step_is_gated_under_the_version_that_sampled_it():
-    rows = rl_runs.rows(_straight())
-    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-    for r in rows:
-        assert r["train/train_rollout_logprob_abs_diff"] == 0.0 and r["train/ess_ratio"] == 1.0, r
-        assert r["perf/overlap_s"] >= 0
-    assert [r["train/policy_lag"] for r in rows] == [0] + [1] * (STEPS - 1)
-    assert [r["train/behaviour_version"] for r in rows] == [1] + list(range(1, STEPS))
-    assert all(r["perf/trainer/behaviour_forward_s"] > 0 for r in rows[1:])  # the extra forward of a lagged batch
+    rows = rl_runs.rows(rl_runs.straight(LAG))
+    rl_runs.assert_lagged_steps(rows, lags=[0] + [1] * (STEPS - 1), versions=[1] + list(range(1, STEPS)))
+    assert all(r["perf/overlap_s"] >= 0 for r in rows)
     assert "perf/trainer/behaviour_forward_s" not in rows[0]  # step 1 trains on the live version: no extra forward
     assert any(r["train/grad_norm"] > 0 for r in rows[1:]), "the weights must move, or the lag proves nothing"
-    # another algorithm than the synchronous loop: from step 2 on its batches come from older weights
-    sync = rl_runs.rows(rl_runs.baseline())
-    strip = rl_runs.without_timing
-    assert strip(rows)[0] == {k: v for k, v in strip(sync)[0].items()} | {"train/policy_lag": 0,
-                                                                         "train/behaviour_version": 1}
-    assert [r["rollout/reward_mean"] for r in rows[2:]] != [r["rollout/reward_mean"] for r in sync[2:]]
 
 
 @pytest.mark.slow
 def test_sigkill_then_resume_is_bitwise_the_straight_lagged_run(tmp_path):
-    straight = _straight()
-    ref = rl_runs.rows(straight)
-    proc = rl_runs.start(tmp_path, *BASE, LAG, f"steps={STEPS}", fault="kill_after_step:3")
-    killed = rl_runs.finish(proc)
-    assert killed.returncode == -9, killed.stderr[-3000:]
-    assert [r["step"] for r in rl_runs.rows(tmp_path)] == [1, 2, 3]
-    ckpt = checkpoint.latest(tmp_path)
-    assert checkpoint.step_of(ckpt) == 3
-    saved = checkpoint.load_verified(ckpt)
+    saved, resumed = rl_runs.kill_and_resume(tmp_path, LAG)
     assert saved["behaviour_version"] == 3  # the rollout in flight at the kill: step 4's, under version 3
-    resumed = rl_runs.run(tmp_path, *BASE, LAG, f"steps={STEPS}", "resume=true")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "step 4 |" in resumed.stdout and "lag 1 (v3)" in resumed.stdout
-    got = rl_runs.rows(tmp_path)
-    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
-    assert rl_runs.without_timing(got) == rl_runs.without_timing(ref)
-    assert rl_runs.state_hash(rl_runs.final_checkpoint(tmp_path)) == \
-        rl_runs.state_hash(rl_runs.final_checkpoint(straight))
+    rl_runs.assert_bitwise_the_straight_run(tmp_path, rl_runs.straight(LAG))
