@@ -211,7 +211,7 @@ def run_megatron_gpt(rows: list[dict], args, out: Path) -> dict:
     with open(out / "megatron_gpt.log", "w") as log:
         try:
             proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=log, text=True, timeout=args.stock_timeout,
-                                  cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                  cwd=ROOT)  # the worker puts the repo on its path; PYTHONPATH is kept
             for line in proc.stdout.splitlines():
                 kind, _, rest = line.partition(" ")
                 if kind in ("RESULT", "NOTE"):
