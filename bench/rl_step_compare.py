@@ -13,8 +13,9 @@ Two top-rl jobs run (TOP and NON_TOP, one typed Job each); the table's columns (
 The non-TOP columns: that job with and without its old-log-prob forward (without: its step less the forward's
 seconds), and the same with the trainer swapped for the strong stock trainer of bench/trainer_step.py (Megatron-core's
 own GPTModel, bench/_stock_gpt.py), timed by bench/_trainer_worker.py in its own process right after the non-TOP job,
-on that job's batch shape (its samples, mean prompt and response lengths; the job's micro-batch budget, recompute
-on): its train and old-log-prob forward seconds replace the job's, the rest of its step is the job's.
+on that job's batch shape (its samples, mean prompt and response lengths; the jobs' micro-batch budget and recompute):
+its train and old-log-prob forward seconds replace the job's, the rest of its step (the GPU handoff, the trainer's
+offload and onload, the driver) is the job's.
 
 Each job runs `--steps` steps; the first (server warm-up, first-use compilation) is left out and the rest give
 medians. Prints one table (each part's median seconds per column, then TOP / column per part and for the step) and
