@@ -179,7 +179,8 @@ def batch_shape(rows: list[dict], skip: int) -> tuple[int, int, int]:
     timed = rows[skip:] or rows
     med = lambda f: statistics.median(f(r) for r in timed)  # noqa: E731
     response = med(lambda r: r["rollout/response_len_mean"])
-    samples = round(med(lambda r: r["perf/rollout_tokens_per_s"] * r["perf/rollout_time"] / r["rollout/response_len_mean"]))
+    generated = lambda r: r["perf/rollout_tokens_per_s"] * r["perf/rollout_time"]  # noqa: E731
+    samples = round(med(lambda r: generated(r) / r["rollout/response_len_mean"]))
     prompt = round(med(lambda r: r["train/tokens"]) / samples - response)
     return samples, max(1, prompt), max(1, round(response))
 
@@ -235,14 +236,16 @@ def run_megatron_gpt(rows: list[dict], args, out: Path) -> dict:
 def side_rows(side: Side, rows: list[dict], megatron: dict | None) -> list[dict[str, float]] | None:
     """The side's parts and step, one dict per job step (None: its trainer has no measurement). The job's own
     trainer: its train call's forward+backward, gate and optimizer; the Megatron GPT trainer's replace them (and its
-    old-log-prob forward the job's). `other` is what the step spent beside the parts (driver, Ray calls, GPU handoff)."""
+    old-log-prob forward the job's). `other` is what the step spent beside the parts (driver, Ray calls, GPU handoff,
+    the trainer's offload and onload)."""
     if side.trainer == "megatron_gpt" and (megatron or {}).get("status") != "ok":
         return None
     out = []
     for r in rows:
         job_old = r.get("perf/trainer/old_logprobs_s", 0.0)
         job_train = sum(r.get(k, 0.0) for k in TRAIN_KEYS)
-        parts = {"rollout (generate)": r.get("perf/rollout_time", 0.0), "weight sync": r.get("perf/weight_push_time", 0.0)}
+        parts = {"rollout (generate)": r.get("perf/rollout_time", 0.0),
+                 "weight sync": r.get("perf/weight_push_time", 0.0)}
         parts["other"] = r.get("perf/step_time", 0.0) - job_old - job_train - sum(parts.values())
         if side.trainer == "job":
             parts["old-log-prob forward"], parts["train fwd+bwd+optim"] = job_old, job_train
