@@ -312,7 +312,10 @@ if [[ "$WHAT" == bench-compare ]]; then
   echo "bench rl_step_compare exit code: $? ($(( $(date +%s) - T0 )) s since start)" >>"$OUT/summary.md"
   cp "$CMP"/rl_step_compare*.md "$CMP"/megatron_gpt.json "$OUT"/ 2>/dev/null
   if [[ -f "$CMP/rl_step_compare.md" ]]; then cat "$CMP/rl_step_compare.md" >>"$OUT/summary.md"
-  else tail -n 30 "$OUT/bench_rl_step_compare.log" >>"$OUT/summary.md"; fi
+  else  # no whole table yet: the jobs' logs (each ends with its server's last lines) come back too
+    tail -n 30 "$OUT/bench_rl_step_compare.log" >>"$OUT/summary.md"
+    cp "$CMP"/compare_*.log "$OUT"/ 2>/dev/null
+  fi
 fi
 
 if [[ "$WHAT" == all || "$WHAT" == bench ]]; then
