@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from top_rl import contract
-from top_rl.rollout.config import LogprobSource  # engines type with it
+from top_rl.config.rollout import LogprobSource  # engines type with it
 
 
 def mix_seed(a: int, b: int) -> int:
@@ -94,7 +94,7 @@ class EngineWeights(abc.ABC):
 
     def _cannot(self, way: str):
         raise WeightWayUnsupported(f"{type(self).__name__} has no {way}: it takes weights by "
-                                   f"{', '.join(self.weight_ways()) or 'no way'} (top_rl/rollout/base.py)")
+                                   f"{', '.join(self.weight_ways()) or 'no way'} (top_rl/engine/interface.py)")
 
 
 class RolloutEngine(EngineWeights):
