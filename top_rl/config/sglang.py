@@ -11,8 +11,9 @@ from typing import Any
 class SglangSettings:
     """rollout.sglang: one SGLang engine's own settings, as a run sets them (Hydra types this class, so each key is
     checked and its default recorded). What an engine takes from the run instead (the checkpoint, the attention
-    backend, the log-prob source, TOP on or off) is not a key here but a field of SglangEngineConfig below, filled by
-    top_rl.rollout.sglang.plan.run_defaults: one key per setting, and none that exists only to be refused."""
+    backend, the log-prob source, TOP on or off) is not a key here but a field of SglangEngineConfig
+    (top_rl/rollout/sglang/config.py), filled by top_rl.rollout.sglang.plan.run_defaults: one key per setting, and
+    none that exists only to be refused."""
 
     tp_size: int = 1  # the server's tensor parallelism (1 under TOP: no TP>1 contract)
     host: str = "127.0.0.1"  # the address the server binds
