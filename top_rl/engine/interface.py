@@ -1,7 +1,8 @@
 """The rollout engine interface, the native engine and SGLang servers both implement it, and the engine side of the
 weight seam (`EngineWeights`): every way trainer rank 0's weights can enter an engine. The transports in top_rl.weights
 call only these methods; an engine implements the ways it has, and the others refuse, naming the engine and the ways it
-does have."""
+does have. Kept apart from the engines (top_rl/rollout/), which import models and servers: the driver, the weight
+transports and the eval import this alone, so none of them stands on an engine."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Rollout engines behind one interface: native (in-process) and sglang (servers)."""
+"""Rollout engines behind one interface (top_rl/engine/interface.py): native (in-process) and sglang (servers)."""
 
 from top_rl.engine.interface import RolloutEngine, RolloutSample, SamplingParams
 
