@@ -180,7 +180,7 @@ def _model_errors(model) -> list[str]:
 
 
 def _seed_errors(cfg: RunConfig, batch: int) -> list[str]:
-    """Every sampling seed of the run (rollout.base.sample_seed over its steps and samples) must fit SGLang's int64
+    """Every sampling seed of the run (engine.interface.sample_seed over its steps and samples) must fit SGLang's int64
     sampling_seed: the native engine and a server both refuse one that does not, mid-run."""
     from top_rl.engine.interface import sample_seed
 

@@ -42,7 +42,7 @@ class RLSample:
 
     @classmethod
     def from_rollout(cls, sample, advantage: float, uid: Any = None) -> "RLSample":
-        """From a rollout.base.RolloutSample."""
+        """From an engine.interface.RolloutSample."""
         return cls(tuple(sample.prompt_ids) + tuple(sample.response_ids), len(sample.prompt_ids),
                    tuple(sample.logprobs), tuple(sample.sample_logprobs), float(advantage), uid)
 
