@@ -79,7 +79,7 @@ class StockRunner:
         from bench import _stock_gpt as sg
         from top_rl.train import parallel
         from top_rl.train import recompute as rc
-        from top_rl.train.config import TrainerConfig
+        from top_rl.config.trainer import TrainerConfig
         from top_rl.train.optim import CpuAdamW, GpuAdamW
 
         rc.install()  # full recompute through torch's non-reentrant checkpoint, as the TOP trainer
