@@ -76,9 +76,10 @@ def main(argv=None) -> int:
     ap.add_argument("--keep-only", nargs="*", default=[])
     ap.add_argument("--keep-cubin-archs", nargs="*", default=[])
     a = ap.parse_args(argv)
-    out = slim(a.wheel, a.out_dir, tuple(a.drop), tuple(a.keep_only), tuple(a.keep_cubin_archs))
     mib = lambda p: os.path.getsize(p) / 2**20  # noqa: E731
-    print(f"slim_wheel: {os.path.basename(out)} {mib(a.wheel):.1f} -> {mib(out):.1f} MiB", file=sys.stderr)
+    before = mib(a.wheel)  # before: an OUT_DIR that is the wheel's own directory replaces it in place
+    out = slim(a.wheel, a.out_dir, tuple(a.drop), tuple(a.keep_only), tuple(a.keep_cubin_archs))
+    print(f"slim_wheel: {os.path.basename(out)} {before:.1f} -> {mib(out):.1f} MiB", file=sys.stderr)
     return 0
 
 

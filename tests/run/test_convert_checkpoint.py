@@ -41,7 +41,8 @@ def _old_rank(rank, world, trainer_dir, arch, settings, keep, out):
     torch.save({"trainer": trainer.state_dict(), "rng": rng.state()}, Path(out) / f"trainer_rank{rank:03d}.pt")
 
 
-def _to_format_2(ckpt: Path) -> None:
+def _to_format_2(ckpt: Path, **layout: int) -> None:
+    """`ckpt`'s trainer state as per-rank shards of `layout` (default: its own), state.json format 2."""
     from top_rl.contract import ComputeDtype
     from top_rl.model import family
     from top_rl.run import dist_state
@@ -49,6 +50,10 @@ def _to_format_2(ckpt: Path) -> None:
     from top_rl.train.parallel import spawn
 
     state = json.loads((ckpt / "state.json").read_text())
+    state["config"]["trainer"].update(layout)
+    state["world"] = 1
+    for k in trainer_files.LAYOUT:
+        state["world"] *= state["config"]["trainer"].get(k, 1)
     meta = dist_state.read_state(ckpt / "trainer")
     arch = type(family.config_from_dir(ckpt / "hf"))(**meta["model_config"])
     t = state["config"]["trainer"]
@@ -98,6 +103,31 @@ def test_an_old_checkpoint_converts_to_the_format_3_one_it_came_from_bitwise(old
     assert rl_runs.state_hash(ckpt) == rl_runs.state_hash(rl_runs.final_checkpoint(rl_runs.baseline()))
     again = _convert(f"run_dir={run_dir}", f"step={STEPS}")
     assert again.returncode == 0 and "already format 3, nothing to do" in again.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [{"dp": 2}, {"pp": 2}])
+def test_an_old_checkpoint_of_two_ranks_converts_bitwise(tmp_path, layout):
+    """Shards of two DP ranks (each a whole replica) or two PP stages (each its layers): the converted trainer/
+    holds every entry of the state they came from bitwise, and each rank's RNG as its shard held it."""
+    from top_rl.run import dist_state
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(rl_runs.baseline(), run_dir)
+    for ckpt in checkpoint.complete_checkpoints(run_dir)[:-1]:
+        shutil.rmtree(ckpt)
+    ckpt = checkpoint.latest(run_dir)
+    original, rng0 = dist_state.read_full(ckpt / "trainer"), (ckpt / "trainer" / "rng_rank000.json").read_bytes()
+    _to_format_2(ckpt, **layout)
+    assert sorted(p.name for p in ckpt.glob("trainer_rank*.pt")) == ["trainer_rank000.pt", "trainer_rank001.pt"]
+    out = _convert(f"run_dir={run_dir}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    converted = dist_state.read_full(ckpt / "trainer")
+    assert sorted(converted) == sorted(original)
+    assert all(converted[k].dtype == original[k].dtype and torch.equal(converted[k], original[k]) for k in original)
+    # one rank saved: both restored its RNG (rank r takes rank r mod 1's), so both shards hold it
+    assert [(ckpt / "trainer" / f"rng_rank00{r}.json").read_bytes() for r in (0, 1)] == [rng0, rng0]
+    assert dist_state.read_state(ckpt / "trainer")["layout"] == {**{"dp": 1, "tp": 1, "pp": 1, "cp": 1}, **layout}
 
 
 def _reload_rank(rank, world, trainer_dir, arch, dtype, layout, out):
