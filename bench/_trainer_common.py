@@ -60,6 +60,17 @@ def make_batch(cfg: Qwen3Config, total_tokens: int, seed: int = 0):
     return batch, adv
 
 
+def make_shaped_batch(cfg: Qwen3Config, sequences: int, prompt: int, response: int, seed: int = 0):
+    """make_batch's kind of batch in an RL job's shape (bench/rl_step_compare.py: its step's sample count, mean prompt
+    and response lengths): `sequences` sequences of `prompt` unscored and `response` scored tokens each."""
+    from top_rl.train.sequence import TrainSequence
+
+    g = torch.Generator().manual_seed(seed)
+    batch = [TrainSequence(torch.randint(3, cfg.vocab_size, (prompt + response,), generator=g).tolist(), prompt,
+                           TEMPERATURE) for _ in range(sequences)]
+    return batch, [1.0 if i % 2 else -1.0 for i in range(sequences)]
+
+
 def make_loss_fn(batch, adv):
     """The trainer's loss_fn contract (per-sample log-prob tensors of a micro-batch, their batch indices):
     a policy-gradient surrogate, normalised by the global number of scored tokens."""

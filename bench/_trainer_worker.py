@@ -23,7 +23,7 @@ from torch.autograd.profiler import record_function  # noqa: E402
 
 from bench import _profile_families as pf  # noqa: E402
 from bench._trainer_common import (MODELS, PEAK_TFLOPS, Timer, init_params, make_batch, make_loss_fn,  # noqa: E402
-                                   median, model_flops, sequence_lengths)
+                                   make_shaped_batch, median, model_flops, sequence_lengths)
 
 
 def emit(kind: str, obj: dict) -> None:
@@ -52,6 +52,8 @@ class TopRunner:
     def gate(self, batch):
         self.trainer.logprobs(batch)
 
+    old_logprobs = gate  # the same no-grad forward of the whole batch
+
     @contextlib.contextmanager
     def markers(self):
         opt = self.trainer.optimizer
@@ -77,7 +79,7 @@ class StockRunner:
         from bench import _stock_gpt as sg
         from top_rl.train import parallel
         from top_rl.train import recompute as rc
-        from top_rl.train.config import TrainerConfig
+        from top_rl.config.trainer import TrainerConfig
         from top_rl.train.optim import CpuAdamW, GpuAdamW
 
         rc.install()  # full recompute through torch's non-reentrant checkpoint, as the TOP trainer
@@ -106,6 +108,17 @@ class StockRunner:
             self.opt.accumulate()
         with record_function("bench::optimizer"):
             self.opt.step()
+
+    @torch.no_grad()
+    def old_logprobs(self, batch):
+        """The old-log-prob forward verl and slime run before the update: the batch's log-probs, no graph kept."""
+        from top_rl.train.batch import pack_micro_batch, plan
+
+        self.model.eval()
+        for idx in plan(batch, dp_rank=0, dp_size=1, micro_batch_size=None, micro_batch_tokens=self.mbt):
+            mb = pack_micro_batch(batch, idx, device=self.device)
+            self.forward(input_ids=mb.input_ids, position_ids=None, attention_mask=None, packed_seq_params=mb.params,
+                         output_processor=self.processor, output_processor_context=mb)
 
     @contextlib.contextmanager
     def markers(self):
@@ -160,10 +173,13 @@ def run_config(args, cfg, batch, loss_fn, recompute: bool, mbt: int, device, pro
     times = [timer(lambda: runner.step(batch, loss_fn)) for _ in range(args.iters)]
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
     step_ms = median(times)
-    gate_ms = None
+    gate_ms = old_logprob_ms = None
     if args.impl == "top" and recompute:  # the gate is a no-grad forward: measured once per model
         runner.gate(batch)
         gate_ms = median([timer(lambda: runner.gate(batch)) for _ in range(args.iters)])
+    if args.old_logprob_forward:  # bench/rl_step_compare.py: the separate old-log-prob pass, after a warm-up one
+        runner.old_logprobs(batch)
+        old_logprob_ms = median([timer(lambda: runner.old_logprobs(batch)) for _ in range(args.iters)])
     tokens = sum(len(s.tokens) for s in batch)
     flops, hw_flops = model_flops(cfg, batch), model_flops(cfg, batch, recompute=recompute)
     n_micro = len(list(_plan(batch, mbt)))
@@ -171,7 +187,7 @@ def run_config(args, cfg, batch, loss_fn, recompute: bool, mbt: int, device, pro
            "tokens": tokens, "step_ms": step_ms, "step_ms_all": times, "tokens_per_s": tokens / step_ms * 1e3,
            "tflops": flops / step_ms / 1e9, "mfu": flops / step_ms / 1e9 / PEAK_TFLOPS,
            "hfu": hw_flops / step_ms / 1e9 / PEAK_TFLOPS, "peak_gib": peak,
-           "gate_ms": gate_ms, "status": "ok"}
+           "gate_ms": gate_ms, "old_logprob_ms": old_logprob_ms, "status": "ok"}
     emit("RESULT", rec)
     if profile:
         with runner.markers():
@@ -200,7 +216,10 @@ def run_worker(args) -> None:
 
         emit("NOTE", {"model": args.model, "impl": args.impl, "recompute": None, "text": _numa.pin_to_gpu()})
     cfg = MODELS[args.model]
-    batch, adv = make_batch(cfg, args.tokens)
+    if args.batch_shape:  # an RL job's step (bench/rl_step_compare.py): sequences,prompt,response
+        batch, adv = make_shaped_batch(cfg, *(int(x) for x in args.batch_shape.split(",")))
+    else:
+        batch, adv = make_batch(cfg, args.tokens)
     loss_fn = make_loss_fn(batch, adv)
     if args.impl in TOP_IMPLS:
         os.environ.update(getattr(RUNNERS[args.impl], "ENV", {}))
@@ -282,6 +301,10 @@ def main(argv=None) -> None:
     p.add_argument("--profile", default="none", help="profile the step of this recompute setting: on | off | none")
     p.add_argument("--attention", default="flash", help="stock attention implementation")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--batch-shape", default="", help="SEQUENCES,PROMPT,RESPONSE: an RL job's batch instead of --tokens "
+                   "of mixed lengths (bench/rl_step_compare.py)")
+    p.add_argument("--old-logprob-forward", action="store_true",
+                   help="also time the no-grad forward of the batch (old_logprob_ms): the old-log-prob pass")
     args = p.parse_args(argv)
     if args.select_attention:
         run_select_attention(args)

@@ -31,7 +31,7 @@ from bench._util import table  # noqa: E402
 from top_rl import kernels  # noqa: E402
 from top_rl.kernels import plan, reference  # noqa: E402
 from top_rl.model import sequence_logprobs  # noqa: E402
-from top_rl.rollout.base import SamplingParams  # noqa: E402
+from top_rl.engine.interface import SamplingParams  # noqa: E402
 from top_rl.rollout.native.engine import NativeEngine  # noqa: E402
 
 # (hidden, heads q / kv, head dim, rows of the big GEMM, decode lengths, rope tokens, prompt lengths, new tokens)

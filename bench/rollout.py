@@ -32,7 +32,7 @@ import torch  # noqa: E402
 from bench._trainer_common import MODELS  # noqa: E402
 from bench._util import table  # noqa: E402
 from top_rl.model import Qwen3  # noqa: E402
-from top_rl.rollout.base import SamplingParams  # noqa: E402
+from top_rl.engine.interface import SamplingParams  # noqa: E402
 from top_rl.rollout.native.engine import NativeEngine  # noqa: E402
 
 HBM_BYTES_PER_S = 4.8e12

@@ -301,14 +301,21 @@ if [[ "$WHAT" == e2e || "$WHAT" == e2e-wait ]]; then
 fi
 
 if [[ "$WHAT" == bench-compare ]]; then
-  # bench/rl_step_compare.py: the GSM8K step on a live server, TOP against non-TOP (its own call: ~7-9 minutes;
-  # carry the two sglang_live carries + ray). TOP_RL_COMPARE_ARGS: more flags, e.g. "--steps 4 --max-new-tokens 512"
+  # bench/rl_step_compare.py: the GSM8K step on a live server, TOP against SGLang's default mode with two stock
+  # trainers (carry the sglang_live carries + ray + fa3). At 1024 new tokens each job is a call of its own on one warm
+  # machine, into a folder that outlives the call (TOP_RL_COMPARE_DIR): TOP_RL_COMPARE_ARGS="--only TOP ...", then
+  # "--only non-TOP --only megatron_gpt ...", whose call prints the whole table; "--report" prints it again.
+  CMP="${TOP_RL_COMPARE_DIR:-/tmp/top_rl_compare}"
   # shellcheck disable=SC2086
-  timeout "${BENCH_COMPARE_TIMEOUT:-560}" "$PY" bench/rl_step_compare.py --out "$OUT" ${TOP_RL_COMPARE_ARGS:-} \
+  timeout "${BENCH_COMPARE_TIMEOUT:-560}" "$PY" bench/rl_step_compare.py --out "$CMP" ${TOP_RL_COMPARE_ARGS:-} \
     >"$OUT/bench_rl_step_compare.log" 2>&1
   echo "bench rl_step_compare exit code: $? ($(( $(date +%s) - T0 )) s since start)" >>"$OUT/summary.md"
-  if [[ -f "$OUT/rl_step_compare.md" ]]; then cat "$OUT/rl_step_compare.md" >>"$OUT/summary.md"
-  else tail -n 30 "$OUT/bench_rl_step_compare.log" >>"$OUT/summary.md"; fi
+  cp "$CMP"/rl_step_compare*.md "$CMP"/megatron_gpt.json "$OUT"/ 2>/dev/null
+  if [[ -f "$CMP/rl_step_compare.md" ]]; then cat "$CMP/rl_step_compare.md" >>"$OUT/summary.md"
+  else  # no whole table yet: the jobs' logs (each ends with its server's last lines) come back too
+    tail -n 30 "$OUT/bench_rl_step_compare.log" >>"$OUT/summary.md"
+    cp "$CMP"/compare_*.log "$OUT"/ 2>/dev/null
+  fi
 fi
 
 if [[ "$WHAT" == all || "$WHAT" == bench ]]; then

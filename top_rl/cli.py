@@ -268,12 +268,11 @@ def _hydra_entry():
                 sys.exit(getattr(e, "exit_code", 1))
             print(json.dumps(plan, indent=2, default=str))
             return
-        from top_rl import loop
         from top_rl.run.faults import RunStopped
         from top_rl.rl.gate import ParityViolation
 
         try:
-            last = loop.run(cfg)
+            last = run(cfg)
         # Refusals and stops whose message is the whole story: no traceback.
         except (RunStopped, ParityViolation, *REFUSALS) as e:
             _ignore_stop_signals()  # exiting now: a late Ctrl-C must not kill the exit path
@@ -282,6 +281,18 @@ def _hydra_entry():
         print(json.dumps({"run_dir": cfg.run_dir, "final": last}, default=str))
 
     return _main
+
+
+def run(cfg) -> dict:
+    """One run: every check first (top_rl.preflight: each refusal before Ray, wandb or any file write, so a refused run
+    leaves no run_dir behind), then the loop over what the checks loaded and the plan built from it. Returns the last
+    step's metrics row."""
+    from top_rl import loop, preflight
+    from top_rl.observe.startup import StartupLog
+
+    startup = StartupLog()  # the start-up lines' clock starts with the checks
+    ready = preflight.check(cfg)
+    return loop.run(cfg, ready, preflight.run_plan(cfg, ready), startup)
 
 
 def _ignore_stop_signals() -> None:

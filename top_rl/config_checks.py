@@ -8,7 +8,7 @@ import math
 
 from top_rl import contract
 from top_rl.config import ConfigError, RunConfig, kernel_backend, plain
-from top_rl.contract import AttentionBackend
+from top_rl.config.kernels import AttentionBackend
 from top_rl.eval import config as eval_config
 from top_rl.kernels import KernelBackend
 from top_rl.rl import dynamic_sampling, lr_schedule, overlong
@@ -180,9 +180,9 @@ def _model_errors(model) -> list[str]:
 
 
 def _seed_errors(cfg: RunConfig, batch: int) -> list[str]:
-    """Every sampling seed of the run (rollout.base.sample_seed over its steps and samples) must fit SGLang's int64
+    """Every sampling seed of the run (engine.interface.sample_seed over its steps and samples) must fit SGLang's int64
     sampling_seed: the native engine and a server both refuse one that does not, mid-run."""
-    from top_rl.rollout.base import sample_seed
+    from top_rl.engine.interface import sample_seed
 
     ends = (sample_seed(cfg.seed, 0, 0), sample_seed(cfg.seed, max(cfg.steps, 1) - 1, batch - 1))
     if all(-(2**63) <= s < 2**63 for s in ends):

@@ -11,25 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from enum import StrEnum
-
-
-class ComputeDtype(StrEnum):
-    """The model's compute dtype (embedding, norms and residual stream stay fp32: top_rl/dtypes.py)."""
-
-    bfloat16 = "bfloat16"
-    float32 = "float32"  # tests and the embedded CPU job
-
-
-class AttentionBackend(StrEnum):
-    """SGLang's --attention-backend values a contract may allow (engine and trainer always agree)."""
-
-    fa3 = "fa3"
-    flashinfer = "flashinfer"
-    triton = "triton"
-    # The run config's: decided on the driver from the GPU it sees (top_rl/driver/backend_choice.py) before any check;
-    # no contract allows it, so it never reaches an engine, a KernelPlan or a checkpoint.
-    auto = "auto"
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,12 @@ import contextlib
 import time
 from pathlib import Path
 
-from top_rl import preflight
 from top_rl.run import checkpoint
 from top_rl.run import faults
 from top_rl.run import rng
 from top_rl.run import lock as run_lock
 from top_rl.driver.cluster import Cluster
+from top_rl.driver.plan import RunPlan
 from top_rl.driver import schedule as schedules
 from top_rl.driver import step_batch
 from top_rl.driver.rollouts import RolloutSource
@@ -77,19 +77,18 @@ def _say_start(startup: StartupLog, run_dir: Path, cfg: RunConfig, start_step: i
         startup.say(f"step {start_step + 1} starting{resumed}")
 
 
-def run(cfg: RunConfig) -> dict:
-    startup = StartupLog()  # the start-up lines' clock starts with the checks
-    # Every refusal comes before Ray, wandb or any file write (a refused run leaves no run_dir behind).
-    ready = preflight.check(cfg)
+def run(cfg: RunConfig, ready, plan: RunPlan, startup: StartupLog) -> dict:
+    """The run its checks passed (top_rl.cli.run runs them first: every refusal comes before Ray, wandb or any file
+    write). `ready`: what they loaded (top_rl.preflight.Ready); `plan`: what the cluster places and starts, decided
+    once; `startup`: the start-up lines, whose clock started with the checks."""
     run_dir = Path(cfg.run_dir)  # absolute from here on (preflight.config_values)
-    plan = preflight.run_plan(cfg, ready)  # what the cluster places and starts, decided once
     rng.seed(cfg.seed)
     # One run per run_dir; SIGINT/SIGTERM/SIGHUP stop the run after a checkpointed step; a dead trainer stops it
     # naming the checkpoint; a full disk stops it in one line, before the tracker and Ray shut down.
     with faults.RunGuard(run_dir, plan.faults, cfg.checkpoint.enabled, cfg.cluster.stop_grace_s) as guard, \
             run_lock.RunLock(run_dir), \
             contextlib.ExitStack() as cleanup, faults.StopOnFullDisk(run_dir):
-        state = preflight.confirm_under_lock(cfg, ready)  # None: a fresh run (which never overwrites checkpoints)
+        state = ready.state_under_lock(cfg)  # None: a fresh run (which never overwrites checkpoints)
         cluster = Cluster(plan, startup)
         cleanup.callback(cluster.shutdown)
         guard.catch_signals()  # after Ray started (it installs a SIGTERM handler of its own)

@@ -32,14 +32,14 @@ from top_rl.run.checkpoint import ResumeRefused
 from top_rl.run.fault_injection import NO_FAULTS, BadFaultSpec, FaultPlan
 from top_rl.config import ConfigError, kernel_backend
 from top_rl.driver import resolution as run_resolution
-from top_rl.model import family
+from top_rl.model import family, source
 from top_rl.driver.placement import PlacementError
 from top_rl.model.family import UnsupportedModel
 from top_rl.tasks.prompts import BadInput
 from top_rl.rollout.sglang.config import TopConfigError
 from top_rl.run.lock import RunDirLocked
 from top_rl.train import layout_rules
-from top_rl.train.config import TrainerSettings
+from top_rl.config.trainer import TrainerSettings
 from top_rl.train.layout_rules import LayoutError
 
 
@@ -71,6 +71,13 @@ class Ready:
     longest_prompt: int = 0  # the longest prompt a rollout can see (prompt_lengths)
     memory: Any = None  # what mem_fraction_static=auto chose (top_rl.driver.memory_choice.MemoryChoice)
     eval_set: Any = None  # eval.every > 0: the eval's prompts and sampling (top_rl.eval.run.EvalSet)
+
+    def state_under_lock(self, cfg) -> dict | None:
+        """The resume state, re-read if another run changed the checkpoints between the checks and the lock (the loop
+        asks once it holds the run's lock)."""
+        if tuple(p.name for p in checkpoint.complete_checkpoints(Path(cfg.run_dir))) != self.checkpoints_seen:
+            return resume_state(cfg, self)["state"]
+        return self.state
 
 
 def fault_plan(cfg, ready: Ready) -> dict:
@@ -199,7 +206,7 @@ def model_fits_task(cfg, ready: Ready) -> dict:
     """The model is one a TOP contract covers (model.path's config.json, its weight files present), the task's
     tokenizer fits it and the trainer layout splits its vocabulary. Reads task_data's task."""
     task = ready.task
-    model_cfg = cfg.model.arch_config(task.vocab_size, task.eos_token_id)
+    model_cfg = source.arch_config(cfg.model, task.vocab_size, task.eos_token_id)
     prompts.check_tokenizer(task, model_cfg)
     if cfg.model.path:
         from top_rl.model.hf_io import weight_files
@@ -216,7 +223,7 @@ def _arch_before_the_task(cfg):
     path = cfg.model.path
     if path:
         return family.config_from_dir(path) if (Path(path) / "config.json").is_file() else None
-    return cfg.model.arch_config(1, None)
+    return source.arch_config(cfg.model, 1, None)
 
 
 def host_memory(cfg, ready: Ready) -> None:
@@ -342,13 +349,6 @@ def check(cfg, checks=CHECKS) -> Ready:
         if part:
             ready = dataclasses.replace(ready, **part)
     return ready
-
-
-def confirm_under_lock(cfg, ready: Ready) -> dict | None:
-    """The resume state, re-read if another run changed the checkpoints between the checks and the lock."""
-    if tuple(p.name for p in checkpoint.complete_checkpoints(Path(cfg.run_dir))) != ready.checkpoints_seen:
-        return resume_state(cfg, ready)["state"]
-    return ready.state
 
 
 def run_plan(cfg, ready: Ready) -> RunPlan:

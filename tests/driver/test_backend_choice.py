@@ -45,8 +45,8 @@ def test_only_the_auto_key_is_decided():
 def _gsm8k(*overrides):
     """The GSM8K experiment as composed, its two keys back at the experiment's `auto` (compose decides them as a run's
     preflight would: tested below), for preflight to decide."""
-    from top_rl.contract import AttentionBackend
-    from top_rl.rollout.config import LogprobSource
+    from top_rl.config.kernels import AttentionBackend
+    from top_rl.config.rollout import LogprobSource
 
     cfg = compose(["+experiment=gsm8k_qwen3_0.6b", "model.path=null", *overrides])
     cfg.top.attention_backend, cfg.rollout.logprob_source = AttentionBackend.auto, LogprobSource.auto

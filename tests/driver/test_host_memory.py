@@ -17,7 +17,7 @@ from tests.helpers import tiny_model, use_backend
 from top_rl import kernels  # noqa: E402
 from top_rl.driver import host_memory  # noqa: E402
 from top_rl.rl.batch import RLBatch, RLSample  # noqa: E402
-from top_rl.rollout.base import SamplingParams  # noqa: E402
+from top_rl.engine.interface import SamplingParams  # noqa: E402
 from top_rl.rollout.native.engine import NativeEngine  # noqa: E402
 
 

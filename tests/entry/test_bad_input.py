@@ -63,14 +63,14 @@ def _refused(run_dir, *overrides, base=BASE):
 
 
 def _refusal(run_dir, *overrides, base=BASE) -> str:
-    """The same refusal in-process (the loop refuses before Ray or anything else starts)."""
-    from top_rl import kernels, loop
+    """The same refusal in-process (the checks refuse before Ray or anything else starts)."""
+    from top_rl import cli, kernels
     from top_rl.cli import compose
 
     before = kernels.current_plan()
     try:
         with pytest.raises((prompts.BadInput, UnsupportedModel)) as e:
-            loop.run(compose([f"run_dir={run_dir}", *base, "steps=8", "resume=true", "resume_allow_changes=true",
+            cli.run(compose([f"run_dir={run_dir}", *base, "steps=8", "resume=true", "resume_allow_changes=true",
                               *overrides]))
     finally:
         kernels.install(before)  # the run installed its own plan

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from top_rl import kernels, loop, preflight
+from top_rl import cli, kernels, loop, preflight
 from top_rl.cli import compose
 from top_rl.tasks import ArithTask
 
@@ -45,7 +45,7 @@ def _refused(run_dir: Path, *overrides: str) -> str:
     except preflight.REFUSALS as e:
         return str(e)
     with pytest.raises(preflight.REFUSALS) as e:
-        loop.run(cfg)
+        cli.run(cfg)
     return str(e.value)
 
 
@@ -132,7 +132,7 @@ def test_a_config_changed_after_compose_is_checked_again(tmp_path, nothing_start
     cfg = compose([f"run_dir={tmp_path / 'run'}", *SMALL])
     cfg.rollout.temperature = float("nan")
     with pytest.raises(preflight.REFUSALS, match="rollout.temperature=nan must be a finite number"):
-        loop.run(cfg)
+        cli.run(cfg)
     assert not (tmp_path / "run").exists()
 
 
@@ -227,7 +227,7 @@ def test_read_only_run_dir_is_refused_before_anything_starts(nothing_starts):
     cfg = compose([f"run_dir={run_dir}", *SMALL])
     try:
         with _unprivileged(), pytest.raises(preflight.Refused) as e:
-            loop.run(cfg)
+            cli.run(cfg)
         assert f"run_dir={run_dir} is not writable ({run_dir} refuses writes)" in str(e.value)
         assert list(run_dir.iterdir()) == []
     finally:

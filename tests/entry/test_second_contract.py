@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from top_rl import config, config_checks, contract
+from top_rl.config.kernels import AttentionBackend
 from top_rl.kernels import plan as kplan
 from top_rl.kernels import tiled_gemm
 from top_rl.rollout.sglang.config import TopConfigError, check_tp
@@ -27,7 +28,7 @@ def other(monkeypatch):
 
 def _cfg(name: str, backend: str) -> config.RunConfig:
     cfg = config.RunConfig()
-    cfg.top.contract, cfg.top.attention_backend = name, contract.AttentionBackend(backend)
+    cfg.top.contract, cfg.top.attention_backend = name, AttentionBackend(backend)
     return cfg
 
 

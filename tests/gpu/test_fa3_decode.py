@@ -26,7 +26,7 @@ import torch
 
 from top_rl import contract
 from top_rl.model import Qwen3, Qwen3Config, save_model
-from top_rl.rollout.base import SamplingParams
+from top_rl.engine.interface import SamplingParams
 from top_rl.rollout.sglang.engine import SglangEngine
 from top_rl.rollout.sglang.config import SglangEngineConfig, check_logprob_source
 from tests.gpu import test_sglang_live as live

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from top_rl.model import Qwen3, hf_state_dict, sequence_logprobs
-from top_rl.rollout.base import SamplingParams
+from top_rl.engine.interface import SamplingParams
 from top_rl.rollout.native.engine import NativeEngine
 from tests.gpu._common import QWEN3_06B, decode_equals_extend_claimed, device_model, needs_cuda
 

@@ -16,7 +16,7 @@ import torch
 
 from top_rl import kernels
 from top_rl.rollout.native import decode_graph, engine as native
-from top_rl.rollout.base import SamplingParams
+from top_rl.engine.interface import SamplingParams
 from top_rl.rollout.native.engine import NativeEngine
 from tests.gpu._common import device_model, needs_cuda
 

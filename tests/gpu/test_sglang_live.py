@@ -35,7 +35,7 @@ from top_rl import contract
 from top_rl.model import Qwen3, Qwen3Config, hf_state_dict, save_model
 from top_rl.model.packing import sequence_logprobs
 from top_rl.weights import sglang_distributed
-from top_rl.rollout.base import SamplingParams
+from top_rl.engine.interface import SamplingParams
 from top_rl.rollout.sglang.engine import SglangEngine, SglangEngineRestarted
 from top_rl.rollout.sglang.config import SglangEngineConfig, TopConfigError, check_logprob_source
 from tests.gpu._common import missing_server_module

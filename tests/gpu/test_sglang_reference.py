@@ -17,7 +17,7 @@ import torch
 
 from top_rl import kernels
 from top_rl.model import KVCache, Qwen3, Qwen3Config, load_model, pack, save_model
-from top_rl.rollout.base import SamplingParams
+from top_rl.engine.interface import SamplingParams
 from top_rl.rollout.native.engine import NativeEngine
 from tests.gpu._common import decode_equals_extend_claimed, needs_cuda
 from tests.helpers import use_backend

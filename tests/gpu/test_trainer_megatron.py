@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from top_rl.model import hf_state_dict
-from top_rl.rollout.base import SamplingParams
+from top_rl.engine.interface import SamplingParams
 from top_rl.rollout.native.engine import NativeEngine
 from tests.gpu._common import QWEN3_06B, device_model, needs_cuda
 from tests.train.common import export_hf_weights

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from top_rl.model import sequence_logprobs
-from top_rl.rollout.base import SamplingParams
+from top_rl.engine.interface import SamplingParams
 from top_rl.rollout.native.engine import NativeEngine
 from tests.helpers import random_sequences, tiny_model, use_backend
 

@@ -177,7 +177,7 @@ def test_rollout_metrics_and_their_console_line(capsys):
     """Issue 23: what any engine's rollout gave (lengths, the share finished by max_new_tokens, tokens per second of the
     rollout call), from its samples alone, and shown on the console line."""
     from top_rl.observe.step_row import rollout_metrics
-    from top_rl.rollout.base import RolloutSample
+    from top_rl.engine.interface import RolloutSample
 
     def sample(n, finish):
         return RolloutSample([1], list(range(n)), [0.0] * n, [0.0] * n, finish, 0)

@@ -12,26 +12,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "top_rl"
 
-# Lowest first. A module may import its own layer's modules and anything below, never above.
+# Lowest first. A module may import its own layer's modules and anything below, never above. Each layer is one step
+# of the longest import chain (config/ and the plain-data files stand on the ground; cli.py on the eighth step).
 LAYERS = [
-    {"contract", "sglang_release", "dtypes", "atomic"},  # plain data and file writes
-    {"kernels"},  # the engine's ops
-    {"model"},  # Qwen3 over the kernels, HF I/O, packing
-    {"rl", "tasks"},  # RL math, tasks and their prompt streams
-    {"train", "rollout"},  # the two sides: Megatron trainer, engines (rollout/base.py: the engines' weight protocol)
-    {"weights"},  # trainer -> engine weight transport: buckets, senders, receivers, over the engines' weight protocol
-    {"config"},  # the run config's schema: pure dataclasses (below everything that reads it)
-    {"run"},  # checkpoint, lock, rng, faults
-    {"observe", "eval"},  # metrics, wandb; the eval pass (through the cluster it is handed)
-    {"driver"},  # Ray: placement, actors, cluster, the run's resolution step
-    {"tools"},  # export, parity probe, score
-    {"config_checks", "preflight", "loop", "cli"},  # entry points
+    {"config", "sglang_release", "dtypes", "atomic"},  # the run config's schema (it imports nothing else), plain data
+    {"contract", "rl", "tasks"},  # the TOP contract; RL math and the gate; tasks and their prompt streams
+    {"kernels", "engine"},  # the engine's ops; what every rollout engine is to the rest (engine/interface.py)
+    {"model", "observe", "eval"},  # models over the kernels; metrics, wandb; the eval pass (through the cluster)
+    {"train", "rollout", "weights", "run"},  # the two sides; trainer -> engine weight transport; a run on disk
+    {"driver", "tools", "config_checks"},  # Ray: placement, actors, cluster; export, probes; the config's value checks
+    {"preflight", "loop"},  # every refusal before anything starts; the RL loop over what preflight produced
+    {"cli"},  # entry points: the checks, then the loop
 ]
-# What the config's schema may import: plain data, and each component's schema module (its section's dataclasses
-# and enums, kept apart from the component's runtime so that the config imports none of it).
-SCHEMA_MODULES = {"top_rl.contract", "top_rl.kernels.config", "top_rl.model.source", "top_rl.rl.config",
-                  "top_rl.rollout.config", "top_rl.rollout.sglang_config", "top_rl.tasks.config", "top_rl.train.config",
-                  "top_rl.weights.transport_config"}
 LAYER_OF = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 MAX_TOP_LEVEL = 8
 MAX_LINES = 400
@@ -117,12 +109,13 @@ def test_no_import_circle():
 
 
 def test_weights_reach_engines_only_through_the_protocol():
-    """top_rl.weights sees an engine only as rollout/base.py's EngineWeights: it imports no engine (rollout.sglang,
-    rollout.native), so a transport can call nothing an engine has beyond the protocol, and touches no engine actor's
-    attributes (the actor's one weight door hands each request to the transport's receiving end)."""
+    """top_rl.weights sees an engine only as top_rl/engine/interface.py's EngineWeights: it imports nothing of
+    top_rl.rollout (no engine, and not the engines' package), so a transport can call nothing an engine has beyond the
+    protocol, and touches no engine actor's attributes (the actor's one weight door hands each request to the
+    transport's receiving end)."""
     mods = _modules()
     reached = sorted(f"{m} imports {d}" for m, p in mods.items() if m.startswith("top_rl.weights")
-                     for d in _imports(p, mods) if d.startswith("top_rl.rollout") and d != "top_rl.rollout.base")
+                     for d in _imports(p, mods) if d.startswith("top_rl.rollout"))
     assert reached == []
     by_name = sorted(f"{p.relative_to(ROOT)}: actor.{n.attr}" for p in (PACKAGE / "weights").rglob("*.py")
                      for n in ast.walk(ast.parse(p.read_text()))
@@ -180,15 +173,24 @@ def test_top_rl_variables_are_read_only_by_the_kernel_plan_builder():
 
 
 
-def test_the_config_imports_no_runtime_module():
-    """top_rl/config/ is the schema: it imports its own modules, plain data and the components' schema modules, never
-    a runtime module (driver, run, observe, weights' transports, kernels, tasks): config stands below the driver."""
+def test_the_config_imports_nothing_outside_itself():
+    """top_rl/config/ is the schema: every section is plain data in a module of its own, and it imports no other
+    top_rl module (no contract, kernel, engine, driver, run or observe code), so it stands on the ground floor, below
+    everything that reads it; each component imports its section from here."""
     mods = _modules()
     reached = {d for m, p in mods.items() if m == "top_rl.config" or m.startswith("top_rl.config.")
                for d in _imports(p, mods)}
-    assert sorted(d for d in reached if not d.startswith("top_rl.config") and d not in SCHEMA_MODULES) == []
-    assert _layer("top_rl.config") < _layer("top_rl.driver") < _layer("top_rl.preflight")
-    # and at run time: importing it loads none of the floors above it
+    assert sorted(d for d in reached if not (d == "top_rl.config" or d.startswith("top_rl.config."))) == []
+    assert _layer("top_rl.config") == 0 < _layer("top_rl.driver") < _layer("top_rl.preflight")
+    # and at run time: importing it loads no other part of the package
     code = "import sys, top_rl.config; print(sorted({m.split('.')[1] for m in sys.modules if m.startswith('top_rl.')}))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
-    assert not {"driver", "run", "observe", "eval", "loop", "preflight", "cli", "config_checks"} & set(eval(loaded))
+    assert set(eval(loaded)) == {"config"}
+
+
+def test_the_loop_takes_what_preflight_produced():
+    """loop.py imports no entry module (preflight, config_checks, cli): the cli runs the checks and hands the loop
+    what they loaded and the plan, so the loop and the checks stand side by side."""
+    mods = _modules()
+    entry = {"top_rl.preflight", "top_rl.config_checks", "top_rl.cli"}
+    assert sorted(_imports(mods["top_rl.loop"], mods) & entry) == []

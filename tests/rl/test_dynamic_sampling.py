@@ -5,7 +5,7 @@ refusals."""
 import pytest
 
 from top_rl.rl import dynamic_sampling as ds
-from top_rl.rollout.base import sample_seed
+from top_rl.engine.interface import sample_seed
 
 
 def _round(tag, group_scores, n=2):

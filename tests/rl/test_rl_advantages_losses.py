@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from top_rl.rl.advantages import grpo_advantages
-from top_rl.rl.config import PolicyLossConfig
+from top_rl.config.algo import PolicyLossConfig
 from top_rl.rl.losses import concat_ragged, policy_loss
 
 

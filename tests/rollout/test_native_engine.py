@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from top_rl.rollout.native import engine as native
-from top_rl.rollout.base import SamplingParams
+from top_rl.engine.interface import SamplingParams
 from top_rl.rollout.native.engine import NativeEngine
 from tests.helpers import random_sequences, tiny_model, use_backend
 

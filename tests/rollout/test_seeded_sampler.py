@@ -19,7 +19,7 @@ from tests import sglang_cpu
 from top_rl import kernels  # noqa: E402
 from top_rl.model import pack  # noqa: E402
 from top_rl.rollout.native import seeded_sampler as ss  # noqa: E402
-from top_rl.rollout.base import SamplingParams  # noqa: E402
+from top_rl.engine.interface import SamplingParams  # noqa: E402
 from top_rl.rollout.native.engine import NativeEngine  # noqa: E402
 from tests.helpers import random_sequences, tiny_model, use_backend  # noqa: E402
 

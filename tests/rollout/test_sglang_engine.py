@@ -17,7 +17,7 @@ from tests.helpers import tiny_model
 
 from top_rl import contract  # noqa: E402
 from top_rl.model import save_model, sequence_logprobs  # noqa: E402
-from top_rl.rollout.base import SamplingParams  # noqa: E402
+from top_rl.engine.interface import SamplingParams  # noqa: E402
 from top_rl.rollout.native.engine import NativeEngine  # noqa: E402
 from top_rl.rollout.sglang.engine import SglangEngine  # noqa: E402
 from top_rl.rollout.sglang.client import (SglangClient, SglangHTTPError, SglangProtocolError,  # noqa: E402

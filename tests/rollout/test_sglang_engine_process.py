@@ -22,7 +22,7 @@ from tests.helpers import in_thread, tiny_model
 
 from top_rl.model import hf_state_dict, save_model  # noqa: E402
 from top_rl.weights import sglang_distributed  # noqa: E402
-from top_rl.rollout.base import SamplingParams  # noqa: E402
+from top_rl.engine.interface import SamplingParams  # noqa: E402
 from top_rl.rollout.native.engine import NativeEngine  # noqa: E402
 from top_rl import contract  # noqa: E402
 from top_rl.rollout.sglang.engine import SglangEngine, SglangEngineRestarted  # noqa: E402

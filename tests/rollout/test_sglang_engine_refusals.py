@@ -11,7 +11,7 @@ import pytest
 
 from top_rl import contract
 
-from top_rl.rollout.base import SamplingParams
+from top_rl.engine.interface import SamplingParams
 from top_rl.rollout.sglang.engine import SglangEngine
 from top_rl.rollout.sglang.config import SglangEngineConfig, TopConfigError, check_config, check_sampling
 

@@ -14,7 +14,7 @@ from tests.helpers import push_by_ipc, sglang_engine_config, tiny_model
 
 from top_rl import contract  # noqa: E402
 from top_rl.model import hf_state_dict, save_model  # noqa: E402
-from top_rl.rollout.base import SamplingParams  # noqa: E402
+from top_rl.engine.interface import SamplingParams  # noqa: E402
 from top_rl.rollout.native.engine import NativeEngine  # noqa: E402
 from top_rl.rollout.sglang.engine import SglangEngine  # noqa: E402
 from top_rl.weights import buckets as W  # noqa: E402

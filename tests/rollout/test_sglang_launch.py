@@ -84,8 +84,18 @@ def test_builder_needs_no_sglang_and_strips_forbidden_env():
     assert spec.env_removed == ("SGLANG_RETURN_ORIGINAL_LOGPROB",)
     assert spec.env["NCCL_DEBUG"] == "WARN" and spec.env_set["NCCL_DEBUG"] == "WARN"
     assert "PATH" not in spec.describe()["env"]  # the plan shows what TOP-RL sets, not the whole environment
-    assert engine_flags(_cfg(top=False), top=C) == [f for f in C.engine_flags
-                                             if f not in ("--enable-deterministic-inference", "--rl-on-policy-target", "fsdp")]
+
+
+@pytest.mark.parametrize("top", list(contract.CONTRACTS.values()), ids=lambda c: c.name)
+def test_the_non_top_baseline_is_sglangs_default_mode(top):
+    """top=false keeps of the contract's flags only what any server of this engine needs (token ids in and out, the
+    bf16 checkpoint's dtypes) and the radix-cache switch its config owns: no determinism flag, and none of 0.5.17's
+    eager prefill or torch GEMM, which are TOP's numerics, not SGLang's default mode."""
+    baseline = ["--dtype", "bfloat16", "--kv-cache-dtype", "auto", "--skip-tokenizer-init"]
+    assert engine_flags(_cfg(top=False, disable_radix_cache=False), top=top) == baseline
+    assert engine_flags(_cfg(top=False), top=top) == ["--dtype", "bfloat16", "--kv-cache-dtype", "auto",
+                                                      "--disable-radix-cache", "--skip-tokenizer-init"]
+    assert engine_flags(_cfg(), top=top) == list(top.engine_flags)  # TOP's flags stay the contract's, verbatim
 
 
 @pytest.mark.parametrize("extra", [["--tp-size", "2"], ["--port=31000"], ["--attention-backend", "triton"],

@@ -91,21 +91,21 @@ def test_resume_after_a_torn_row_of_the_checkpoints_step_loses_no_step(tmp_path)
 
 def test_changed_setting_is_refused_naming_the_key_and_nothing_changes(tmp_path):
     """Refused before anything starts (in-process here; the CLI prints the same message, see test_bad_input)."""
-    from top_rl import loop
+    from top_rl import cli
     from top_rl.cli import compose
 
     run_dir = tmp_path / "run"
     shutil.copytree(rl_runs.baseline(), run_dir)
     before = rl_runs.tree_hash(run_dir)
     with pytest.raises(ResumeRefused) as refused:
-        loop.run(compose([f"run_dir={run_dir}", *BASE, "steps=8", "resume=true", "rollout.temperature=0.7",
+        cli.run(compose([f"run_dir={run_dir}", *BASE, "steps=8", "resume=true", "rollout.temperature=0.7",
                           "algo.loss.clip_eps_low=0.1"]))
     msg = str(refused.value)
     assert "resume refused" in msg and "rollout.temperature: checkpoint 1.0 -> now 0.7" in msg
     assert "algo.loss.clip_eps_low: checkpoint " in msg and "resume_allow_changes=true" in msg
     # a fresh run in a run_dir with checkpoints would overwrite them: refused too
     with pytest.raises(ResumeRefused, match=r"already holds checkpoints \(latest: step_000006\).*resume=true"):
-        loop.run(compose([f"run_dir={run_dir}", *BASE, "steps=8"]))
+        cli.run(compose([f"run_dir={run_dir}", *BASE, "steps=8"]))
     assert rl_runs.tree_hash(run_dir) == before
 
 

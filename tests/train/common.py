@@ -8,7 +8,7 @@ import random
 import torch
 
 from top_rl.model import Qwen3, Qwen3Config
-from top_rl.rollout.base import SamplingParams
+from top_rl.engine.interface import SamplingParams
 from top_rl.rollout.native.engine import NativeEngine
 from top_rl.train import TrainSequence
 

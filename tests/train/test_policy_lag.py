@@ -19,8 +19,8 @@ import torch
 from tests.train.common import TEMPERATURE, reference_model, tiny_config
 from top_rl.model import hf_state_dict
 from top_rl.rl.batch import RLBatch, RLSample, RLStepConfig
-from top_rl.rl.config import GateConfig
-from top_rl.rollout.base import SamplingParams
+from top_rl.config.algo import GateConfig
+from top_rl.engine.interface import SamplingParams
 from top_rl.rollout.native.engine import NativeEngine
 from top_rl.train import Trainer, TrainerSettings
 from top_rl.train.snapshots import PolicySnapshots, PolicyVersionMissing

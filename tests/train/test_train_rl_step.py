@@ -18,9 +18,9 @@ from tests.train.common import TEMPERATURE, export_hf_weights, reference_model, 
 from top_rl.model import hf_state_dict
 from top_rl.rl import gate
 from top_rl.rl.batch import RLBatch, RLSample, RLStepConfig
-from top_rl.rl.config import PolicyLossConfig
+from top_rl.config.algo import PolicyLossConfig
 from top_rl.rollout.native.engine import NativeEngine
-from top_rl.rollout.base import SamplingParams
+from top_rl.engine.interface import SamplingParams
 from top_rl.train import Trainer, TrainerSettings, TrainSequence
 from top_rl.train.rl_step import minibatches
 

@@ -9,7 +9,7 @@ from tests.train.common import export_hf_weights, reference_model, tiny_config
 from top_rl.model import hf_state_dict, load_model, save_model
 from top_rl.train import Trainer, TrainerSettings
 from top_rl.model.qwen3 import hf_names as F  # the family's HF <-> Megatron maps
-from top_rl.train import weights as W  # TP shards
+from top_rl.model import megatron_tp as W  # TP shards
 
 
 @pytest.mark.parametrize("tied", [True, False])

@@ -65,7 +65,7 @@ def test_the_settings_each_engine_kind_accepts_are_the_ones_its_variants_answer_
 
 
 class _Loads:
-    """An engine's weight protocol that records the one way a native engine has (rollout/base.py)."""
+    """An engine's weight protocol that records the one way a native engine has (engine/interface.py)."""
 
     def __init__(self):
         self.loaded = {}
@@ -75,7 +75,7 @@ class _Loads:
 
 
 def test_an_engine_refuses_a_way_in_it_does_not_have_naming_the_ways_it_has():
-    from top_rl.rollout.base import WeightWayUnsupported
+    from top_rl.engine.interface import WeightWayUnsupported
     from top_rl.rollout.native.engine import NativeEngine
     from top_rl.rollout.sglang.engine import SglangEngine
 
@@ -197,7 +197,7 @@ def test_an_sglang_engines_link_comes_from_the_setting_and_the_engines_own_confi
 def test_the_engines_end_of_sglang_distributed_joins_and_flips_the_version_on_the_last_bucket_only():
     calls = []
 
-    class Server:  # the two ways in SglangDistributed uses (rollout/base.py's EngineWeights)
+    class Server:  # the two ways in SglangDistributed uses (engine/interface.py's EngineWeights)
         def join_weight_group(self, host, port, backend, name):
             calls.append(("join", host, port, backend, name))
 

@@ -4,8 +4,18 @@ places by it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
-from top_rl.weights.transport_config import TransportSetting
+
+class TransportSetting(StrEnum):
+    """cluster.weight_transport: what the user allows (the config refuses anything else, naming these)."""
+
+    auto = "auto"
+    ipc = "ipc"
+    broadcast = "broadcast"
+    object_store = "object_store"
+    disk = "disk"
+
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """The run's typed config: one dataclass per component, composed here and registered with Hydra as the schema of
-top_rl/conf/config.yaml. Schema only: every section is plain data (top_rl/config/*.py, and each component's own
-`config` module: top_rl/rollout/config.py, top_rl/train/config.py, ...), so this package imports no runtime module
-(tests/repo/test_architecture.py). Values are checked by top_rl.config_checks.validate; what the environment and
-the machine decide (the contract, Ray's address, `auto`, a bench's TOP_RL_* switches) by top_rl.driver.resolution."""
+top_rl/conf/config.yaml. Schema only: every section is plain data, one module of this package each, so the package
+imports nothing of top_rl outside itself (tests/repo/test_architecture.py). Values are checked by
+top_rl.config_checks.validate; what the environment and the machine decide (the contract, Ray's address, `auto`, a
+bench's TOP_RL_* switches) by top_rl.driver.resolution."""
 
 from __future__ import annotations
 
@@ -10,17 +10,16 @@ import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 
+from top_rl.config.algo import AlgoConfig, GateConfig
 from top_rl.config.checkpoint import CheckpointConfig
 from top_rl.config.cluster import ClusterConfig
 from top_rl.config.eval import EvalConfig
+from top_rl.config.kernels import AttentionBackend, FastPaths, KernelBackend
+from top_rl.config.model import ModelConfig
+from top_rl.config.rollout import RolloutConfig
+from top_rl.config.task import TaskConfig
 from top_rl.config.tracking import TrackingConfig
-from top_rl.contract import AttentionBackend
-from top_rl.kernels.config import FastPaths, KernelBackend
-from top_rl.model.source import ModelConfig
-from top_rl.rl.config import AlgoConfig, GateConfig
-from top_rl.rollout.config import RolloutConfig
-from top_rl.tasks.config import TaskConfig
-from top_rl.train.config import TrainerConfig
+from top_rl.config.trainer import TrainerConfig
 
 # top.contract's default: the contract of the SGLang release installed where the run resolves
 # (top_rl.driver.resolution), never a name read from the installed release when this module is imported.

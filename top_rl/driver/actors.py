@@ -140,7 +140,7 @@ class EngineActor:
 
     def receive_weights(self, request: WeightRequest) -> int | None:
         """The one weight door: the request goes to this engine's end of its link, which loads it through the
-        engine's weight protocol (top_rl.rollout.base.EngineWeights); the version the engine now holds (None: a
+        engine's weight protocol (top_rl.engine.interface.EngineWeights); the version the engine now holds (None: a
         bucket that is not the version's last)."""
         self.joined.wait(timeout=GROUP_TIMEOUT.total_seconds())  # a join still under way finishes first
         if self.receiver is None or self.receiver.kind != request.transport:
@@ -235,6 +235,7 @@ class TrainerActor:
         the same)."""
         from torch.distributed.constants import default_pg_timeout
 
+        from top_rl.model import source
         from top_rl.run import rng
         from top_rl.train import Trainer
         from top_rl.train.snapshots import PolicySnapshots
@@ -258,7 +259,7 @@ class TrainerActor:
         if spec.model_cfg.path:
             self.trainer.load_hf(spec.model_cfg.path)
         else:
-            self.trainer.load_hf(spec.model_cfg.build(spec.vocab_size, spec.eos_token_id).hf_state_dict())
+            self.trainer.load_hf(source.build(spec.model_cfg, spec.vocab_size, spec.eos_token_id).hf_state_dict())
         self._offload_between_steps()  # the first rollout too runs beside the weights only
 
     def _offload_between_steps(self) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from top_rl import contract
+from top_rl.config.kernels import AttentionBackend
 from top_rl.driver.local_gpu import LocalGpu, local_gpu
 
 AUTO = "auto"
@@ -65,8 +66,8 @@ def resolve(cfg, on_cluster: bool) -> BackendChoice | None:
                          "contract proves fa3's decode), elsewhere top.attention_backend=triton "
                          "rollout.logprob_source=prefill")
     choice = choose(top, gpu, attention, source)
-    cfg.top.attention_backend = contract.AttentionBackend(choice.attention_backend)
-    from top_rl.rollout.config import LogprobSource
+    cfg.top.attention_backend = AttentionBackend(choice.attention_backend)
+    from top_rl.config.rollout import LogprobSource
 
     cfg.rollout.logprob_source = LogprobSource(choice.logprob_source)
     return choice

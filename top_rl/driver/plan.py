@@ -33,7 +33,7 @@ class TrainerSpec:
     world: int  # dp * tp * pp * cp ranks
     trainer_cfg: Any  # top_rl.train.TrainerSettings: trainer.*, its dtype the model's (one compute dtype both sides)
     step_cfg: Any  # top_rl.rl.batch.RLStepConfig: loss, gate, dump dir
-    model_cfg: Any  # top_rl.model.source.ModelConfig: model.path, or the random init's seed and sizes
+    model_cfg: Any  # top_rl.config.model.ModelConfig: model.path, or the random init's seed and sizes
     arch: Any  # the model family's architecture config (top_rl.model.family)
     vocab_size: int  # the task tokenizer's (a random model's vocabulary)
     eos_token_id: int | None

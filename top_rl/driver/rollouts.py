@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from top_rl.rl import dynamic_sampling, versions
-from top_rl.rollout.base import SamplingParams, sample_seed
+from top_rl.engine.interface import SamplingParams, sample_seed
 from top_rl.tasks import prompts
 
 

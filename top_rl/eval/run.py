@@ -14,7 +14,7 @@ import dataclasses
 import time
 
 from top_rl.eval import metrics
-from top_rl.rollout.base import SamplingParams, mix_seed, sample_seed
+from top_rl.engine.interface import SamplingParams, mix_seed, sample_seed
 from top_rl.tasks import prompts
 from top_rl.tasks.prompts import BadInput
 

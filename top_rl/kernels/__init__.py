@@ -32,7 +32,7 @@ from typing import Any
 
 from top_rl.kernels import fallback as _fallback
 from top_rl.kernels import plan as _plan
-from top_rl.kernels.config import KernelBackend
+from top_rl.config.kernels import KernelBackend
 
 
 _BACKEND_MODULES = {KernelBackend.reference: "top_rl.kernels.reference", KernelBackend.plain: "top_rl.kernels.plain",

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from top_rl import contract as _contract
-from top_rl.kernels.config import AttentionBackward, FastPaths  # noqa: F401 - also plan.FastPaths
+from top_rl.config.kernels import AttentionBackward, FastPaths  # noqa: F401 - also plan.FastPaths
 
 
 # The switches that change the gradients (not the forward's bits): which backward kernel runs, and which forward the

@@ -1,6 +1,6 @@
 """Models over the kernel seam, by family (top_rl/model/family.py; today one: dense Qwen3, top_rl/model/qwen3),
-with Hugging Face checkpoint I/O (hf_io.py) and packed scoring (packing.py). Imported lazily: the run config
-reads `ModelConfig` (source.py) without loading torch."""
+with Hugging Face checkpoint I/O (hf_io.py) and packed scoring (packing.py). Imported lazily: a plain module here
+(family.py, source.py) loads no torch through the others."""
 
 import importlib
 

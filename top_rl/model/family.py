@@ -17,8 +17,10 @@ import json
 from pathlib import Path
 from types import ModuleType
 
+from top_rl.config.model import ModelConfig
+
 FAMILIES = {"qwen3": "top_rl.model.qwen3"}  # family name -> its package
-DEFAULT = "qwen3"
+DEFAULT = ModelConfig.family  # the run config's model.family
 
 
 class UnsupportedModel(ValueError):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from top_rl.rl.config import GateConfig, PolicyLossConfig
+from top_rl.config.algo import GateConfig, PolicyLossConfig
 
 if TYPE_CHECKING:
     from top_rl.rl.gate import Verdict
@@ -42,7 +42,7 @@ class RLSample:
 
     @classmethod
     def from_rollout(cls, sample, advantage: float, uid: Any = None) -> "RLSample":
-        """From a rollout.base.RolloutSample."""
+        """From an engine.interface.RolloutSample."""
         return cls(tuple(sample.prompt_ids) + tuple(sample.response_ids), len(sample.prompt_ids),
                    tuple(sample.logprobs), tuple(sample.sample_logprobs), float(advantage), uid)
 
@@ -90,5 +90,5 @@ class RLStepConfig:
     loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     gate: GateConfig = field(default_factory=GateConfig)
     dump_dir: str | None = None  # where rank 0 writes a violation's dump (run_dir/parity)
-    old_logprobs: str = "rollout"  # algo.old_logprobs: rollout | recompute (top_rl.rl.config.OldLogprobs)
+    old_logprobs: str = "rollout"  # algo.old_logprobs: rollout | recompute (top_rl.config.algo.OldLogprobs)
     policy_lag: int = 0  # rollout.policy_lag: older versions' weights each rank keeps (top_rl.train.snapshots)

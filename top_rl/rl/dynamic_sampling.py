@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-# top_rl.rollout.base.sample_seed's per-step multiplier (a layer above this one): a step's seed indices stay below it,
+# top_rl.engine.interface.sample_seed's per-step multiplier (a layer above this one): a step's seed indices stay below it,
 # or step k's last seeds would be step k + 1's first (tests/rl/test_dynamic_sampling.py checks the two agree)
 SEED_INDEX_SPAN = 65_537
 

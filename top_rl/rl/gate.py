@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import torch
 
 from top_rl.atomic import write_file
-from top_rl.rl.config import GateConfig, OnViolation
+from top_rl.config.algo import GateConfig, OnViolation
 from top_rl.rl.metrics import ParityMetrics, parity_metrics
 
 log = logging.getLogger(__name__)

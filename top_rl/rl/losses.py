@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from top_rl.rl.config import LossAgg, PolicyLossConfig
+from top_rl.config.algo import LossAgg, PolicyLossConfig
 
 def concat_ragged(per_sample: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """List of 1-D tensors -> (flat tensor, lengths int64 tensor)."""

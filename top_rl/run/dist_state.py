@@ -5,7 +5,7 @@ trainer's default group). The directory holds
   .metadata, __R_0.distcp   torch DCP: one entry per tensor of the whole model, keyed by its global (layout-free)
                             Megatron name; each rank writes the chunks it holds, a chunk held by several ranks (DP, CP
                             replicas, TP-replicated norms) once. A TP-split tensor is a DTensor sharded over the TP
-                            group on its split dimension (top_rl.train.weights.tp_kind); linear_fc1, which a TP rank
+                            group on its split dimension (top_rl.model.megatron_tp.tp_kind); linear_fc1, which a TP rank
                             holds as [gate shard; up shard], is two entries (`#gate`, `#up`), each split on dim 0.
       model.<name>                       the weights, in their own dtype
       optim.master.<name>                fp32 masters of compute-dtype weights
@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from top_rl.run.trainer_files import STATE, rng_file
 from top_rl.run.trainer_files import STATE_FORMAT as FORMAT
-from top_rl.train import weights
+from top_rl.model import megatron_tp
 
 _TIED = "embedding.word_embeddings.weight"
 _FC1 = "mlp.linear_fc1.weight"
@@ -55,7 +55,7 @@ class _Placer:
         return self.meshes[device_type]
 
     def global_name(self, local: str, param) -> str:
-        return _TIED if getattr(param, "top_tied_copy", False) else weights.global_name(local, self.trainer.offset)
+        return _TIED if getattr(param, "top_tied_copy", False) else megatron_tp.global_name(local, self.trainer.offset)
 
     def pieces(self, key: str, name: str, t: torch.Tensor) -> dict[str, object]:
         """`t` (a local tensor shaped like parameter `name`) as DCP entries under `key`."""
@@ -64,7 +64,7 @@ class _Placer:
         if name.endswith(_FC1):
             gate, up = t.chunk(2)
             return {f"{key}#gate": self._wrap(gate, "column"), f"{key}#up": self._wrap(up, "column")}
-        return {key: self._wrap(t, weights.tp_kind(name))}
+        return {key: self._wrap(t, megatron_tp.tp_kind(name))}
 
     def _wrap(self, t: torch.Tensor, kind: str):
         tp = self.layout.tp

@@ -26,11 +26,13 @@ import torch
 
 
 def _allowed() -> list:
-    from top_rl.contract import ComputeDtype
+    from top_rl.config.model import ComputeDtype
 
     reconstruct = np.zeros(1).__reduce__()[0]  # numpy._core.multiarray._reconstruct (numpy.core before 2.0)
-    # np.random.get_state(): ("MT19937", uint32 array, int, int, float)
-    return [np.ndarray, np.dtype, type(np.dtype(np.uint32)), reconstruct, ComputeDtype]
+    # np.random.get_state(): ("MT19937", uint32 array, int, int, float). The compute-dtype enum lived in top_rl.contract
+    # until the config became plain data of its own: checkpoints written before name it there (the same class).
+    return [np.ndarray, np.dtype, type(np.dtype(np.uint32)), reconstruct, ComputeDtype,
+            (ComputeDtype, "top_rl.contract.ComputeDtype")]
 
 
 # A legacy (non-zip) torch.save file: magic number, protocol, sys info, the object, its storage keys, then raw bytes.

@@ -10,7 +10,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from top_rl.tasks.config import TaskConfig, choice_errors  # noqa: F401 - also base.TaskConfig
+from top_rl.config.task import TaskConfig, choice_errors  # noqa: F401 - also base.TaskConfig
 
 
 ON_BAD_ROW = ("error", "skip")  # a malformed row: stop naming file:line | drop and count it

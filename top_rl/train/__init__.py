@@ -15,7 +15,7 @@ spawn), recompute (non-reentrant checkpoint), ulysses (context parallelism), cpu
 tp/pp/cp a model allows, checked before Ray starts).
 """
 
-from top_rl.train.config import TrainerConfig, TrainerSettings
+from top_rl.config.trainer import TrainerConfig, TrainerSettings
 from top_rl.train.sequence import TrainSequence
 
 

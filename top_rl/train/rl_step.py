@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from top_rl.rl import gate
 from top_rl.rl.batch import RLBatch, RLStepConfig, StepReport
-from top_rl.rl.config import PolicyLossConfig
+from top_rl.config.algo import PolicyLossConfig
 from top_rl.rl.losses import policy_loss
 from top_rl.train.logprobs import split_per_sample
 from top_rl.train.sequence import TrainSequence

@@ -21,9 +21,10 @@ from top_rl.contract import as_dtype
 from top_rl.model import family
 from top_rl.model.family import UnsupportedModel
 from top_rl.rl import lr_schedule
-from top_rl.train import cpu_shims, parallel, recompute, weights
+from top_rl.model import megatron_tp
+from top_rl.train import cpu_shims, parallel, recompute
 from top_rl.train.batch import TrainSequence, pack_micro_batch, plan
-from top_rl.train.config import TrainerConfig, TrainerSettings
+from top_rl.config.trainer import TrainerConfig, TrainerSettings
 from top_rl.train.logprobs import make_output_processor, split_per_sample
 from top_rl.train.optim import CpuAdamW, GpuAdamW
 from top_rl.train.schedule import StageRunner
@@ -89,10 +90,10 @@ class Trainer:
         full = self.family.hf_to_megatron(src, self.model_cfg)
         lay = self.layout
         for name, p in self.model.named_parameters():
-            g = weights.global_name(name, self.offset)
+            g = megatron_tp.global_name(name, self.offset)
             if getattr(p, "top_tied_copy", False):
                 g = "embedding.word_embeddings.weight"
-            value = weights.shard(g, full[g], lay.tp, lay.tp_rank)
+            value = megatron_tp.shard(g, full[g], lay.tp, lay.tp_rank)
             if tuple(value.shape) != tuple(p.shape):
                 raise UnsupportedModel(f"{g}: shard shape {tuple(value.shape)} != parameter {tuple(p.shape)}")
             p.copy_(value)
@@ -103,7 +104,7 @@ class Trainer:
         all-gathered, pipeline stages broadcast theirs. Norms and the embedding are fp32, linears are in
         the compute dtype: exactly the values the trainer computes with (what an engine must load)."""
         lay, cfg = self.layout, self.model_cfg
-        local = {weights.global_name(n, self.offset): p for n, p in self.model.named_parameters()
+        local = {megatron_tp.global_name(n, self.offset): p for n, p in self.model.named_parameters()
                  if not getattr(p, "top_tied_copy", False)}
         stage_of = self._stage_of_names()
         pp_group = self.groups["pp"]
@@ -111,10 +112,10 @@ class Trainer:
         def full_tensor(name):
             if name in local:
                 t = local[name].detach()
-                if lay.tp > 1 and weights.tp_kind(name) != "replicated":
+                if lay.tp > 1 and megatron_tp.tp_kind(name) != "replicated":
                     parts = [torch.empty_like(t) for _ in range(lay.tp)]
                     dist.all_gather(parts, t.contiguous(), group=self.groups["tp"])
-                    t = weights.unshard(name, parts)
+                    t = megatron_tp.unshard(name, parts)
                 t = t.clone()
             else:
                 t = torch.empty(self.family.full_shape(name, cfg), dtype=self._dtype_of(name), device=self.device)
@@ -134,7 +135,7 @@ class Trainer:
         out = {}
         for name in self.family.megatron_names(self.model_cfg):
             if name.startswith("decoder.layers."):
-                out[name] = weights.layer_of(name)[0] * pp // n  # Megatron's even split
+                out[name] = megatron_tp.layer_of(name)[0] * pp // n  # Megatron's even split
             else:
                 out[name] = 0 if name.startswith("embedding") else pp - 1
         return out

@@ -3,7 +3,7 @@ takes (`WeightRequest`), and the shape of a variant (`WeightTransport`): one cla
 both ends and the rule of where it fits. Rank 0 makes one instance per engine when it connects to it (`connect`) and
 calls `send` on every push; the engine's actor makes the other end when it joins (`join`, the process group the
 variant needs held by that instance) and hands every request to its `receive`, which calls only the engine's weight
-protocol (top_rl.rollout.base.EngineWeights). The variants and the table that names them: top_rl.weights.senders."""
+protocol (top_rl.engine.interface.EngineWeights). The variants and the table that names them: top_rl.weights.senders."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
-from top_rl.rollout.base import EngineWeights
+from top_rl.engine.interface import EngineWeights
 from top_rl.weights.buckets import bucket_meta, buckets, flatten
 from top_rl.weights.transport import Link, Placement, Transport, TransportSetting
 

@@ -1,6 +1,6 @@
 """The variants that reach a native engine (top_rl.rollout.native), and SGLang's disk reload, which travels the same
 way: each engine receives the weights of one version whole and loads them with its `load_named_tensors` (the weight
-protocol, top_rl.rollout.base.EngineWeights)."""
+protocol, top_rl.engine.interface.EngineWeights)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import functools
 
 import torch
 
-from top_rl.rollout.base import EngineWeights
+from top_rl.engine.interface import EngineWeights
 from top_rl.weights.base import Outgoing, Wait, WeightRequest, WeightTransport
 from top_rl.weights.buckets import flatten, meta_bytes, unflatten
 from top_rl.weights.group import GROUP_TIMEOUT, Group

@@ -4,7 +4,7 @@ with the trainer as rank 0 (POST /init_weights_update_group); per bucket, each s
 tensors in the same order (one uint8 buffer per bucket when flattened, the layout of SGLang's
 FlattenedTensorBucket). The HTTP call returns only after the broadcast, so the POST is issued first (thread, Ray
 task) and then the trainer broadcasts: `sync_distributed` orders this. The requests themselves are the engine's
-(its join_weight_group and receive_bucket: top_rl.rollout.base.EngineWeights)."""
+(its join_weight_group and receive_bucket: top_rl.engine.interface.EngineWeights)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from top_rl.rollout.base import EngineWeights
+from top_rl.engine.interface import EngineWeights
 from top_rl.weights.base import WeightRequest, WeightTransport
 from top_rl.weights.buckets import Bucket, bucket_meta, buckets, flatten
 from top_rl.weights.transport import Link, Placement, Transport, TransportSetting

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from top_rl.rollout.base import EngineWeights
+from top_rl.engine.interface import EngineWeights
 from top_rl.weights.base import Outgoing, Wait, WeightRequest, WeightTransport
 from top_rl.weights.buckets import Bucket
 from top_rl.weights.transport import Placement, Transport, TransportSetting

@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from top_rl.weights.transport_config import TransportSetting  # noqa: F401 - also transport.TransportSetting
+from top_rl.config.cluster import TransportSetting  # noqa: F401 - also transport.TransportSetting
 
 
 class Transport(StrEnum):

@@ -22,7 +22,7 @@ SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", 
 
 def shape_errors(cfg, prefix: str = "") -> list[str]:
     """Why this shape is no dense Qwen3 (empty: it is one), each reason naming its field (`prefix` + name). `cfg`: a
-    Qwen3Config or a run's model.* fields (top_rl.model.source.ModelConfig: the same names). Qwen3's attention maps hidden_size to
+    Qwen3Config or a run's model.* fields (top_rl.config.model.ModelConfig: the same names). Qwen3's attention maps hidden_size to
     num_attention_heads x head_dim and back (Qwen3-0.6B: 1024 -> 16 x 128), so the heads need not divide
     hidden_size; the query heads are grouped over the KV heads, and NeoX RoPE rotates head_dim in halves."""
     sizes = {k: getattr(cfg, k) for k in SIZES if hasattr(cfg, k)}

@@ -2,7 +2,7 @@
 Megatron's (local spec) names and layouts. Values are only moved, never rounded: every map is exactly
 invertible. Megatron layouts (docs/megatron.md §7):
   linear_qkv  rows grouped per query group g: [q heads of g; k_g; v_g] (SGLang/HF keep [all q; all k; all v])
-  linear_fc1  [gate; up]; a TP rank holds [gate shard; up shard] (top_rl.train.weights.shard)
+  linear_fc1  [gate; up]; a TP rank holds [gate shard; up shard] (top_rl.model.megatron_tp.shard)
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import torch
 from top_rl import kernels
 from top_rl.model.packing import PREFILL_TOKENS_PER_CALL, pack, sequence_logprobs, token_budget_chunks
 from top_rl.rollout.native import decode_graph, seeded_sampler
-from top_rl.rollout.base import LogprobSource, RolloutEngine, RolloutSample, SamplingParams
+from top_rl.engine.interface import LogprobSource, RolloutEngine, RolloutSample, SamplingParams
 
 CHECK_EVERY = 8  # decode steps between the host's "all rows stopped?" reads
 
@@ -132,7 +132,7 @@ class NativeEngine(RolloutEngine):
             at += len(r)
         return out
 
-    # ------------------------------------------------------------------ weights (rollout/base.py's EngineWeights)
+    # ------------------------------------------------------------------ weights (engine/interface.py's EngineWeights)
     @torch.no_grad()
     def load_named_tensors(self, named: dict, version: int | None = None) -> None:
         """The native engine's one way in: every transport that reaches it (object store, broadcast, CUDA IPC) ends

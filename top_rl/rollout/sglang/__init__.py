@@ -1,6 +1,6 @@
 """The SGLang engine: one `sglang.launch_server` child process per engine behind the RolloutEngine interface.
 
-  engine.py        SglangEngine: lifecycle, generate and score, the weight protocol's receiving end (top_rl/rollout/base.py)
+  engine.py        SglangEngine: lifecycle, generate and score, the weight protocol's receiving end (top_rl/engine/interface.py)
   weight_state.py  the server's weight state (version, expected version, needs a sync, released, resumed empty, the
                    last disk version) and its named transitions
   config.py        SglangSettings (rollout.sglang), SglangEngineConfig (frozen) and the refusals run before any GPU

@@ -8,7 +8,7 @@ A plain class, so a caller can place it with Ray: `ray.remote(num_gpus=1)(Sglang
   SGLang's own parser and, once the server is up, checks its /server_info against the contract.
 - generate: one batch /generate with a distinct `sampling_seed` per sample and the contract's sampling; the
   gate's log-probs come from prefill re-scoring (default) or the sampler's output_token_logprobs.
-- Weights: the engine side of the weight seam (top_rl/rollout/base.py's EngineWeights), each way the receiving end
+- Weights: the engine side of the weight seam (top_rl/engine/interface.py's EngineWeights), each way the receiving end
   of one variant of top_rl.weights (chosen there by cluster.weight_transport): CUDA IPC handles (load_ipc_buckets),
   a group joined (join_weight_group) and bucket receives of rank 0's broadcast (receive_bucket), or whole tensors
   written next to the server and reloaded (load_named_tensors, load_directory: disk). Each update carries a
@@ -32,7 +32,7 @@ from typing import Callable
 
 from top_rl import contract
 from top_rl.rollout.sglang.disk import write_hf_checkpoint
-from top_rl.rollout.base import RolloutEngine, RolloutSample, SamplingParams
+from top_rl.engine.interface import RolloutEngine, RolloutSample, SamplingParams
 from top_rl.rollout.sglang.client import SglangClient, SglangError, SglangProtocolError, SglangUnavailable
 from top_rl.rollout.sglang.config import (SglangEngineConfig, TopConfigError, check_config, check_sampling,
                                           check_sglang_version)

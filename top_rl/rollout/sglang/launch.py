@@ -31,7 +31,11 @@ OWNED_FLAGS = {
 # The config's scheduler sizes, as flags (None: SGLang's own value)
 _SIZE_FLAGS = (("--cuda-graph-max-bs", "cuda_graph_max_bs"), ("--max-running-requests", "max_running_requests"),
                ("--chunked-prefill-size", "chunked_prefill_size"))
-_DETERMINISM = ("--enable-deterministic-inference", "--rl-on-policy-target")
+# What the non-TOP baseline (top=false) keeps of the contract's flags: what the engine needs of any server (token ids in
+# and out; the checkpoint's bf16 weights and KV cache, SGLang's own choice for a bf16 checkpoint) and the radix-cache
+# switch its config owns. The rest is TOP's numerics (determinism, 0.5.17's eager prefill and torch GEMM), left to
+# SGLang's defaults, so the baseline is SGLang's default mode as users run it.
+_BASELINE_KEEPS = ("--dtype", "--kv-cache-dtype", "--skip-tokenizer-init", "--disable-radix-cache")
 # One engine is one single-process server (TP aside): more ranks come from rollout.num_engines.
 _ONE_SERVER = {flag: "one engine is one server with one data- and pipeline-parallel rank: add engines with "
                      "rollout.num_engines" for flag in ("--data-parallel-size", "--dp-size", "--pipeline-parallel-size",
@@ -54,15 +58,22 @@ class LaunchSpec:
 
 def engine_flags(cfg: SglangEngineConfig, top: contract.TopContract) -> list[str]:
     flags = list(top.engine_flags)
-    if not cfg.top:  # the non-TOP baseline: SGLang's default (fast, non-deterministic) kernels
-        for name in _DETERMINISM:
-            if name in flags:
-                i = flags.index(name)
-                takes_value = i + 1 < len(flags) and not flags[i + 1].startswith("--")
-                del flags[i: i + (2 if takes_value else 1)]
+    if not cfg.top:  # the non-TOP baseline: SGLang's default mode, keeping only what the engine needs in any mode
+        flags = [tok for flag, value in _flag_groups(flags) if flag in _BASELINE_KEEPS for tok in (flag, *value)]
     if not cfg.disable_radix_cache and "--disable-radix-cache" in flags:
         flags.remove("--disable-radix-cache")
     return flags
+
+
+def _flag_groups(flags: list[str]) -> list[tuple[str, tuple[str, ...]]]:
+    """`--flag [value]` tokens as (flag, its values) pairs, in order."""
+    groups: list[tuple[str, tuple[str, ...]]] = []
+    for tok in flags:
+        if tok.startswith("--") or not groups:
+            groups.append((tok, ()))
+        else:
+            groups[-1] = (groups[-1][0], (*groups[-1][1], tok))
+    return groups
 
 
 def _check_extra_args(extra: list[str]) -> None:

@@ -1,7 +1,8 @@
 """The rollout engine interface, the native engine and SGLang servers both implement it, and the engine side of the
 weight seam (`EngineWeights`): every way trainer rank 0's weights can enter an engine. The transports in top_rl.weights
 call only these methods; an engine implements the ways it has, and the others refuse, naming the engine and the ways it
-does have."""
+does have. Kept apart from the engines (top_rl/rollout/), which import models and servers: the driver, the weight
+transports and the eval import this alone, so none of them stands on an engine."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from top_rl import contract
-from top_rl.rollout.config import LogprobSource  # engines type with it
+from top_rl.config.rollout import LogprobSource  # engines type with it
 
 
 def mix_seed(a: int, b: int) -> int:
@@ -94,7 +95,7 @@ class EngineWeights(abc.ABC):
 
     def _cannot(self, way: str):
         raise WeightWayUnsupported(f"{type(self).__name__} has no {way}: it takes weights by "
-                                   f"{', '.join(self.weight_ways()) or 'no way'} (top_rl/rollout/base.py)")
+                                   f"{', '.join(self.weight_ways()) or 'no way'} (top_rl/engine/interface.py)")
 
 
 class RolloutEngine(EngineWeights):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from top_rl.contract import ComputeDtype
+from top_rl.config.model import ComputeDtype
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from top_rl.rollout.sglang.config import SglangSettings
+from top_rl.config.sglang import SglangSettings
 
 
 class EngineKind(StrEnum):

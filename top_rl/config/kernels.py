@@ -7,6 +7,17 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 
+class AttentionBackend(StrEnum):
+    """SGLang's --attention-backend values a contract may allow (engine and trainer always agree)."""
+
+    fa3 = "fa3"
+    flashinfer = "flashinfer"
+    triton = "triton"
+    # The run config's: decided on the driver from the GPU it sees (top_rl/driver/backend_choice.py) before any check;
+    # no contract allows it, so it never reaches an engine, a KernelPlan or a checkpoint.
+    auto = "auto"
+
+
 class KernelBackend(StrEnum):
     reference = "reference"  # torch made batch-invariant by fixed-shape tiling (CPU, any device)
     plain = "plain"  # stock torch's eager ops (any device)
