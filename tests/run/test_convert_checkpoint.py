@@ -43,7 +43,7 @@ def _old_rank(rank, world, trainer_dir, arch, settings, keep, out):
 
 def _to_format_2(ckpt: Path, **layout: int) -> None:
     """`ckpt`'s trainer state as per-rank shards of `layout` (default: its own), state.json format 2."""
-    from top_rl.contract import ComputeDtype
+    from top_rl.config.model import ComputeDtype
     from top_rl.model import family
     from top_rl.run import dist_state
     from top_rl.train import TrainerSettings
@@ -146,7 +146,7 @@ def test_a_converted_checkpoint_resumes_on_another_layout(old_run, tmp_path):
     """Refused on another layout before (naming the command); converted, two DP ranks load it and hold bitwise what
     it held (their save read back whole equals it), and the run resumes with trainer.dp=2 and trains its step."""
     from top_rl.cli import compose
-    from top_rl.contract import ComputeDtype
+    from top_rl.config.model import ComputeDtype
     from top_rl.model import family
     from top_rl.run import dist_state
     from top_rl.train.parallel import spawn

@@ -46,8 +46,8 @@ class ConvertError(ValueError):
 
 def _settings(config: dict):
     """The TrainerSettings the run built its trainer with, from the checkpoint's resolved config."""
-    from top_rl.contract import ComputeDtype
-    from top_rl.train.config import TrainerConfig, TrainerSettings
+    from top_rl.config.model import ComputeDtype
+    from top_rl.config.trainer import TrainerConfig, TrainerSettings
 
     saved = config.get("trainer", {})
     fields = {f.name: saved[f.name] for f in dataclasses.fields(TrainerConfig) if f.name in saved}
