@@ -99,8 +99,9 @@ def test_every_pin_the_doctor_checks_is_carried_at_its_version(release):
         if dist == "torch":
             continue
         assert have.get(_norm(dist)) == want, f"{dist}: SGLang {release} pins {want}, the bundle carries {have.get(_norm(dist))}"
-    assert ("flashinfer-cubin" in have) == (release == "0.5.11")  # 0.5.17's wheel pins no cubin
-    if release == "0.5.11":
+    pinned = dict(sglang_release.RELEASES[release].gpu_pins)
+    assert ("flashinfer-cubin" in have) == ("flashinfer-cubin" in pinned)  # carried where pinned (0.5.11), only there
+    if "flashinfer-cubin" in pinned:
         assert "flashinfer-cubin" in pins("flashinfer", release)  # beside flashinfer-python, whose import checks it
 
 
