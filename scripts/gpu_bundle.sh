@@ -15,9 +15,10 @@
 #   ray           Ray 2.60.0 slimmed (no jars, rllib, serve, data, llm, tune, train, dashboard UI) + jsonschema
 #                 and friends: the GPU job (`scripts/gpu_run.sh e2e`)                          (~38 / ~38 MiB)
 #   flashinfer    flashinfer-python (JIT-compiles on the device; SGLang's sampler imports it) + apache-tvm-ffi +
-#                 cuda-tile; 0.5.17: + xgrammar 0.2.1 without its static library (`import sglang.srt.server_args`
+#                 cuda-tile; 0.5.11: + flashinfer-cubin (its pin) without its cubins, all of them Blackwell's;
+#                 0.5.17: + xgrammar 0.2.1 without its static library (`import sglang.srt.server_args`
 #                 needs it in 0.5.17, so there also the trainer's import of sglang.srt.batch_invariant_ops: core and
-#                 flashinfer together do not fit one carry)                                   (~13 / ~30 MiB)
+#                 flashinfer together do not fit one carry)                                   (~14 / ~30 MiB)
 #   sglang_ref    what SGLang's own Qwen3ForCausalLM imports beyond core (tests/gpu/test_sglang_reference.py)
 #   sglang_server what a live `sglang.launch_server` needs beyond core, flashinfer and sglang_ref: sglang-kernel
 #                 (0.4.2 / 0.4.5, its Python files and sm90/common_ops only: FA3's flash_ops, sm100 and FlashMLA, and
@@ -113,7 +114,14 @@ RAY_ALL=(ray==2.60.0 jsonschema==4.25.1 referencing==0.36.2 jsonschema-specifica
 RAY_0_5_11=()
 RAY_0_5_17=()  # its ray extra takes ray>=2.55.1
 FLASHINFER_ALL=(cuda-tile==1.7.0)
-FLASHINFER_0_5_11=(flashinfer-python==0.6.8.post1 apache-tvm-ffi==0.1.15.post2)  # sglang 0.5.11's flashinfer
+FLASHINFER_0_5_11=(
+  flashinfer-python==0.6.8.post1 apache-tvm-ffi==0.1.15.post2  # sglang 0.5.11's flashinfer
+  flashinfer-cubin==0.6.8.post1  # sglang 0.5.11's pin beside flashinfer-python (top-rl doctor checks it; flashinfer
+                                 # refuses to import beside a cubin of another version). 281 MiB, every cubin sm100 or
+                                 # sm103 (trtllm-gen FMHA and GEMMs, read from their ELF headers): carried without them
+                                 # (SLIM_0_5_11), its package, headers and checksums (1.2 MiB). A Hopper run loads none;
+                                 # on Blackwell flashinfer would fetch a missing one, and the device has no network
+)
 FLASHINFER_0_5_17=(
   flashinfer-python==0.6.15.post1  # sglang 0.5.17's (flashinfer_python[cu13]: the extra adds only nvidia-cutlass-dsl[cu13]).
                                    # Its own cutlass-dsl, cudnn-frontend, nccl4py and cuda-python are left out as 0.6.8's
@@ -146,10 +154,11 @@ SGLANG_KERNEL_KEEP=(sgl_kernel/)
 SGLANG_KERNEL_DROP_ALL=(sgl_kernel/flash_ops sgl_kernel/sm100/ sgl_kernel/flashmla_ops)
 SGLANG_KERNEL_DROP_0_5_11=()
 SGLANG_KERNEL_DROP_0_5_17=(sgl_kernel/infllm_ops)
-# Wheels rewritten without what no job loads (scripts/slim_wheel.py): "GROUP WHEEL_NAME_PREFIX --drop PREFIX..."
+# Wheels rewritten without what no job loads (scripts/slim_wheel.py): "GROUP WHEEL_NAME_PREFIX FLAGS" (--drop PREFIX...,
+# --keep-cubin-archs SM...)
 SLIM_ALL=("ray ray-2.60.0- --drop ray/jars/ ray/rllib/ ray/serve/ ray/data/ ray/llm/ ray/tune/ ray/train/
            ray/dashboard/client/build/")
-SLIM_0_5_11=()
+SLIM_0_5_11=("flashinfer flashinfer_cubin-0.6.8.post1- --keep-cubin-archs sm90")  # the proven arch's cubins: none
 SLIM_0_5_17=("flashinfer xgrammar-0.2.1- --drop xgrammar/lib/")  # its static library (65 MB): for linking C++ against it
 
 row() {  # row VAR TABLE: VAR=(TABLE_<release>... TABLE_ALL...), the chosen release's row of one table

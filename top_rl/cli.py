@@ -1,6 +1,7 @@
 """Entry points, all taking `key=value` arguments and `--help`: `top-rl [hydra overrides]` (`-m` sweeps),
 `top-rl doctor [contract=NAME]` (top_rl/tools/doctor.py),
-`top-rl-export run_dir=... out=DIR`, `top-rl-parity-probe url=... model=DIR` (top_rl/tools/args.py)."""
+`top-rl-export run_dir=... out=DIR`, `top-rl-parity-probe url=... model=DIR`,
+`top-rl-convert-checkpoint run_dir=...` (top_rl/tools/args.py)."""
 
 from __future__ import annotations
 
@@ -354,6 +355,13 @@ def parity_probe_main(argv: list[str] | None = None) -> int:
     from top_rl.tools.parity_probe import main as probe
 
     return probe(sys.argv[1:] if argv is None else argv)
+
+
+def convert_checkpoint_main(argv: list[str] | None = None) -> int:
+    quiet.install()
+    from top_rl.tools.convert_checkpoint import main as convert
+
+    return convert(sys.argv[1:] if argv is None else argv)
 
 
 def report_main(argv: list[str] | None = None) -> int:

@@ -89,6 +89,22 @@ def test_bundle_pins_are_what_the_pinned_sglang_requires(release):
                 f"{name}: bundle {have[name]}, sglang {release} requires {req}"
 
 
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_pin_the_doctor_checks_is_carried_at_its_version(release):
+    """`top-rl doctor` checks the release's gpu_pins (its wheel's Requires-Dist: sglang 0.5.11 pins flashinfer-cubin
+    beside flashinfer-python); the bundle's live groups must carry each at that version, or the doctor fails on the
+    device (bench/RESULTS.md session 19: flashinfer-cubin missing). torch is the image's own (2.11.0)."""
+    have = {k: v for g in LIVE for k, v in pins(g, release).items()}
+    for dist, want in sglang_release.RELEASES[release].gpu_pins:
+        if dist == "torch":
+            continue
+        assert have.get(_norm(dist)) == want, f"{dist}: SGLang {release} pins {want}, the bundle carries {have.get(_norm(dist))}"
+    pinned = dict(sglang_release.RELEASES[release].gpu_pins)
+    assert ("flashinfer-cubin" in have) == ("flashinfer-cubin" in pinned)  # carried where pinned (0.5.11), only there
+    if "flashinfer-cubin" in pinned:
+        assert "flashinfer-cubin" in pins("flashinfer", release)  # beside flashinfer-python, whose import checks it
+
+
 def test_the_recorded_0_5_17_requirements_are_the_wheels():
     """The record is its wheel's METADATA: where 0.5.17 is importable (PYTHONPATH=.sglang0517) it must equal it, and
     everywhere it must hold the pins requirements/sglang-cpu-0.5.17.txt took from the same wheel."""
@@ -294,6 +310,52 @@ def test_slim_wheel_keeps_what_is_asked_and_rewrites_record(tmp_path):
                                                                          "pkg-1.0.dist-info/RECORD",
                                                                          "sgl_kernel/__init__.py",
                                                                          "sgl_kernel/sm90/common_ops.abi3.so"]
+
+
+def _cubin(sm: int, abi_version: int = 8, machine: int = 190) -> bytes:
+    """The 64-byte ELF header of a cubin for `sm`: e_flags holds the SM in bits 8-15 from ABI version 8 (CUDA 12.8
+    on), in bits 0-7 before (the encodings of flashinfer-cubin 0.6.8.post1's and of older toolkits' cubins)."""
+    import struct
+
+    ident = b"\x7fELF" + bytes([2, 1, 1, 0x41, abi_version]) + bytes(7)
+    flags = 0x6000002 | (sm << 8) if abi_version >= 8 else 0x500000 | (sm << 16) | sm
+    return ident + struct.pack("<HHIQQQIHHHHHH", 2, machine, 1, 0, 64, 0, flags, 64, 0, 0, 64, 0, 0) + b"code"
+
+
+def test_slim_wheel_keeps_only_the_cubins_of_the_archs_asked(tmp_path):
+    """--keep-cubin-archs judges a cubin by its ELF header, not its name (flashinfer-cubin: every cubin sm100 or
+    sm103, carried without them for Hopper); headers and checksums stay; a .cubin that is not a CUDA ELF file stops it
+    with nothing written."""
+    files = {"flashinfer_cubin/__init__.py": b"x", "flashinfer_cubin/cubins/h/fmha/checksums.txt": b"c",
+             "flashinfer_cubin/cubins/h/fmha/include/meta.h": b"h",
+             "flashinfer_cubin/cubins/h/fmha/fmhaSm100fKernel.cubin": _cubin(100),
+             "flashinfer_cubin/cubins/h/fmha/fmhaSm103aKernel.cubin": _cubin(103),
+             "flashinfer_cubin/cubins/h/gemm/named_sm100_but_sm90.cubin": _cubin(90),
+             "flashinfer_cubin/cubins/h/gemm/old_toolkit_sm90.cubin": _cubin(90, abi_version=7),
+             "flashinfer_cubin/cubins/h/gemm/old_toolkit_sm80.cubin": _cubin(80, abi_version=7)}
+    src = _wheel(tmp_path / "flashinfer_cubin-1.0-py3-none-any.whl", files)
+    def slim(wheel, *archs):
+        return subprocess.run([sys.executable, str(ROOT / "scripts/slim_wheel.py"), str(wheel), str(tmp_path / "out"),
+                               "--keep-cubin-archs", *archs], capture_output=True, text=True)
+
+    assert slim(src, "sm90").returncode == 0
+    kept = ["flashinfer_cubin/__init__.py", "flashinfer_cubin/cubins/h/fmha/checksums.txt",
+            "flashinfer_cubin/cubins/h/fmha/include/meta.h", "flashinfer_cubin/cubins/h/gemm/named_sm100_but_sm90.cubin",
+            "flashinfer_cubin/cubins/h/gemm/old_toolkit_sm90.cubin"]
+    with zipfile.ZipFile(tmp_path / "out" / src.name) as z:
+        assert sorted(n for n in z.namelist() if ".dist-info/" not in n) == kept
+        assert sorted(line.split(",")[0] for line in z.read("pkg-1.0.dist-info/RECORD").decode().splitlines()
+                      if ".dist-info/" not in line) == kept
+    assert slim(src, "sm100", "sm103").returncode == 0
+    with zipfile.ZipFile(tmp_path / "out" / src.name) as z:
+        assert sorted(n.rsplit("/", 1)[1] for n in z.namelist() if n.endswith(".cubin")) == \
+            ["fmhaSm100fKernel.cubin", "fmhaSm103aKernel.cubin"]
+    for bad, why in ((b"not an elf file at all", "is not a 64-bit ELF file"),
+                     (_cubin(90, machine=62), "is ELF for machine 62, not CUDA (190)")):
+        src = _wheel(tmp_path / "flashinfer_cubin-2.0-py3-none-any.whl", {**files, "flashinfer_cubin/cubins/x.cubin": bad})
+        out = slim(src, "sm90")
+        assert out.returncode != 0 and f"flashinfer_cubin/cubins/x.cubin {why}" in out.stderr, out.stderr
+        assert not (tmp_path / "out" / src.name).exists() and not (tmp_path / "out" / (src.name + ".tmp")).exists()
 
 
 from tests.gpu._common import SERVER_DEPENDENCIES, SERVER_MODULES, missing_server_module  # noqa: E402

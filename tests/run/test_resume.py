@@ -274,7 +274,7 @@ def test_a_layout_change_is_refused_without_allow_changes_and_noted_with_it(tmp_
 
 def test_a_checkpoint_before_format_3_resumes_on_its_layout_only(tmp_path):
     """Per-rank trainer_rankNNN.pt shards (top-rl before DCP): verified and handed to their ranks on the layout they
-    were written with; another layout is refused in one line saying what to do."""
+    were written with; another layout is refused in one line naming the conversion (tests/run/test_convert_checkpoint.py)."""
     from top_rl.run import trainer_files
 
     ckpt = rl_runs.fake_run(tmp_path)  # format 2: trainer_rank000.pt
@@ -285,7 +285,8 @@ def test_a_checkpoint_before_format_3_resumes_on_its_layout_only(tmp_path):
         trainer_files.paths(ckpt, state, one, {**one, "dp": 2})
     assert len(str(refused.value).splitlines()) == 1
     assert "trainer_rankNNN.pt, written by top-rl before checkpoint format 3" in str(refused.value)
-    assert "resume with that layout once, and the checkpoints it writes load into any layout" in str(refused.value)
+    assert f"convert them once with `top-rl-convert-checkpoint run_dir={tmp_path.resolve()}` (then any layout loads " \
+           "them), or resume with that layout" in str(refused.value)
 
 
 @pytest.mark.slow

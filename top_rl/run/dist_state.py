@@ -97,8 +97,10 @@ def _optim_prefixes(named_state: dict, n: str) -> dict[str, torch.Tensor]:
     return {f"optim.{k}": v for k, v in named_state[n].items()}
 
 
-def save(trainer, directory: str | Path) -> None:
-    """Write this rank's part of the trainer's state into `directory` (collective; module doc)."""
+def save(trainer, directory: str | Path, rng_state: dict | None = None) -> None:
+    """Write this rank's part of the trainer's state into `directory` (collective; module doc). `rng_state`: the RNG
+    states to record for this rank (top_rl.run.rng.state()'s form), this process's when None (the checkpoint
+    converter records the ones an old checkpoint's shard holds)."""
     from torch.distributed import checkpoint as dcp
 
     from top_rl.run import rng
@@ -121,7 +123,7 @@ def save(trainer, directory: str | Path) -> None:
     dcp.save(entries, storage_writer=dcp.FileSystemWriter(str(directory), single_file_per_rank=True,
                                                           thread_count=1))
     rank = dist.get_rank()
-    (directory / rng_file(rank)).write_text(json.dumps(rng.to_json(rng.state())), encoding="utf-8")
+    (directory / rng_file(rank)).write_text(json.dumps(rng.to_json(rng_state or rng.state())), encoding="utf-8")
     if rank == 0:
         meta = {"format": FORMAT, "step": trainer.step, "world": dist.get_world_size(),
                 "layout": {k: getattr(trainer.layout, k) for k in ("dp", "tp", "pp", "cp")},

@@ -79,10 +79,11 @@ def unsafe_globals(path) -> list[str]:
     return unsafe
 
 
-def load(path: str | Path):
-    """`torch.load` of a checkpoint file that builds tensors and plain data only (module doc)."""
+def load(path: str | Path, map_location=None):
+    """`torch.load` of a checkpoint file that builds tensors and plain data only (module doc); `map_location` as
+    torch.load's (the checkpoint converter reads a GPU run's shards onto the CPU)."""
     with torch.serialization.safe_globals(_allowed()):
-        return torch.load(str(path), weights_only=True)
+        return torch.load(str(path), weights_only=True, map_location=map_location)
 
 
 def check_saved(path: str | Path) -> None:

@@ -5,7 +5,8 @@ together (top_rl.run.dist_state): it loads into any DP/TP/CP/PP layout. Its inde
 and every record it points at are read without running code (top_rl.run.dcp_safe), each rank's RNG is JSON.
 Formats 1 and 2 (top-rl before resharding): one `trainer_rankNNN.pt` per rank, a torch.save pickle read with
 weights_only after top_rl.run.safe_load names what it holds; they still resume, on the layout they were written with
-only. driver.pt (the driver's RNG) is a torch.save pickle in every format, checked the same way.
+only, and `top-rl-convert-checkpoint` rewrites a format-2 one into format 3 (top_rl/tools/convert_checkpoint.py).
+driver.pt (the driver's RNG) is a torch.save pickle in every format, checked the same way.
 """
 
 from __future__ import annotations
@@ -24,6 +25,14 @@ STATE_FORMAT = 1
 def rng_file(rank: int) -> str:
     """In trainer/: rank `rank`'s RNG states (top_rl.run.rng.to_json)."""
     return f"rng_rank{rank:03d}.json"
+
+
+def convert_command(ckpt: Path) -> str:
+    """The command that rewrites the run's checkpoints before format 3 into format 3
+    (top_rl/tools/convert_checkpoint.py; pyproject's [project.scripts] names it)."""
+    import shlex
+
+    return f"top-rl-convert-checkpoint run_dir={shlex.quote(str(Path(ckpt).resolve().parent.parent))}"
 
 
 def legacy_shard(rank: int) -> str:
@@ -100,8 +109,8 @@ def paths(ckpt: Path, state: dict, saved: dict, now: dict) -> list[str]:
         if saved != now:
             raise ResumeRefused(
                 f"{ckpt} holds per-rank trainer shards (trainer_rankNNN.pt, written by top-rl before checkpoint "
-                f"format 3) for {saved}; they load only on that layout: resume with that layout once, and the "
-                "checkpoints it writes load into any layout")
+                f"format 3) for {saved}; they load only on that layout: convert them once with "
+                f"`{convert_command(ckpt)}` (then any layout loads them), or resume with that layout")
         return [str((ckpt / legacy_shard(r)).resolve()) for r in range(state["world"])]
     if saved != now:
         print(f"[top-rl] the trainer layout changes from {saved} to {now}: the checkpoint's weights and optimizer "
