@@ -21,6 +21,7 @@ from top_rl.driver.local_gpu import LocalGpu
 
 ROOT = Path(__file__).resolve().parents[2]
 compare = importlib.import_module("bench.rl_step_compare")
+report = importlib.import_module("bench._compare_report")
 
 H100 = LocalGpu("NVIDIA H100 80GB HBM3", (9, 0), 80 * 2**30)
 INSTALLED = contract.fallback()  # what top.contract=installed resolves to here (0.5.11's, or 0.5.17's in CI's pass)
@@ -173,11 +174,11 @@ def test_a_job_past_its_timeout_is_stopped_its_rows_kept_and_its_server_log_show
 
 
 def test_the_trainer_kernels_line_says_what_ran_and_what_fell_back(tmp_path):
-    assert compare.trainer_kernels(tmp_path, "non-TOP") == "not recorded (no kernels.json)"
+    assert report.trainer_kernels(tmp_path, "non-TOP") == "not recorded (no kernels.json)"
     (tmp_path / "kernels_non-TOP.json").write_text(json.dumps([
         {"backend": "stock", "paths": {"rms_norm": "torch", "attention": "flash_varlen"},
          "fallbacks": {"rms_norm": "RuntimeError: no PTX"}}]))
-    assert compare.trainer_kernels(tmp_path, "non-TOP") == ("backend stock (attention flash_varlen, rms_norm torch); "
+    assert report.trainer_kernels(tmp_path, "non-TOP") == ("backend stock (attention flash_varlen, rms_norm torch); "
                                                             "fell back: rms_norm: RuntimeError: no PTX")
 
 
