@@ -14,8 +14,8 @@ Safety: the run's lock is held throughout (no run writes the run_dir meanwhile);
 against its manifest, whose every pickle is tensors and plain data, is read (a tampered one is refused by name and
 left as it is); the new checkpoint is written beside the old one as `step_N.tmp` (its other files copied: a
 checkpoint holds no hard links), gets its own manifest and is verified, and replaces the old one by the checkpoint writer's
-rename (top_rl.run.checkpoint.Writer.commit). A failure before that rename leaves the old checkpoint untouched and
-the `.tmp` for the next run or conversion to remove. A format-1 checkpoint (no manifest) cannot be verified, so it is
+rename (top_rl.run.checkpoint.Writer.commit). A failure before that rename removes the `.tmp` and leaves the old
+checkpoint untouched. A format-1 checkpoint (no manifest) cannot be verified, so it is
 not converted. Costs: the saved layout's ranks on this machine's CPU, each holding its shard twice (the loaded
 trainer and the one that checks it), and the checkpoint's size again on disk until the swap.
 """
@@ -163,24 +163,23 @@ def convert(run_dir: Path, ckpt: Path) -> str:
     if why:
         raise ConvertError(f"{why}: not converted; the checkpoint is unchanged")
     writer = checkpoint.begin(run_dir, state["step"])  # step_N.tmp, what interrupted writes left removed
-    with writer:
-        for name in manifest.files(ckpt):
-            if name not in {trainer_files.legacy_shard(r) for r in range(state["world"])} | {"state.json"}:
-                _copy(ckpt / name, writer.tmp / name)
-        try:
-            _run_ranks(ckpt, state, Path(writer.trainer_dir))
-        except BaseException:
-            shutil.rmtree(writer.tmp, ignore_errors=True)
-            raise
-        raw = json.loads((ckpt / "state.json").read_text(encoding="utf-8"))
-        (writer.tmp / "state.json").write_text(json.dumps({**raw, "format": checkpoint.FORMAT}, indent=2),
-                                               encoding="utf-8")
+    shards = {trainer_files.legacy_shard(r) for r in range(state["world"])}
+    converted = {**json.loads((ckpt / "state.json").read_text(encoding="utf-8")), "format": checkpoint.FORMAT}
     try:
-        trainer_files.check(writer.tmp, {**raw, "format": checkpoint.FORMAT}, state["world"], load=True)
-    except CheckpointInvalid as e:
-        shutil.rmtree(writer.tmp, ignore_errors=True)
-        raise ConvertError(f"{ckpt}: the converted trainer state fails its check ({e}); the checkpoint is "
-                           "unchanged") from None
+        with writer:
+            for name in manifest.files(ckpt):
+                if name not in shards | {"state.json"}:
+                    _copy(ckpt / name, writer.tmp / name)
+            _run_ranks(ckpt, state, Path(writer.trainer_dir))
+            (writer.tmp / "state.json").write_text(json.dumps(converted, indent=2), encoding="utf-8")
+        try:
+            trainer_files.check(writer.tmp, converted, state["world"], load=True)
+        except CheckpointInvalid as e:
+            raise ConvertError(f"{ckpt}: the converted trainer state fails its check ({e}); the checkpoint is "
+                               "unchanged") from None
+    except BaseException:
+        shutil.rmtree(writer.tmp, ignore_errors=True)  # no half-converted copy left beside the untouched original
+        raise
     writer.commit()  # the manifest, fsync, and the rename over the old checkpoint
     checkpoint.load_verified(ckpt)
     return (f"{ckpt}: converted to format {checkpoint.FORMAT} (trainer/, {state['world']} rank(s) of "
