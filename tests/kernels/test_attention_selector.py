@@ -313,6 +313,40 @@ def test_forward_lse_kept_only_for_a_flash_backward_of_flashinfer(fake_fi, monke
     assert s.prefill.lse_runs == 1
 
 
+def test_fa3s_forward_lse_goes_to_the_flash_backward_unchanged_and_only_when_wanted(monkeypatch):
+    """fa3's forward returns its LSE ([Hq, T] fp32, natural log: FlashAttention-2's varlen layout) when asked: asked
+    only when a gradient will be taken, in bf16/fp16 (flash backward) and with top.fast_paths.fa3_lse on; then the
+    backward gets that very tensor (no conversion), else it re-runs a forward for one. The kernel is a stand-in
+    returning marked tensors; tests/gpu/test_fa3_trainer.py runs the real one."""
+    asked, backward_state = [], []
+
+    def fake_fa3(*, q, return_softmax_lse=False, **_):
+        asked.append(return_softmax_lse)
+        out = torch.zeros_like(q)
+        lse = torch.arange(q.shape[1] * q.shape[0], dtype=torch.float32).reshape(q.shape[1], q.shape[0])
+        return (out, lse, None, None) if return_softmax_lse else out
+
+    def fake_backward(g, q, k, v, cu_seqlens, max_len, scale, *state):
+        backward_state.append(state)
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+    monkeypatch.setattr(attn, "_fa3", lambda: fake_fa3)
+    monkeypatch.setattr(attn._backward, "attention_backward", fake_backward)
+    with_plan(monkeypatch, attention="fa3")
+    q, k, v, cu = _qkv([0, 3, 5])
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    attn.attention(q, k, v, cu, 0.5)  # no gradient wanted
+    attn.attention(q.requires_grad_(), k, v, cu, 0.5).float().sum().backward()
+    assert asked == [False, True]
+    (out, lse), = backward_state
+    assert out.shape == q.shape and torch.equal(lse, torch.arange(4 * 5, dtype=torch.float32).reshape(4, 5))
+    with_plan(monkeypatch, attention="fa3", fa3_lse=False)  # the switch off: the backward re-runs a forward
+    attn.attention(q, k, v, cu, 0.5).float().sum().backward()
+    with_plan(monkeypatch, attention="fa3", fa3_lse=True)
+    attn.attention(q.float().detach().requires_grad_(), k.float(), v.float(), cu, 0.5).sum().backward()  # efficient
+    assert asked == [False, True, False, False] and backward_state[1:] == [(), ()]
+
+
 def test_lse_for_flash_is_natural_log_heads_first():
     lse2 = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])  # [T=2, Hq=3], base 2
     out = bw.lse_for_flash(lse2)

@@ -22,7 +22,7 @@ def test_the_plan_names_which_fast_paths_keep_the_gradients_and_which_change_the
     everything = {f.name for f in dataclasses.fields(plan.FastPaths)}
     assert _switches_named(keeps) == everything - plan.CHANGES_GRADIENTS
     assert _switches_named(changes) == set(plan.CHANGES_GRADIENTS)
-    assert len(plan.CHANGES_GRADIENTS) == 3 and plan.CHANGES_GRADIENTS < everything
+    assert len(plan.CHANGES_GRADIENTS) == 5 and plan.CHANGES_GRADIENTS < everything
 
 
 def test_the_architecture_page_names_the_fast_paths_that_change_the_gradients():

@@ -41,7 +41,10 @@ class FastPaths:
     fused_sampler: bool = True  # the sampler path's rounding inside the gather kernel (off: eager division, rounding)
     fused_head_mean: bool = True  # per-head RMSNorm mean of rows of 128 in one Triton pass (off: mean_BI)
     fused_backward: bool = True  # compiled / Triton elementwise backwards (off: eager formulas)
-    flashinfer_lse: bool = True  # the flash backward reuses flashinfer's forward LSE (off: re-runs the forward)
+    # The flash backward reuses the forward kernel's LSE (off: re-runs FA2's forward for one). That LSE differs from
+    # FA2's at bf16 level, so the gradients differ from the re-run's (~1e-3): a switch in CHANGES_GRADIENTS
+    flashinfer_lse: bool = True  # the flash backward reads flashinfer's forward LSE (off: re-runs FA2's forward)
+    fa3_lse: bool = True  # the flash backward reads fa3's forward LSE (off: re-runs FA2's forward)
     # the attention backward: flash (aten's FlashAttention-2) | efficient (memory-efficient)
     attention_backward: AttentionBackward = AttentionBackward.flash
     decode_graphs: bool = True  # the native engine's decode step as a CUDA graph where audited (off: eager)

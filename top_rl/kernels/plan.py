@@ -9,11 +9,12 @@ installed plan, never the environment.
 
 `build` is the one place in the package that reads a `TOP_RL_*` kernel variable: a test or bench that runs kernels
 without a run config (or a run started under such a variable, as scripts/gpu_run.sh does) gets the same switches as
-before. A fast path switched either way keeps the forward's bits (the log-probs the gate compares). Six of the nine
-keep the gradients too (fused_forward, fused_sampler, fused_head_mean, fused_backward, flashinfer_lse, decode_graphs:
-off runs their slower equal); the three in CHANGES_GRADIENTS (attention_backward, recompute_attention, recompute_gemm)
-choose the backward's attention kernel or the recompute's forward, so they change the gradients and the run's numbers
-from the first update on.
+before. A fast path switched either way keeps the forward's bits (the log-probs the gate compares). Five of the ten
+keep the gradients too (fused_forward, fused_sampler, fused_head_mean, fused_backward, decode_graphs: off runs their
+slower equal); the five in CHANGES_GRADIENTS (attention_backward, recompute_attention, recompute_gemm, flashinfer_lse,
+fa3_lse) choose the backward's attention kernel, the recompute's forward or the LSE the backward reads (the forward
+kernel's or FlashAttention-2's, equal to ~1e-3), so they change the gradients and the run's numbers from the first
+update on.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ from top_rl import contract as _contract
 from top_rl.config.kernels import AttentionBackward, FastPaths  # noqa: F401 - also plan.FastPaths
 
 
-# The switches that change the gradients (not the forward's bits): which backward kernel runs, and which forward the
-# recompute takes. A resume that changes one changes the run's numbers (top_rl.run.resume_compat); the others are free.
-CHANGES_GRADIENTS = frozenset({"attention_backward", "recompute_attention", "recompute_gemm"})
+# The switches that change the gradients (not the forward's bits): which backward kernel runs, which forward the
+# recompute takes, whose LSE the flash backward reads. A resume that changes one changes the run's numbers
+# (top_rl.run.resume_compat); the others are free.
+CHANGES_GRADIENTS = frozenset({"attention_backward", "recompute_attention", "recompute_gemm", "flashinfer_lse",
+                               "fa3_lse"})
 
 
 @dataclass(frozen=True)

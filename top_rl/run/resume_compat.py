@@ -14,7 +14,7 @@ from top_rl.kernels.plan import CHANGES_GRADIENTS, FastPaths
 RESUME_FREE_KEYS = {"steps", "run_dir", "resume", "resume_allow_changes", "dry_run", "checkpoint", "tracking",
                     "cluster",
                     "eval",  # the eval reads the weights, never changes them (top_rl/eval/run.py)
-                    # fast paths that keep the forward's bits and the gradients (not plan.CHANGES_GRADIENTS' three)
+                    # fast paths that keep the forward's bits and the gradients (not plan.CHANGES_GRADIENTS')
                     *(f"top.fast_paths.{f.name}" for f in dataclasses.fields(FastPaths) if f.name not in CHANGES_GRADIENTS),
                     # where and how an SGLang engine runs and takes its weights (they arrive bitwise either way)
                     *(f"rollout.sglang.{k}" for k in (

@@ -144,11 +144,18 @@ def _fa3_prefill(q, k, v, batch: PackedBatch, scale, want_lse):
         t, dtype=torch.int32, device=q.device
     )
     cu32 = batch.cu(torch.int32)
-    return _fa3()(
+    # return_softmax_lse only decides whether the LSE the kernel always computes is handed back (sgl_kernel's
+    # flash_attn_with_kvcache makes the same `fwd` call either way): `out` keeps the engine's bits
+    # (tests/gpu/test_fa3_trainer.py proves it)
+    result = _fa3()(
         q=q.contiguous(), k_cache=k.unsqueeze(1), v_cache=v.unsqueeze(1), page_table=page_table,
         cache_seqlens=lengths.to(torch.int32), cu_seqlens_q=cu32, cu_seqlens_k_new=cu32, max_seqlen_q=max_len,
-        softmax_scale=scale, causal=True, num_splits=1,
-    ), None
+        softmax_scale=scale, causal=True, num_splits=1, return_softmax_lse=want_lse,
+    )
+    if want_lse:
+        out, lse, *_ = result
+        return out, lse  # varlen q: [Hq, T] fp32, natural log
+    return result, None
 
 
 def _fa3_decode(q, k_cache, v_cache, lengths, scale):
@@ -169,15 +176,24 @@ _DECODE = {"triton": _triton_decode, "flashinfer": _flashinfer_decode, "fa3": _f
 BACKENDS = tuple(_PREFILL)  # the kernels this module calls; which of them a run may use is its contract's choice
 
 
+# The forwards that return an LSE the flash backward can read, each with its fast-path switch and the conversion to
+# FlashAttention-2's varlen layout ([Hq, T] fp32, natural log); the others' backward re-runs FA2's forward.
+_FORWARD_LSE = {
+    "flashinfer": ("flashinfer_lse", lambda lse: _backward.lse_for_flash(lse)),  # base 2, [T, Hq]
+    "fa3": ("fa3_lse", lambda lse: lse),  # already FA2's layout and units
+}
+
+
 def _keep_forward_lse(backend: str, q, k, v) -> bool:
-    """Whether the forward should hand its LSE to the backward: only a forward that returns one (flashinfer),
-    only when a gradient will be taken, and only when the flash backward (whose LSE layout it is converted to) is
-    the configured one. Decided from what a recomputed forward sees the same way (grad mode, inputs, plan, dtype),
-    never from `attention_backward._flash_backward_failed`: activation recompute requires both forwards to save the
-    same tensors, and a flash backward failing in between must not change that (attention_backward ignores out/lse
-    when it falls back)."""
-    return (backend == "flashinfer" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-            and _plan.current().fast_paths.flashinfer_lse and configured_backward_kernel(q.dtype) == "flash")
+    """Whether the forward should hand its LSE to the backward: only a forward that returns one (_FORWARD_LSE),
+    only when a gradient will be taken, only when its switch is on, and only when the flash backward (whose LSE
+    layout it is converted to) is the configured one. Decided from what a recomputed forward sees the same way (grad
+    mode, inputs, plan, dtype), never from `attention_backward._flash_backward_failed`: activation recompute
+    requires both forwards to save the same tensors, and a flash backward failing in between must not change that
+    (attention_backward ignores out/lse when it falls back)."""
+    switch = _FORWARD_LSE.get(backend, (None,))[0]
+    return (switch is not None and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+            and getattr(_plan.current().fast_paths, switch) and configured_backward_kernel(q.dtype) == "flash")
 
 
 def _flash_in_recompute(q, k, v) -> bool:
@@ -214,7 +230,7 @@ class _VarlenCausalAttention(torch.autograd.Function):
         else:
             out, lse = _PREFILL[backend](q, k, v, batch, scale, keep_lse)
             if keep_lse:
-                ctx.save_for_backward(q, k, v, cu_seqlens, out, _backward.lse_for_flash(lse))
+                ctx.save_for_backward(q, k, v, cu_seqlens, out, _FORWARD_LSE[backend][1](lse))
             elif flash_recompute:  # the first pass: its saved tensors are dropped, only their shapes must match
                 lse_shape = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
                 ctx.save_for_backward(q, k, v, cu_seqlens, out, lse_shape)
