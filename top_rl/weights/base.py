@@ -136,7 +136,7 @@ class SameGpuTransport(WeightTransport):
 class GroupTransport(WeightTransport):
     """The rule of a variant over a process group of rank 0 and the engine (native Broadcast, SglangDistributed): two
     devices of one kind (NCCL between GPUs, gloo on CPU); auto picks it between two GPUs only (on CPU: the object store
-or disk, top_rl.weights.transport's module doc)."""
+    or disk, top_rl.weights.transport's module doc)."""
 
     @classmethod
     def refusal(cls, where: Placement) -> str | None:
