@@ -178,6 +178,7 @@ BACKENDS = tuple(_PREFILL)  # the kernels this module calls; which of them a run
 
 # The forwards that return an LSE the flash backward can read, each with its fast-path switch and the conversion to
 # FlashAttention-2's varlen layout ([Hq, T] fp32, natural log); the others' backward re-runs FA2's forward.
+# flashinfer's converter is looked up at each call, so a test that wraps attention_backward.lse_for_flash sees it run.
 _FORWARD_LSE = {
     "flashinfer": ("flashinfer_lse", lambda lse: _backward.lse_for_flash(lse)),  # base 2, [T, Hq]
     "fa3": ("fa3_lse", lambda lse: lse),  # already FA2's layout and units
@@ -191,8 +192,10 @@ def _keep_forward_lse(backend: str, q, k, v) -> bool:
     mode, inputs, plan, dtype), never from `attention_backward._flash_backward_failed`: activation recompute
     requires both forwards to save the same tensors, and a flash backward failing in between must not change that
     (attention_backward ignores out/lse when it falls back)."""
-    switch = _FORWARD_LSE.get(backend, (None,))[0]
-    return (switch is not None and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if backend not in _FORWARD_LSE:
+        return False
+    switch, _ = _FORWARD_LSE[backend]
+    return (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
             and getattr(_plan.current().fast_paths, switch) and configured_backward_kernel(q.dtype) == "flash")
 
 

@@ -4,9 +4,10 @@ directly with cu_seqlens and causal masking, so memory is O(L) (no dense mask, n
 The backward needs the forward's log-sum-exp: flashinfer's forward returns it (base 2, [T, Hq]; converted by
 `lse_for_flash`) and so does fa3's (already [Hq, T], natural log); triton's does not, so for it the flash kernel's own
 forward is re-run inside backward for it (no autograd graph is recorded or differentiated there;
-top.fast_paths.flashinfer_lse / fa3_lse=false force the re-run for those two too). Gradients need to be right, not batch-invariant (only forward log-probs are compared bitwise), so
-the fastest correct kernel is used: FlashAttention-2 (aten `_flash_attention_*`, GQA native) for bf16/fp16, else
-memory-efficient attention (K/V heads repeated, their gradients summed). top.fast_paths.attention_backward=efficient
+top.fast_paths.flashinfer_lse / fa3_lse=false force the re-run for those two too). Gradients need to be right, not
+batch-invariant (only forward log-probs are compared bitwise), so the fastest correct kernel is used:
+FlashAttention-2 (aten `_flash_attention_*`, GQA native) for bf16/fp16, else memory-efficient attention (K/V heads
+repeated, their gradients summed). top.fast_paths.attention_backward=efficient
 forces the latter (A/B measurements); a flash call that raises falls back to it for the rest of the process, with a
 warning (counted in kernels.report()).
 """
