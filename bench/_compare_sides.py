@@ -12,6 +12,14 @@ JOB = ["+experiment=gsm8k_qwen3_0.6b_one_gpu", "model.path=null", "checkpoint.ev
        "tracking.console=true"]
 
 
+# SGLang 0.5.11's default mode with fa3 dies at start-up while capturing its piecewise (prefill) CUDA graphs: "illegal
+# memory access", reported by the next kernel (sgl_kernel's fused_add_rmsnorm), with the inductor compiler and with
+# --piecewise-cuda-graph-compiler eager alike (an H100, 2026-12-07). The TOP contract's deterministic mode runs fa3 in
+# the same graphs without it. With the piecewise graphs off (decode CUDA graphs stay on) the default mode runs, so the
+# non-TOP server on fa3 turns them off and the table says so.
+NO_PIECEWISE = "rollout.sglang.extra_args=[--disable-piecewise-cuda-graph]"
+
+
 @dataclass(frozen=True)
 class Job:
     """One top-rl run of the compare: the server's mode and the trainer's kernels, as top-rl overrides."""
@@ -27,7 +35,8 @@ class Job:
         return ([] if self.top else ["top.enabled=false"]) + [
             f"top.attention_backend={self.attention_backend}", f"rollout.logprob_source={self.logprob_source}",
             f"rollout.sglang.disable_radix_cache={str(not self.radix_cache).lower()}",
-            f"algo.old_logprobs={'recompute' if self.old_logprob_forward else 'rollout'}"]
+            f"algo.old_logprobs={'recompute' if self.old_logprob_forward else 'rollout'}"] + (
+            [NO_PIECEWISE] if not self.top and self.attention_backend == "fa3" else [])
 
     @property
     def slug(self) -> str:

@@ -7,8 +7,9 @@ Two top-rl jobs run (TOP and NON_TOP, one typed Job each); the table's columns (
                        (fa3 with the decode log-probs on Hopper under 0.5.11's contract) and the trainer on the
                        engine's kernels; PPO's old policy = the rollout's log-probs, proven equal by the gate
   non-TOP              SGLang's default mode (`top.enabled=false`: no determinism flag, radix cache and CUDA graphs on,
-                       attention fa3, SGLang's Hopper default, named so that the bundle's FA3 runs; --non-top-attention
-                       picks another where fa3 does not run) and our Qwen3 trainer on the `stock` kernels
+                       attention fa3, SGLang's Hopper default, named so that the bundle's FA3 runs, with its piecewise
+                       prefill CUDA graphs off: 0.5.11's default mode crashes capturing them on fa3, _compare_sides.py;
+                       --non-top-attention picks another) and our Qwen3 trainer on the `stock` kernels
                        (top_rl/kernels/stock.py: varlen flash attention, Liger's RMSNorm, cuBLAS GEMMs), with the
                        separate old-log-prob forward verl and slime run by default (`algo.old_logprobs=recompute`)
 The non-TOP columns: that job with and without its old-log-prob forward (without: its step less the forward's

@@ -37,8 +37,8 @@ class TrainerSpec:
     arch: Any  # the model family's architecture config (top_rl.model.family)
     vocab_size: int  # the task tokenizer's (a random model's vocabulary)
     eos_token_id: int | None
-    # cluster.gpu_handoff: after each step every rank gives its cached GPU memory back (torch.cuda.empty_cache), so a
-    # server resuming on its GPU finds it free
+    # cluster.gpu_handoff: after each step and after each weight push every rank gives its cached GPU memory back
+    # (torch.cuda.empty_cache), so a server resuming on its GPU finds it free
     release_cache_after_step: bool = False
     faults: FaultPlan = NO_FAULTS  # test-only: the faults a rank causes (enospc_in_trainer_checkpoint)
 
