@@ -210,3 +210,30 @@ def test_the_engines_end_of_sglang_distributed_joins_and_flips_the_version_on_th
     assert end.receive(server, WeightRequest(Transport.sglang_distributed, 3, meta, last=False)) is None
     assert end.receive(server, WeightRequest(Transport.sglang_distributed, 3, meta)) == 3
     assert calls == [("join", "10.0.0.1", 9, "gloo", "g_0_9"), ("bucket", ["w"], None), ("bucket", ["w"], "3")]
+
+
+def test_the_object_store_payload_is_host_bytes_that_name_no_module_and_come_back_bitwise():
+    """megatron-core swaps torch.storage._load_from_bytes for its own function, so a pickled tensor names
+    megatron.core and its reader imports all of it first (~6 s at a run's first push): the object store carries each
+    bucket as numpy bytes instead, read back as views of the store's read-only copy."""
+    import pickle
+    import pickletools
+
+    import megatron.core  # noqa: F401  (its patch of torch.storage, as on every trainer rank)
+
+    from top_rl.weights.base import Outgoing, object_store_named
+
+    named = _named()
+    arrays, metas = Outgoing(named, bucket_bytes=64).object_store_payload()
+    assert len(arrays) > 1 and all(a.dtype.name == "uint8" for a in arrays)
+    pickled = pickle.dumps((arrays, metas), protocol=5)
+    modules = {arg.split()[0] for op, arg, _ in pickletools.genops(pickled) if isinstance(arg, str) and "." in arg}
+    assert not any("megatron" in m or "torch" in m for m in modules), modules
+    for a in arrays:
+        a.flags.writeable = False  # as Ray hands them back (zero-copy)
+    got = object_store_named((arrays, metas))
+    assert sorted(got) == sorted(n for n, _ in named)
+    for n, t in named:
+        assert got[n].dtype == t.dtype and torch.equal(got[n], t), n
+    # and the check above can fail: a tensor pickled here names megatron-core's loader
+    assert b"megatron" in pickle.dumps(named[0][1])

@@ -15,7 +15,7 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from top_rl.engine.interface import EngineWeights
-from top_rl.weights.buckets import bucket_meta, buckets, flatten
+from top_rl.weights.buckets import bucket_meta, buckets, flatten, unflatten
 from top_rl.weights.transport import Link, Placement, Transport, TransportSetting
 
 Wait = Callable[[], object]  # raises if the engine failed to take the version
@@ -33,11 +33,19 @@ class Outgoing:
         self._flat: list[torch.Tensor] | None = None
 
     def object_ref(self):
+        """One `ray.put` of the buckets as host byte arrays (numpy uint8, which Ray stores without pickling) with
+        their metadata: `object_store_named` turns it back into the tensors, bit for bit. Not the tensors themselves:
+        megatron-core replaces torch.storage._load_from_bytes with its own function (megatron/core/__init__.py), so a
+        tensor pickled on a trainer rank names megatron.core, and the engine that unpickles it imported all of
+        megatron-core first (~6 s on a 2-core machine, measured at a run's first push)."""
         if self._ref is None:
             import ray
 
-            self._ref = ray.put({n: t.cpu() for n, t in self.named})
+            self._ref = ray.put(self.object_store_payload())
         return self._ref
+
+    def object_store_payload(self) -> tuple[list, list[dict]]:
+        return [flatten(b).cpu().numpy() for b in self.buckets], self.metas
 
     def flat_on_device(self) -> list[torch.Tensor]:
         """Each bucket as one uint8 buffer on rank 0's device (SGLang's FlattenedTensorBucket layout)."""
@@ -48,6 +56,21 @@ class Outgoing:
                 torch.cuda.synchronize()  # the buffers are whole before another process reads them
         return self._flat
 
+
+
+def object_store_named(payload) -> dict[str, torch.Tensor]:
+    """The tensors of an `Outgoing.object_ref()` payload, by name (views of the object store's read-only copy: the
+    engine copies them into its own parameters)."""
+    import warnings
+
+    arrays, metas = payload
+    out: dict[str, torch.Tensor] = {}
+    for array, meta in zip(arrays, metas):
+        with warnings.catch_warnings():  # "not writable": nothing writes to them
+            warnings.simplefilter("ignore", UserWarning)
+            flat = torch.frombuffer(memoryview(array), dtype=torch.uint8) if array.size else torch.empty(0, dtype=torch.uint8)
+        out.update(unflatten(flat, meta))
+    return out
 
 @dataclass(frozen=True)
 class WeightRequest:

@@ -9,7 +9,8 @@ import functools
 import torch
 
 from top_rl.engine.interface import EngineWeights
-from top_rl.weights.base import GroupTransport, Outgoing, SameGpuTransport, Wait, WeightRequest, WeightTransport
+from top_rl.weights.base import (GroupTransport, Outgoing, SameGpuTransport, Wait, WeightRequest, WeightTransport,
+                                 object_store_named)
 from top_rl.weights.buckets import flatten, meta_bytes, unflatten
 from top_rl.weights.group import GROUP_TIMEOUT, Group
 from top_rl.weights.transport import Link, Transport, TransportSetting
@@ -94,7 +95,7 @@ class ObjectStore(WeightTransport):
         # the payload is the object store's reference (Ray resolves only a call's own arguments, not one inside the
         # request); the version is the trainer's number, which samples must carry (an SGLang engine would number a
         # version itself otherwise)
-        engine.load_named_tensors(_ray().get(request.payload), request.version)
+        engine.load_named_tensors(object_store_named(_ray().get(request.payload)), request.version)
         return request.version
 
 
