@@ -111,10 +111,10 @@ def test_a_disk_push_of_version_v_makes_the_server_report_v(ckpt, tmp_path, monk
     transport does not. Now the server reports the version pushed, and samples carry it."""
     import ray
 
-    from top_rl.weights.base import WeightRequest
+    from top_rl.weights.base import Outgoing, WeightRequest
     from top_rl.weights.native import SglangDisk
 
-    monkeypatch.setattr(ray, "get", lambda x: x)  # the payload is the tensors, not an object store reference
+    monkeypatch.setattr(ray, "get", lambda x: x)  # the payload itself, not an object store reference
     from top_rl.weights.transport import Link, Transport
 
     params = SamplingParams(max_new_tokens=3, temperature=1.0)
@@ -123,7 +123,8 @@ def test_a_disk_push_of_version_v_makes_the_server_report_v(ckpt, tmp_path, monk
                                                 keep_weight_versions=1), "fa3", top=V1)
         receiver = SglangDisk.join(Link(Transport.sglang_disk), eng)  # the engine actor's end
         for version, seed in ((1, 3), (4, 5)):
-            receiver.receive(eng, WeightRequest(Transport.sglang_disk, version, hf_state_dict(tiny_model(seed=seed))))
+            payload = Outgoing(list(hf_state_dict(tiny_model(seed=seed)).items()), 1 << 12).object_store_payload()
+            receiver.receive(eng, WeightRequest(Transport.sglang_disk, version, payload))
             got = eng.generate([[3, 4, 5]], [7], params)
             assert got[0].meta["weight_version"] == str(version) and eng.version == version
         assert [b["weight_version"] for p, b in srv.requests if p == "/update_weights_from_disk"] == ["1", "4"]
