@@ -45,6 +45,7 @@ class Outgoing:
         return self._ref
 
     def object_store_payload(self) -> tuple[list, list[dict]]:
+        """(each bucket's bytes as a host numpy uint8 array, each bucket's metadata): what `object_ref` puts."""
         return [flatten(b).cpu().numpy() for b in self.buckets], self.metas
 
     def flat_on_device(self) -> list[torch.Tensor]:
@@ -57,7 +58,6 @@ class Outgoing:
         return self._flat
 
 
-
 def object_store_named(payload) -> dict[str, torch.Tensor]:
     """The tensors of an `Outgoing.object_ref()` payload, by name (views of the object store's read-only copy: the
     engine copies them into its own parameters)."""
@@ -66,11 +66,14 @@ def object_store_named(payload) -> dict[str, torch.Tensor]:
     arrays, metas = payload
     out: dict[str, torch.Tensor] = {}
     for array, meta in zip(arrays, metas):
+        if not array.size:  # torch.frombuffer refuses an empty buffer
+            out.update(unflatten(torch.empty(0, dtype=torch.uint8), meta))
+            continue
         with warnings.catch_warnings():  # "not writable": nothing writes to them
             warnings.simplefilter("ignore", UserWarning)
-            flat = torch.frombuffer(memoryview(array), dtype=torch.uint8) if array.size else torch.empty(0, dtype=torch.uint8)
-        out.update(unflatten(flat, meta))
+            out.update(unflatten(torch.frombuffer(memoryview(array), dtype=torch.uint8), meta))
     return out
+
 
 @dataclass(frozen=True)
 class WeightRequest:
