@@ -1,5 +1,5 @@
 """bench/rl_step_compare.py's report: the side-by-side table (each part's median seconds per column, TOP / column per
-part and for the step) and the lines under it (the card and releases, each job's server command, generated tok/s,
+part and for the step) and the lines under it (the card and releases, each job's server command, generated and trained tok/s,
 parity, memory, the Megatron GPT trainer's record, the kernels each job's trainer ran); one job's parts alone when the
 other has no rows."""
 
@@ -69,11 +69,14 @@ def table(results: dict[str, list[dict]], skip: int, out: Path | None = None, me
         lines.append(f"| {b}{key}{b} | " + " | ".join(f"{b}{ratio(top[key], med[s.name][key])}{b}" for s in others)
                      + " |")
     gen = lambda rows: statistics.median(r.get("perf/rollout_tokens_per_s", 0.0) for r in rows[skip:] or rows)  # noqa
+    trained = lambda rows: statistics.median(r.get("perf/trained_tokens_per_s", 0.0) for r in rows[skip:] or rows)  # noqa
     par = [r.get("train/train_rollout_logprob_abs_diff") for r in results["TOP"]]
     ess = [r.get("train/ess_ratio") for r in results["TOP"]]
     jobs = {s.job.name: s.job for s in columns}
     lines += ["", machine_line(),
               "generated tok/s (median): " + ", ".join(f"{n} {gen(results[n]):,.0f}" for n in jobs),
+              # the job's trainer against bench/trainer_step.py's tok/s (issue 31): tokens trained / the train call
+              "trained tok/s, the train call (median): " + ", ".join(f"{n} {trained(results[n]):,.0f}" for n in jobs),
               f"TOP: {len(par)} steps, abs_diff == 0 on every step: {all(d == 0.0 for d in par)}, ess == 1 on every "
               f"step: {all(e == 1.0 for e in ess)}; non-TOP abs_diff (median): "
               f"{statistics.median(r.get('train/train_rollout_logprob_abs_diff', 0.0) for r in results['non-TOP']):.3g}",

@@ -91,8 +91,10 @@ def test_the_table_divides_top_by_each_column_per_part_and_for_the_step(tmp_path
     """Every column by hand: TOP 10 + 0 + 7 + 1 + 2 (other) = 20; the non-TOP job 6 + 3 + 8 + 1 + 2 = 20; without its
     forward 17; with the Megatron GPT trainer's 2 s forward and 5 s step 16, and 14 without the forward."""
     warm = _row(99.0, 50.0, 9.0, 1.0, 1.0, 1.0, old=9.0)
-    top = [warm] + [_row(20.0, 10.0, 6.0, 0.5, 0.5, 1.0, **{"perf/rollout_tokens_per_s": 20_000.0})] * 3
-    non_top = [warm] + [_row(20.0, 6.0, 7.0, 0.4, 0.6, 1.0, old=3.0, **{"perf/rollout_tokens_per_s": 30_000.0})] * 3
+    top = [warm] + [_row(20.0, 10.0, 6.0, 0.5, 0.5, 1.0, **{"perf/rollout_tokens_per_s": 20_000.0,
+                                                             "perf/trained_tokens_per_s": 40_000.0})] * 3
+    non_top = [warm] + [_row(20.0, 6.0, 7.0, 0.4, 0.6, 1.0, old=3.0, **{"perf/rollout_tokens_per_s": 30_000.0,
+                                                                       "perf/trained_tokens_per_s": 35_000.0})] * 3
     megatron = {"status": "ok", "shape": [512, 130, 1024], "model": "qwen3-0.6b", "attention": "flash",
                 "micro_batch_tokens": 16384, "recompute": "on", "step_s": 5.0, "old_logprob_s": 2.0,
                 "tokens_per_s": 118_000.0}
@@ -108,6 +110,7 @@ def test_the_table_divides_top_by_each_column_per_part_and_for_the_step(tmp_path
     assert "| old-log-prob forward | - | - | - | - |" in lines  # TOP has none: no ratio
     assert "| rollout (generate) | 1.67 | 1.67 | 1.67 | 1.67 |" in lines
     assert "generated tok/s (median): TOP 20,000, non-TOP 30,000" in lines
+    assert "trained tok/s, the train call (median): TOP 40,000, non-TOP 35,000" in lines
     assert any(line.startswith("card: ") and "releases: torch " in line for line in lines)
     assert "on the non-TOP job's batch shape, 512 samples x (130 prompt + 1024 response) tokens" in text
 
