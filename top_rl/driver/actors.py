@@ -48,21 +48,29 @@ def _device() -> torch.device:
 class EngineActor:
     """Hosts one rollout engine: native (in-process over the kernel seam) or an SGLang server it launches."""
 
-    def __init__(self, spec: EngineSpec, kernel_plan: KernelPlan, threads: int, log_file: str | None = None):
-        """`spec`: this engine's part of the run plan (top_rl.driver.plan); an SGLang engine's server config in it
-        is built and checked once, by preflight. `kernel_plan`: the run's kernels; its contract is the native
-        engine's and the SGLang server's alike. `log_file`: where this actor's output is copied (run_dir/logs/)."""
+    def __init__(self, kernel_plan: KernelPlan, threads: int, log_file: str | None = None):
+        """The engine's process, ready for `start`: the driver makes it beside the trainer ranks, so its imports run
+        while they build their models. `kernel_plan`: the run's kernels; its contract is the native engine's and the
+        SGLang server's alike. `log_file`: where this actor's output is copied (run_dir/logs/)."""
         from top_rl.observe.startup import tee_to
 
-        t0 = time.monotonic()
         tee_to(log_file)
         _setup_process(kernel_plan, threads)
-        self.kind, self.version = spec.kind, -1
+        self.kernel_plan = kernel_plan
+        self.kind, self.version = None, -1
+        self.engine = None  # start
         self.receiver: senders.WeightTransport | None = None  # this engine's end of its weight link (join_weights)
         # set once join_weights has made the receiver: rank 0 pushes as soon as its own end is up, which for a process
         # group is before this actor's join call returns (the two calls run concurrently here: max_concurrency=2)
         self.joined = threading.Event()
         self.generate_s = 0.0
+
+    def start(self, spec: EngineSpec) -> float:
+        """Start the engine `spec` names (this engine's part of the run plan, top_rl.driver.plan; an SGLang engine's
+        server config in it is built and checked once, by preflight): the native engine's model (its weights come
+        with the first push) or the SGLang server it launches. Returns the seconds it took (the start-up lines)."""
+        t0 = time.monotonic()
+        kernel_plan = self.kernel_plan
         if spec.kind == "native":
             from top_rl.model import family
             from top_rl.rollout.native.engine import NativeEngine
@@ -77,10 +85,8 @@ class EngineActor:
             self.engine.start()
         else:
             raise ValueError(f"rollout.engine={spec.kind!r}; choose native or sglang")
-        self.start_s = time.monotonic() - t0  # this actor's start, its server's included (the start-up lines)
-
-    def start_seconds(self) -> float:
-        return self.start_s
+        self.kind = spec.kind
+        return time.monotonic() - t0
 
     def endpoint(self) -> Endpoint:
         return Endpoint.here()
