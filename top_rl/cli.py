@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import signal
@@ -341,6 +342,11 @@ def main() -> None:
         # exec, during the torch/megatron imports), CPython has flagged it "unhandled" and would re-kill the
         # process with SIGINT at exit (returncode -2) although it was handled here. Nothing is open yet.
         os._exit(128 + int(signal.Signals[faults.startup_signal_name()]))
+    finally:
+        # What is left is the exit: its atexit calls (Ray's shutdown, wandb's) run as they would, but the interpreter's
+        # last garbage collection skips the objects alive now (torch, Ray, the run's), which on 2 CPU cores took
+        # 1.5 s of every run's exit and frees nothing the process does not give back by exiting.
+        gc.freeze()
 
 
 def export_main(argv: list[str] | None = None) -> int:
