@@ -16,6 +16,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 
 from top_rl.observe import quiet
+from top_rl.observe.startup import imports_without_gc
 
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")  # package data: ships in the wheel
 
@@ -258,7 +259,8 @@ def _hydra_entry():
         except ConfigError as e:
             print(f"top-rl: {e}", file=sys.stderr)
             sys.exit(2)
-        from top_rl.preflight import CONFIG_CHECKS, REFUSALS, check
+        with imports_without_gc():  # the run's modules: torch among them
+            from top_rl.preflight import CONFIG_CHECKS, REFUSALS, check
 
         if cfg.dry_run:  # the refusals the config alone decides, then the plan
             try:
@@ -269,8 +271,9 @@ def _hydra_entry():
                 sys.exit(getattr(e, "exit_code", 1))
             print(json.dumps(plan, indent=2, default=str))
             return
-        from top_rl.run.faults import RunStopped
-        from top_rl.rl.gate import ParityViolation
+        with imports_without_gc():
+            from top_rl.run.faults import RunStopped
+            from top_rl.rl.gate import ParityViolation
 
         try:
             last = run(cfg)
@@ -288,7 +291,8 @@ def run(cfg) -> dict:
     """One run: every check first (top_rl.preflight: each refusal before Ray, wandb or any file write, so a refused run
     leaves no run_dir behind), then the loop over what the checks loaded and the plan built from it. Returns the last
     step's metrics row."""
-    from top_rl import loop, preflight
+    with imports_without_gc():
+        from top_rl import loop, preflight
     from top_rl.observe.startup import StartupLog
 
     startup = StartupLog()  # the start-up lines' clock starts with the checks

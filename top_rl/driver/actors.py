@@ -15,17 +15,21 @@ import threading
 import time
 
 import ray
-import torch
 
-from top_rl import kernels
-from top_rl.driver import rendezvous
-from top_rl.driver.plan import EngineSpec, TrainerSpec
-from top_rl.kernels.plan import KernelPlan
-from top_rl.run.fault_injection import NO_FAULTS
-from top_rl.weights import senders
-from top_rl.weights.base import WeightRequest
-from top_rl.weights.group import GROUP_TIMEOUT
-from top_rl.weights.transport import Endpoint, Link
+from top_rl.observe.startup import imports_without_gc
+
+with imports_without_gc():  # an actor's process imports this module first
+    import torch
+
+    from top_rl import kernels
+    from top_rl.driver import rendezvous
+    from top_rl.driver.plan import EngineSpec, TrainerSpec
+    from top_rl.kernels.plan import KernelPlan
+    from top_rl.run.fault_injection import NO_FAULTS
+    from top_rl.weights import senders
+    from top_rl.weights.base import WeightRequest
+    from top_rl.weights.group import GROUP_TIMEOUT
+    from top_rl.weights.transport import Endpoint, Link
 
 
 def _setup_process(kernel_plan: KernelPlan, threads: int) -> None:
@@ -239,13 +243,14 @@ class TrainerActor:
         """Join the trainer's process group (at rank 0's `address`, from its free_address), build this rank's model
         and load the initial policy: the checkpoint at model.path, or the seeded random init (every rank builds
         the same)."""
-        from torch.distributed.constants import default_pg_timeout
+        with imports_without_gc():  # megatron-core
+            from torch.distributed.constants import default_pg_timeout
 
-        from top_rl.model import source
-        from top_rl.run import rng
-        from top_rl.train import Trainer
-        from top_rl.train.snapshots import PolicySnapshots
-        from top_rl.train.parallel import init_process_group
+            from top_rl.model import source
+            from top_rl.run import rng
+            from top_rl.train import Trainer
+            from top_rl.train.snapshots import PolicySnapshots
+            from top_rl.train.parallel import init_process_group
 
         rng.seed(spec.trainer_cfg.seed)  # every RNG this rank checkpoints starts from a known state
         host, port = address
