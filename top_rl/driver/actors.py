@@ -15,17 +15,21 @@ import threading
 import time
 
 import ray
-import torch
 
-from top_rl import kernels
-from top_rl.driver import rendezvous
-from top_rl.driver.plan import EngineSpec, TrainerSpec
-from top_rl.kernels.plan import KernelPlan
-from top_rl.run.fault_injection import NO_FAULTS
-from top_rl.weights import senders
-from top_rl.weights.base import WeightRequest
-from top_rl.weights.group import GROUP_TIMEOUT
-from top_rl.weights.transport import Endpoint, Link
+from top_rl.observe.startup import imports_without_gc
+
+with imports_without_gc():  # an actor's process imports this module first
+    import torch
+
+    from top_rl import kernels
+    from top_rl.driver import rendezvous
+    from top_rl.driver.plan import EngineSpec, TrainerSpec
+    from top_rl.kernels.plan import KernelPlan
+    from top_rl.run.fault_injection import NO_FAULTS
+    from top_rl.weights import senders
+    from top_rl.weights.base import WeightRequest
+    from top_rl.weights.group import GROUP_TIMEOUT
+    from top_rl.weights.transport import Endpoint, Link
 
 
 def _setup_process(kernel_plan: KernelPlan, threads: int) -> None:
@@ -48,21 +52,29 @@ def _device() -> torch.device:
 class EngineActor:
     """Hosts one rollout engine: native (in-process over the kernel seam) or an SGLang server it launches."""
 
-    def __init__(self, spec: EngineSpec, kernel_plan: KernelPlan, threads: int, log_file: str | None = None):
-        """`spec`: this engine's part of the run plan (top_rl.driver.plan); an SGLang engine's server config in it
-        is built and checked once, by preflight. `kernel_plan`: the run's kernels; its contract is the native
-        engine's and the SGLang server's alike. `log_file`: where this actor's output is copied (run_dir/logs/)."""
+    def __init__(self, kernel_plan: KernelPlan, threads: int, log_file: str | None = None):
+        """The engine's process, ready for `start`: the driver makes it beside the trainer ranks, so its imports run
+        while they build their models. `kernel_plan`: the run's kernels; its contract is the native engine's and the
+        SGLang server's alike. `log_file`: where this actor's output is copied (run_dir/logs/)."""
         from top_rl.observe.startup import tee_to
 
-        t0 = time.monotonic()
         tee_to(log_file)
         _setup_process(kernel_plan, threads)
-        self.kind, self.version = spec.kind, -1
+        self.kernel_plan = kernel_plan
+        self.kind, self.version = None, -1
+        self.engine = None  # start
         self.receiver: senders.WeightTransport | None = None  # this engine's end of its weight link (join_weights)
         # set once join_weights has made the receiver: rank 0 pushes as soon as its own end is up, which for a process
         # group is before this actor's join call returns (the two calls run concurrently here: max_concurrency=2)
         self.joined = threading.Event()
         self.generate_s = 0.0
+
+    def start(self, spec: EngineSpec) -> float:
+        """Start the engine `spec` names (this engine's part of the run plan, top_rl.driver.plan; an SGLang engine's
+        server config in it is built and checked once, by preflight): the native engine's model (its weights come
+        with the first push) or the SGLang server it launches. Returns the seconds it took (the start-up lines)."""
+        t0 = time.monotonic()
+        kernel_plan = self.kernel_plan
         if spec.kind == "native":
             from top_rl.model import family
             from top_rl.rollout.native.engine import NativeEngine
@@ -77,10 +89,8 @@ class EngineActor:
             self.engine.start()
         else:
             raise ValueError(f"rollout.engine={spec.kind!r}; choose native or sglang")
-        self.start_s = time.monotonic() - t0  # this actor's start, its server's included (the start-up lines)
-
-    def start_seconds(self) -> float:
-        return self.start_s
+        self.kind = spec.kind
+        return time.monotonic() - t0
 
     def endpoint(self) -> Endpoint:
         return Endpoint.here()
@@ -233,13 +243,14 @@ class TrainerActor:
         """Join the trainer's process group (at rank 0's `address`, from its free_address), build this rank's model
         and load the initial policy: the checkpoint at model.path, or the seeded random init (every rank builds
         the same)."""
-        from torch.distributed.constants import default_pg_timeout
+        with imports_without_gc():  # megatron-core
+            from torch.distributed.constants import default_pg_timeout
 
-        from top_rl.model import source
-        from top_rl.run import rng
-        from top_rl.train import Trainer
-        from top_rl.train.snapshots import PolicySnapshots
-        from top_rl.train.parallel import init_process_group
+            from top_rl.model import source
+            from top_rl.run import rng
+            from top_rl.train import Trainer
+            from top_rl.train.snapshots import PolicySnapshots
+            from top_rl.train.parallel import init_process_group
 
         rng.seed(spec.trainer_cfg.seed)  # every RNG this rank checkpoints starts from a known state
         host, port = address

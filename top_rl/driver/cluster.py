@@ -114,6 +114,9 @@ class Cluster:
                                                                          self._log(f"trainer-rank{r}.log"))
             for r in range(t.world)
         ]
+        # The engines' processes start beside the ranks' (their imports overlap the ranks' model builds); each engine
+        # itself (its model, or its server) starts once the ranks are ready, below.
+        self.engines = [self._new_engine(i) for i in range(len(self.engine_specs))]
         self._check_run_dir(plan.run_dir, startup)
         host, port = ray.get(self.trainers[0].free_address.remote())
         self._on_trainers("setup", [((host, port), t)] * t.world, "trainer setup")
@@ -131,9 +134,9 @@ class Cluster:
             startup.say(f"rollout engine {i} starting: " + (
                 f"SGLang server on {spec.sglang.url}, log {spec.sglang.log_path}" if spec.sglang else
                 f"{spec.kind} engine" + (f", log {self._log(f'engine-{i}.log')}" if self.logs else "")))
-        self.engines = [self._new_engine(i) for i in range(len(self.engine_specs))]
+        started = self._start_engines(range(len(self.engines)))
         self.links = self._links(range(len(self.engines)))
-        for i, secs in enumerate(ray.get([e.start_seconds.remote() for e in self.engines])):
+        for i, secs in enumerate(started):
             startup.say(f"rollout engine {i} ready ({startup.elapsed() - t_engines:.1f}s since starting, "
                         f"{secs:.1f}s of it in its actor)")
         self.push_weights(connect=True)
@@ -152,8 +155,8 @@ class Cluster:
             shared_run_dir.remove_token(run_dir)
         why = shared_run_dir.refusal(run_dir, [(r, node, seen) for r, (node, seen) in enumerate(answers)])
         if why:
-            for tr in self.trainers:
-                ray.kill(tr, no_restart=True)
+            for actor in self.trainers + self.engines:
+                ray.kill(actor, no_restart=True)
             remove_placement_group(self.pg)
             raise shared_run_dir.RunDirNotShared(why)
         nodes = sorted({node for node, _ in answers})
@@ -174,15 +177,21 @@ class Cluster:
         return PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=index)
 
     def _new_engine(self, i: int):
+        """Engine i's actor: its process, in its bundle; `_start_engines` starts the engine in it."""
         return EngineActor.options(scheduling_strategy=self._bundle(self.plan.engine_bundle[i]), num_cpus=0,
                                    num_gpus=self.plan.engine_gpus,
                                    max_concurrency=2,  # progress() answers while generate runs
-                                   ).remote(self.engine_specs[i], self.kernels, self.threads,
-                                            self._log(f"engine-{i}.log", restarted=True))
+                                   ).remote(self.kernels, self.threads, self._log(f"engine-{i}.log", restarted=True))
+
+    def _start_engines(self, indices) -> list[float]:
+        """Start those engines (each its model or its server) and wait for them; the seconds each took in its actor."""
+        indices = list(indices)
+        return self._get([self.engines[i].start.remote(self.engine_specs[i]) for i in indices],
+                         [f"rollout engine {i}" for i in indices], "start")
 
     def _links(self, indices) -> list[transport.Link]:
         """Each engine's link (top_rl.weights.senders.link), decided once here from cluster.weight_transport and where the
-        engine computes (one round trip for all of them, which also waits for their start); an SGLang engine's link
+        engine computes (one round trip for all of them, once they started); an SGLang engine's link
         also carries its server's TP ranks and bucket layout."""
         indices = list(indices)
         ends = self._get([self.engines[i].endpoint.remote() for i in indices],
@@ -251,6 +260,7 @@ class Cluster:
               f"{self.max_restarts})", flush=True)
         ray.kill(self.engines[i], no_restart=True)  # it may only be unreachable
         self.engines[i] = self._new_engine(i)
+        self._start_engines([i])
         self.links[i] = self._links([i])[0]
         self.push_weights([i], connect=True)
 
