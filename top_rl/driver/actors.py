@@ -61,7 +61,7 @@ class EngineActor:
         tee_to(log_file)
         _setup_process(kernel_plan, threads)
         self.kernel_plan = kernel_plan
-        self.kind, self.version = None, -1
+        self.version = -1
         self.engine = None  # start
         self.receiver: senders.WeightTransport | None = None  # this engine's end of its weight link (join_weights)
         # set once join_weights has made the receiver: rank 0 pushes as soon as its own end is up, which for a process
@@ -89,7 +89,6 @@ class EngineActor:
             self.engine.start()
         else:
             raise ValueError(f"rollout.engine={spec.kind!r}; choose native or sglang")
-        self.kind = spec.kind
         return time.monotonic() - t0
 
     def endpoint(self) -> Endpoint:

@@ -44,8 +44,8 @@ class StartupLog:
 def imports_without_gc():
     """For a block of heavy imports (torch, megatron-core): the cyclic garbage collector stays off inside it. Importing
     makes millions of objects that live as long as the process, and the collector's passes over them are pure cost
-    (2 CPU cores: torch, a trainer actor's
-    modules and megatron-core imported in 9.7-10.3 s with it, 7.7-8.5 s without). Its state before comes back after."""
+    (2 CPU cores: torch, a trainer actor's modules and megatron-core imported in 9.7-10.3 s with it, 7.7-8.5 s
+    without). Its state before comes back after."""
     was_on = gc.isenabled()
     gc.disable()
     try:
