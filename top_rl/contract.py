@@ -228,8 +228,9 @@ QWEN3_DENSE_TOP_V1_SGLANG_0_5_17 = dataclasses.replace(
     engine_flags=QWEN3_DENSE_TOP_V1.engine_flags + ("--cuda-graph-backend-prefill", "disabled",
                                                     "--bf16-gemm-backend", "torch"),
     engine_flags_off=ENGINE_FLAGS_OFF_0_5_17,
-    # fa3's decode is not yet proven against a live 0.5.17 server (sglang-kernel 0.4.5's FA3): the prefill re-score
-    decode_equals_extend=(),
+    # fa3 (sglang-kernel 0.4.5's FA3, num_splits=1 in deterministic mode as in 0.5.11): its decode gives its extend's
+    # bits on every case of tests/gpu/test_fa3_decode.py against a live 0.5.17 server (bench/RESULTS.md session 23).
+    decode_equals_extend=("fa3",),
 )
 # 0.5.17's DeepGEMM (recorded, not offered): the same digest function over sgl-deep-gemm 0.1.5.post1's deep_gemm/
 DEEPGEMM_SOURCE_0_5_17 = {

@@ -23,7 +23,7 @@ V11, V17 = contract.QWEN3_DENSE_TOP_V1, contract.QWEN3_DENSE_TOP_V1_SGLANG_0_5_1
 
 @pytest.mark.parametrize("top, gpu, want", [
     (V11, H100, ("fa3", "decode")),  # Hopper, fa3's decode proven under 0.5.11's contract: the exact sampler
-    (V17, H100, ("triton", "prefill")),  # not proven under 0.5.17's yet: the re-score
+    (V17, H100, ("fa3", "decode")),  # proven under 0.5.17's too (sglang-kernel 0.4.5's FA3)
     (contract.QWEN3_DENSE_TOP_V1_DEEPGEMM, H100, ("triton", "prefill")),
     (V11, B200, ("triton", "prefill")),  # SGLang has no fa3 on Blackwell
     (V11, A100, ("triton", "prefill")),

@@ -51,7 +51,7 @@ def _engine(server, ckpt, tmp_path=None, **kw) -> SglangEngine:
     cfg = SglangEngineConfig(model_path=str(ckpt[0]), port=server.port, retry_backoff_s=0.01,
                              weights_dir=str(tmp_path or ""), **{**run, **kw})
     # `decode` needs a backend proven decode == extend; the stand-in computes both with the reference kernels, so
-    # these protocol tests use a contract in which fa3 is proven (0.5.11 proves fa3 only; 0.5.17 none yet)
+    # these protocol tests use a contract in which fa3 is proven (both releases prove fa3 only)
     top = dataclasses.replace(sglang_cpu.CONTRACT, decode_equals_extend=(cfg.attention_backend,))
     return SglangEngine(cfg, cfg.attention_backend, top=top)
 

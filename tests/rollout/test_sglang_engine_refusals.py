@@ -120,8 +120,8 @@ def test_other_config_mistakes():
 @pytest.mark.parametrize("backend", ["fa3", "flashinfer", "triton"])
 def test_decode_logprobs_need_a_backend_proven_decode_equals_extend(backend):
     # What the installed release's contract lists is what a live server proved (tests/gpu/test_fa3_decode.py: fa3 on
-    # 0.5.11, bench/RESULTS.md session 18); 0.5.17's FA3 build is not yet proven.
-    assert V1.decode_equals_extend == {"0.5.11": ("fa3",), "0.5.17": ()}[V1.sglang_version]
+    # 0.5.11 and on 0.5.17, bench/RESULTS.md sessions 18 and 23)
+    assert V1.decode_equals_extend == ("fa3",)
     unproven = dataclasses.replace(V1, decode_equals_extend=())
     with pytest.raises(TopConfigError, match=f"logprob_source='decode' with attention_backend='{backend}'.*not proven"
                                              f".*logprob_source='prefill'.*decode_equals_extend \\(none yet\\)"):
