@@ -15,8 +15,12 @@ JOB = ["+experiment=gsm8k_qwen3_0.6b_one_gpu", "model.path=null", "checkpoint.ev
 # SGLang 0.5.11's default mode with fa3 dies at start-up while capturing its piecewise (prefill) CUDA graphs: "illegal
 # memory access", reported by the next kernel (sgl_kernel's fused_add_rmsnorm), with the inductor compiler and with
 # --piecewise-cuda-graph-compiler eager alike (an H100, 2026-12-07). The TOP contract's deterministic mode runs fa3 in
-# the same graphs without it. With the piecewise graphs off (decode CUDA graphs stay on) the default mode runs, so the
-# non-TOP server on fa3 turns them off and the table says so.
+# the same graphs without it. The likely cause (not yet confirmed on a GPU): the default mode leaves FA3's split count
+# to its heuristic (flashattention_backend.py: num_splits = 0 unless deterministic inference, where it is 1), and a
+# graph captured with one split count and replayed where the heuristic picks more writes past the split buffers: the
+# illegal memory access vLLM fixed by fixing num_splits at capture and replay (vllm-project/vllm#20301); SGLang's own
+# FA3 num_splits=0 graph-capture failure is sgl-project/sglang#22800. With the piecewise graphs off (decode CUDA graphs
+# stay on) the default mode runs, so the non-TOP server on fa3 turns them off and the table says so.
 NO_PIECEWISE = "rollout.sglang.extra_args=[--disable-piecewise-cuda-graph]"
 
 
