@@ -153,11 +153,11 @@ def test_the_gpu_tests_decode_claim_is_asserted_or_refused(backend, monkeypatch)
     from top_rl import contract
     from tests.gpu._common import decode_equals_extend_claimed
 
-    # 0.5.11's Triton-GEMM contract claims fa3 (proven live, tests/gpu/test_fa3_decode.py); every other contract and
-    # backend refuses (decode_equals_extend_claimed asserts the refusals of those that do not claim it)
+    # the Triton-GEMM contracts of 0.5.11 and 0.5.17 claim fa3 (proven live, tests/gpu/test_fa3_decode.py); every
+    # other contract and backend refuses (decode_equals_extend_claimed asserts the refusals of those that do not claim it)
     assert decode_equals_extend_claimed(backend) is (backend == "fa3")
     assert contract.QWEN3_DENSE_TOP_V1.decode_equals_extend == ("fa3",)
-    assert contract.QWEN3_DENSE_TOP_V1_SGLANG_0_5_17.decode_equals_extend == ()
+    assert contract.QWEN3_DENSE_TOP_V1_SGLANG_0_5_17.decode_equals_extend == ("fa3",)
     assert contract.QWEN3_DENSE_TOP_V1_DEEPGEMM.decode_equals_extend == ()
     claims = {n: dataclasses.replace(c, decode_equals_extend=(backend,)) for n, c in contract.CONTRACTS.items()}
     monkeypatch.setattr(contract, "CONTRACTS", claims)
