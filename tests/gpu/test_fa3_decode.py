@@ -36,7 +36,7 @@ from tests.gpu._common import missing_server_module
 INSTALLED = contract.fallback()  # the installed release's contract (as a run without top.contract takes it)
 # What this file proves is the kernels, not a contract's list: where the installed release's contract does not list
 # fa3 yet, the suite measures the candidate that would (the same contract, fa3 added), so that a release is proven
-# before its contract lists fa3 (the order issue 49 asks for). A run's own check still refuses the unlisted one.
+# before its contract lists fa3 (prove, then list). A run's own check still refuses the unlisted one.
 V = INSTALLED if "fa3" in INSTALLED.decode_equals_extend else dataclasses.replace(
     INSTALLED, decode_equals_extend=(*INSTALLED.decode_equals_extend, "fa3"))
 
